@@ -1,0 +1,1 @@
+"""CuTe DSL kernels of dit-accel, installed as `dit_accel.kernels`."""
