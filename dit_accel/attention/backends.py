@@ -1,0 +1,315 @@
+"""The attention backends dit-accel knows, as data: one `AttentionBackend` entry per CLI name.
+
+Every backend has the same direct callable, `run(q, k, v, scale=None)`, on tensors laid out
+[B, S, H, D] (diffusers' layout for `dispatch_attention_fn`), returning [B, Sq, H, D] in q's dtype.
+That is what `bench-attention` times and what `routing` calls inside models.
+
+How a backend runs inside a diffusers model is one of three things:
+  - `diffusers_backend` is set: diffusers runs it itself (`_native_cudnn`, ...); routing only sets
+    the processors' `_attention_backend`.
+  - `routed` is True: diffusers' backend enum is closed, so `routing` plugs `run` in through its seam.
+  - neither: benchmark only (cudnn-fp8 wants pre-quantized inputs and has no place in a model).
+
+Invariants: optional packages (flash-attn-4, cudnn frontend, the CuTe DSL kernel) are imported only
+inside `run` and the phase callables, never at import time; `unavailable_reason(device)` answers
+without importing them. A backend that is available but cannot serve particular tensors (head
+dim, dtype) raises `BackendCannotServe`, which the benchmark records and the router falls back on.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ..errors import UserError
+
+AttentionFn = Callable[..., torch.Tensor]
+"""run(q, k, v, scale=None) -> out; q [B, Sq, H, D], k and v [B, Skv, H, D], out [B, Sq, H, D]."""
+
+E4M3_MAX = 448.0
+"""Largest finite float8_e4m3fn value: per-tensor scales map each tensor's amax onto it."""
+
+
+class BackendCannotServe(ValueError):
+    """The backend is installed and the device fits, but these tensors are outside what it serves."""
+
+
+@dataclass(frozen=True)
+class TwoPhases:
+    """A backend whose input preparation (quantization, layout) can be timed apart from its kernel.
+
+    `kernel(prepare(q, k, v, scale))` equals the backend's `run(q, k, v, scale)`.
+    """
+
+    prepare: Callable[..., Any]
+    kernel: Callable[[Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    name: str
+    description: str
+    run: AttentionFn
+    unavailable_reason: "Requirement"
+    diffusers_backend: str | None = None
+    routed: bool = False
+    phases: TwoPhases | None = None
+
+    def __post_init__(self) -> None:
+        if self.diffusers_backend is not None and self.routed:
+            raise ValueError(f"backend {self.name!r}: diffusers runs it or our router does, not both")
+
+    @property
+    def in_models(self) -> str:
+        """How it runs inside diffusers models, in words."""
+        if self.diffusers_backend is not None:
+            return f"diffusers backend {self.diffusers_backend}"
+        return "routed by dit_accel.attention.routing" if self.routed else "benchmark only"
+
+
+# --- availability -------------------------------------------------------------------------------
+
+Requirement = Callable[[torch.device], "str | None"]
+"""A check of one requirement: None when met, else why not, in words."""
+
+
+def _needs_cuda(min_capability: tuple[int, int], what: str) -> Requirement:
+    def check(device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return f"{what} needs a CUDA GPU"
+        capability = torch.cuda.get_device_capability(device)
+        if capability < min_capability:
+            return (f"{what} needs compute capability >= {min_capability[0]}.{min_capability[1]} "
+                    f"(this GPU: {capability[0]}.{capability[1]})")
+        return None
+
+    return check
+
+
+def _needs_module(module: str, install_hint: str) -> Requirement:
+    """`module` must be importable; found without importing it (only its parents get imported)."""
+
+    def check(device: torch.device) -> str | None:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # a missing parent package
+            found = False
+        return None if found else f"{module} is not importable ({install_hint})"
+
+    return check
+
+
+def _requirements(*checks: Requirement) -> Requirement:
+    """The first unmet requirement's reason, in order (the device first: the most useful message)."""
+
+    def unavailable_reason(device: torch.device) -> str | None:
+        return next((reason for check in checks if (reason := check(device)) is not None), None)
+
+    return unavailable_reason
+
+
+_runs_anywhere: Requirement = _requirements()
+
+
+# --- torch SDPA ---------------------------------------------------------------------------------
+
+def _torch_sdpa(forced: SDPBackend | None) -> AttentionFn:
+    """torch SDPA on [B, S, H, D] views (as diffusers' native backends call it), optionally forced."""
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        context = sdpa_kernel(forced) if forced is not None else contextlib.nullcontext()
+        with context:
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+        return out.transpose(1, 2)
+
+    return run
+
+
+# --- flash-attn-4 (CuTe DSL) --------------------------------------------------------------------
+
+def _fa4_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """flash_attn.cute.flash_attn_func: fp16/bf16, head dim <= 256 and a multiple of 8."""
+    head_dim = q.shape[-1]
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise BackendCannotServe(f"fa4 takes fp16/bf16, not {q.dtype}")
+    if head_dim > 256 or head_dim % 8 or v.shape[-1] % 8:
+        raise BackendCannotServe(f"fa4 takes head dims <= 256 that are multiples of 8, not {head_dim}")
+    from flash_attn.cute import flash_attn_func
+
+    result = flash_attn_func(q, k, v, softmax_scale=scale)
+    return result[0] if isinstance(result, tuple) else result  # (out, lse) in the releases read
+
+
+# --- ours: the CuTe DSL FP8 kernel --------------------------------------------------------------
+
+def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """dit_accel.kernels.fp8_attention, quantization/prep included."""
+    from ..kernels.fp8_attention import Fp8AttentionUnsupported, fp8_attention
+
+    try:
+        return fp8_attention(q, k, v, scale=scale)
+    except Fp8AttentionUnsupported as exc:
+        raise BackendCannotServe(str(exc)) from exc
+
+
+# --- cuDNN FP8 through the cudnn frontend (benchmark only) --------------------------------------
+
+@dataclass(frozen=True)
+class CudnnFp8Inputs:
+    """Per-tensor e4m3 q/k/v ([B, S, H, D], contiguous) and their fp32 descales (amax / 448), on the GPU."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_descale: torch.Tensor
+    k_descale: torch.Tensor
+    v_descale: torch.Tensor
+    attn_scale: float
+    out_dtype: torch.dtype
+
+
+def _quantize_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x * 448/amax in e4m3, amax/448 as a [1,1,1,1] fp32 tensor); stays on the device, no host sync."""
+    amax = x.abs().amax().float().clamp_min(1e-12)
+    x_e4m3 = (x.float() * (E4M3_MAX / amax)).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return x_e4m3.contiguous(), (amax / E4M3_MAX).reshape(1, 1, 1, 1)
+
+
+def _cudnn_fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> CudnnFp8Inputs:
+    if q.shape[-1] % 16 or q.shape[-1] > 256:
+        raise BackendCannotServe(f"cuDNN FP8 attention takes head dims <= 256 that are multiples of 16, not {q.shape[-1]}")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise BackendCannotServe(f"cudnn-fp8 here outputs fp16/bf16 like its input, not {q.dtype}")
+    (q8, qd), (k8, kd), (v8, vd) = (_quantize_e4m3(t) for t in (q, k, v))
+    attn_scale = scale if scale is not None else q.shape[-1] ** -0.5
+    return CudnnFp8Inputs(q8, k8, v8, qd, kd, vd, attn_scale, q.dtype)
+
+
+class _CudnnUid:
+    """Tensor ids of the cuDNN FP8 forward graph's variant pack."""
+
+    Q, K, V, O, Q_DESCALE, K_DESCALE, V_DESCALE, S_DESCALE, S_SCALE, O_SCALE, O_AMAX = range(11)
+
+
+@functools.lru_cache(maxsize=16)
+def _cudnn_fp8_graph(b: int, h: int, s_q: int, s_kv: int, d: int, out_dtype: torch.dtype, attn_scale: float, device_index: int):
+    """Build (once per shape) the cuDNN FP8 SDPA forward graph, BSHD strides, output in `out_dtype`.
+
+    P is quantized to e4m3 with scale 448 (softmax values are <= 1), so S's descale is 1/448; the
+    output is fp16/bf16, so its scale is 1. Returns (graph, handle, workspace).
+    """
+    import cudnn
+
+    handle = cudnn.create_handle()
+    io_type = cudnn.data_type.FP8_E4M3
+    graph = cudnn.pygraph(io_data_type=io_type, intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+
+    def bshd(uid: int, s: int):
+        return graph.tensor(uid=uid, dim=(b, h, s, d), stride=(s * h * d, d, h * d, 1), data_type=io_type)
+
+    def scalar(uid: int):
+        return graph.tensor(uid=uid, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=cudnn.data_type.FLOAT)
+
+    u = _CudnnUid
+    o, _stats, _amax_s, amax_o = graph.sdpa_fp8(
+        q=bshd(u.Q, s_q), k=bshd(u.K, s_kv), v=bshd(u.V, s_kv),
+        descale_q=scalar(u.Q_DESCALE), descale_k=scalar(u.K_DESCALE), descale_v=scalar(u.V_DESCALE),
+        descale_s=scalar(u.S_DESCALE), scale_s=scalar(u.S_SCALE), scale_o=scalar(u.O_SCALE),
+        generate_stats=False, attn_scale=attn_scale, use_causal_mask=False,
+    )
+    out_type = cudnn.data_type.BFLOAT16 if out_dtype == torch.bfloat16 else cudnn.data_type.HALF
+    o.set_uid(u.O).set_output(True).set_dim((b, h, s_q, d)).set_stride((s_q * h * d, d, h * d, 1)).set_data_type(out_type)
+    amax_o.set_uid(u.O_AMAX).set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(cudnn.data_type.FLOAT)
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
+    device = torch.device("cuda", device_index)
+    workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=device)
+    constants = {
+        u.S_SCALE: torch.full((1, 1, 1, 1), E4M3_MAX, dtype=torch.float32, device=device),
+        u.S_DESCALE: torch.full((1, 1, 1, 1), 1 / E4M3_MAX, dtype=torch.float32, device=device),
+        u.O_SCALE: torch.ones((1, 1, 1, 1), dtype=torch.float32, device=device),
+    }
+    return graph, handle, workspace, constants
+
+
+def _cudnn_fp8_kernel(inputs: CudnnFp8Inputs) -> torch.Tensor:
+    import cudnn
+
+    b, s_q, h, d = inputs.q.shape
+    graph, handle, workspace, constants = _cudnn_fp8_graph(
+        b, h, s_q, inputs.k.shape[1], d, inputs.out_dtype, inputs.attn_scale, inputs.q.device.index or 0)
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(inputs.q.device).cuda_stream)
+    out = torch.empty(b, s_q, h, d, dtype=inputs.out_dtype, device=inputs.q.device)
+    o_amax = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=inputs.q.device)
+    u = _CudnnUid
+    variant_pack = {
+        u.Q: inputs.q, u.K: inputs.k, u.V: inputs.v,
+        u.Q_DESCALE: inputs.q_descale, u.K_DESCALE: inputs.k_descale, u.V_DESCALE: inputs.v_descale,
+        u.O: out, u.O_AMAX: o_amax, **constants,
+    }
+    graph.execute(variant_pack, workspace, handle=handle)
+    return out
+
+
+# --- the registry -------------------------------------------------------------------------------
+
+BACKENDS: dict[str, AttentionBackend] = {
+    backend.name: backend
+    for backend in (
+        AttentionBackend(
+            "native", "diffusers' default: torch SDPA picks its kernel",
+            _torch_sdpa(None), _runs_anywhere, diffusers_backend="native"),
+        AttentionBackend(
+            "flash", "torch SDPA forced to its FlashAttention-2 kernel",
+            _torch_sdpa(SDPBackend.FLASH_ATTENTION), _needs_cuda((8, 0), "torch SDPA flash"),
+            diffusers_backend="_native_flash"),
+        AttentionBackend(
+            "cudnn", "torch SDPA forced to cuDNN attention (bf16/fp16)",
+            _torch_sdpa(SDPBackend.CUDNN_ATTENTION), _needs_cuda((8, 0), "torch SDPA cuDNN"),
+            diffusers_backend="_native_cudnn"),
+        AttentionBackend(
+            "efficient", "torch SDPA forced to its memory-efficient kernel",
+            _torch_sdpa(SDPBackend.EFFICIENT_ATTENTION), _needs_cuda((5, 0), "torch SDPA efficient"),
+            diffusers_backend="_native_efficient"),
+        AttentionBackend(
+            "math", "torch SDPA forced to its math path (materializes the S x S scores)",
+            _torch_sdpa(SDPBackend.MATH), _runs_anywhere, diffusers_backend="_native_math"),
+        AttentionBackend(
+            "fa4", "flash-attn-4 (CuTe DSL), flash_attn.cute.flash_attn_func, bf16/fp16",
+            _fa4_run,
+            _requirements(_needs_cuda((9, 0), "fa4"),
+                          _needs_module("flash_attn.cute", "pip install flash-attn-4")),
+            routed=True),
+        AttentionBackend(
+            "fp8", "ours: CuTe DSL FP8 attention (dit_accel.kernels.fp8_attention), prep included",
+            _fp8_run,
+            _requirements(_needs_cuda((8, 9), "the FP8 kernel"),
+                          _needs_module("dit_accel.kernels.fp8_attention", "pip install -e .[kernels]"),
+                          _needs_module("cutlass.cute", "pip install nvidia-cutlass-dsl")),
+            routed=True),
+        AttentionBackend(
+            "cudnn-fp8", "cuDNN FP8 SDPA (cudnn frontend), per-tensor e4m3 scales, bf16/fp16 output",
+            lambda q, k, v, scale=None: _cudnn_fp8_kernel(_cudnn_fp8_quantize(q, k, v, scale)),
+            _requirements(_needs_cuda((9, 0), "cuDNN FP8 attention"),
+                          _needs_module("cudnn", "pip install nvidia-cudnn-frontend")),
+            phases=TwoPhases(prepare=_cudnn_fp8_quantize, kernel=_cudnn_fp8_kernel)),
+    )
+}
+
+
+def get_backend(name: str) -> AttentionBackend:
+    """The backend called `name`; a UserError listing the known names otherwise."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise UserError(f"unknown attention backend {name!r}; pick one of: {', '.join(BACKENDS)}") from None

@@ -1,0 +1,253 @@
+"""The one seam where an attention backend is swapped into a diffusers model, reversibly.
+
+How diffusers picks attention: every attention module built on `AttentionModuleMixin` holds a
+processor; the processor's `__call__` calls `dispatch_attention_fn(q, k, v, ...,
+backend=self._attention_backend)`, a global of the processor's own model file (e.g.
+`diffusers.models.transformers.transformer_minimax_h3`), with q/k/v laid out [B, S, H, D].
+`_attention_backend` is None (the process-wide default) or a member of diffusers'
+`AttentionBackendName` enum; `ModelMixin.set_attention_backend` sets it on each processor.
+
+Native backends (`diffusers_backend` set in the registry): we set each processor's
+`_attention_backend` exactly as diffusers does, on any nn.Module (one transformer block counts),
+and put the previous values back afterwards. Unlike diffusers we never touch its process-wide
+active backend, so leaving the context restores everything.
+
+Custom backends (`routed`: fa4, our fp8): the enum is closed, so the processors get a
+`RoutedBackend` object instead, and the `dispatch_attention_fn` global of each processor's model
+file is replaced by a router. The router forwards every call unchanged unless its `backend` is a
+`RoutedBackend`; then it runs our kernel when the call is servable (no attn_mask, no dropout, not
+causal, no GQA, no extra attention_kwargs, no parallel_config, no autograd, and the backend does
+not raise `BackendCannotServe` for the head dim/dtype) and otherwise calls the original dispatch
+with `backend=None`, i.e. diffusers' default. Each `RoutedBackend` counts calls served and calls
+fallen back, by reason, so a run can prove its attention went where it was meant to.
+
+Why this seam: it needs no edit of diffusers or of the model, covers every attention call a
+processor makes (self- and cross-attention alike), keeps diffusers' own checks and fallbacks, and
+is undone completely. The router is installed once per model file, reference-counted across
+nested or concurrent uses, and the original global is put back when the last user leaves.
+Restoring is last-in first-out: undo swaps in the reverse order they were made.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+from .backends import AttentionBackend, BackendCannotServe, get_backend
+
+DISPATCH_GLOBAL = "dispatch_attention_fn"
+
+_UNSET = object()  # a processor that had no instance value (it read its class default)
+
+
+@dataclass(eq=False)
+class RoutedBackend:
+    """What the processors' `_attention_backend` holds while a custom backend is on.
+
+    served_calls: calls our kernel answered. fallback_calls: reason -> calls sent to diffusers'
+    default backend instead. Every dispatch made by a processor holding this object counts in
+    exactly one of the two.
+    """
+
+    backend: AttentionBackend
+    served_calls: int = 0
+    fallback_calls: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def fallback_total(self) -> int:
+        return sum(self.fallback_calls.values())
+
+    def dispatch(self, arguments: dict[str, Any], original_dispatch: Callable[..., torch.Tensor]) -> torch.Tensor:
+        """Answer one `dispatch_attention_fn` call, given its bound arguments (all names present)."""
+        reason = _unservable_reason(arguments)
+        if reason is None:
+            try:
+                out = self.backend.run(arguments["query"], arguments["key"], arguments["value"], arguments["scale"])
+            except BackendCannotServe as exc:
+                reason = str(exc)
+            else:
+                self.served_calls += 1
+                return out
+        self.fallback_calls[reason] += 1
+        return original_dispatch(**{**arguments, "backend": None})
+
+
+def _unservable_reason(arguments: dict[str, Any]) -> str | None:
+    """Why a call needs more than plain softmax(q k^T * scale) v, or None when it does not."""
+    if arguments["attn_mask"] is not None:
+        return "attn_mask given"
+    if arguments["dropout_p"]:
+        return "dropout_p > 0"
+    if arguments["is_causal"]:
+        return "is_causal"
+    if arguments.get("enable_gqa") or arguments["key"].shape[-2] != arguments["query"].shape[-2]:
+        return "grouped-query attention"
+    if arguments.get("attention_kwargs"):
+        return "attention_kwargs given"
+    if arguments.get("parallel_config") is not None:
+        return "parallel_config set"
+    if torch.is_grad_enabled() and any(arguments[name].requires_grad for name in ("query", "key", "value")):
+        return "autograd needed"
+    return None
+
+
+# --- the router, one per model file -------------------------------------------------------------
+
+@dataclass
+class _InstalledRouter:
+    original: Callable[..., torch.Tensor]
+    router: Callable[..., torch.Tensor]
+    users: int
+
+
+_installed_routers: dict[str, _InstalledRouter] = {}
+
+
+def _make_router(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def routed_dispatch_attention_fn(*args, **kwargs):
+        backend = kwargs.get("backend")  # keyword-only in diffusers
+        if not isinstance(backend, RoutedBackend):
+            return original(*args, **kwargs)
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        return backend.dispatch(call.arguments, original)
+
+    return routed_dispatch_attention_fn
+
+
+def _acquire_router(module: ModuleType) -> None:
+    installed = _installed_routers.get(module.__name__)
+    if installed is None:
+        original = getattr(module, DISPATCH_GLOBAL)
+        installed = _InstalledRouter(original, _make_router(original), users=0)
+        _installed_routers[module.__name__] = installed
+        setattr(module, DISPATCH_GLOBAL, installed.router)
+    installed.users += 1
+
+
+def _release_router(module: ModuleType) -> None:
+    installed = _installed_routers[module.__name__]
+    installed.users -= 1
+    if installed.users == 0:
+        del _installed_routers[module.__name__]
+        if getattr(module, DISPATCH_GLOBAL) is installed.router:  # someone else patched over us: leave theirs
+            setattr(module, DISPATCH_GLOBAL, installed.original)
+
+
+def _dispatch_module(processor: Any) -> ModuleType:
+    """The model file whose `dispatch_attention_fn` global this processor's `__call__` reads."""
+    module = sys.modules.get(type(processor).__call__.__module__)
+    if module is None or not callable(getattr(module, DISPATCH_GLOBAL, None)):
+        raise UserError(
+            f"attention processor {type(processor).__name__} does not call diffusers' {DISPATCH_GLOBAL}, "
+            "so a custom backend cannot be routed into it; pick a native backend (native, flash, cudnn, ...)")
+    return module
+
+
+# --- swapping -----------------------------------------------------------------------------------
+
+@dataclass
+class AttentionBackendSwap:
+    """One swap made by `set_attention_backend_by_name`, with what `restore_attention_backend` needs.
+
+    previous: each processor and the `_attention_backend` it held on its instance (or _UNSET).
+    routed: the RoutedBackend the processors hold (custom backends), else None.
+    router_modules: the model files whose dispatch global this swap holds a router on.
+    """
+
+    backend_name: str
+    previous: list[tuple[Any, Any]]
+    routed: RoutedBackend | None
+    router_modules: list[ModuleType]
+    restored: bool = False
+
+
+def _attention_processors(module: nn.Module) -> list[Any]:
+    """Each distinct processor under `module` that has a selectable `_attention_backend`."""
+    processors: dict[int, Any] = {}
+    for submodule in module.modules():
+        processor = getattr(submodule, "processor", None)
+        if processor is not None and hasattr(processor, "_attention_backend"):
+            processors.setdefault(id(processor), processor)
+    return list(processors.values())
+
+
+def _module_device(module: nn.Module) -> torch.device:
+    parameter = next(module.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def set_attention_backend_by_name(module: nn.Module, name: str) -> AttentionBackendSwap:
+    """Make every attention processor under `module` use backend `name`; undo with `restore_attention_backend`.
+
+    Raises UserError for an unknown name, a backend unavailable on the module's device, a
+    benchmark-only backend, or a module without attention processors.
+    """
+    backend = get_backend(name)
+    reason = backend.unavailable_reason(_module_device(module))
+    if reason is not None:
+        raise UserError(f"attention backend {name!r} is unavailable here: {reason}")
+    if backend.diffusers_backend is None and not backend.routed:
+        raise UserError(f"attention backend {name!r} is benchmark only; use it with bench-attention, not in a model")
+    processors = _attention_processors(module)
+    if not processors:
+        raise UserError(f"{type(module).__name__} has no diffusers attention processors to set a backend on")
+
+    if backend.routed:
+        router_modules = list({m.__name__: m for m in map(_dispatch_module, processors)}.values())
+        value: Any = RoutedBackend(backend)
+        for router_module in router_modules:
+            _acquire_router(router_module)
+    else:
+        from diffusers.models.attention_dispatch import AttentionBackendName
+
+        router_modules, value = [], AttentionBackendName(backend.diffusers_backend)
+
+    previous = [(processor, processor.__dict__.get("_attention_backend", _UNSET)) for processor in processors]
+    for processor in processors:
+        processor._attention_backend = value
+    return AttentionBackendSwap(name, previous, value if backend.routed else None, router_modules)
+
+
+def restore_attention_backend(swap: AttentionBackendSwap) -> None:
+    """Put back what `swap` changed: processor values, then routers. Restoring twice is a no-op."""
+    if swap.restored:
+        return
+    for processor, value in swap.previous:
+        if value is _UNSET:
+            processor.__dict__.pop("_attention_backend", None)
+        else:
+            processor._attention_backend = value
+    for router_module in swap.router_modules:
+        _release_router(router_module)
+    swap.restored = True
+
+
+@contextlib.contextmanager
+def use_attention_backend(module: nn.Module, name: str) -> Iterator[RoutedBackend | None]:
+    """Run the body with backend `name` in every attention processor under `module`.
+
+    Yields the RoutedBackend (its counters) for custom backends, None for native ones. On exit,
+    even by an exception, the module is as it was: outputs are bit-identical to before.
+    """
+    swap = set_attention_backend_by_name(module, name)
+    try:
+        yield swap.routed
+    finally:
+        restore_attention_backend(swap)

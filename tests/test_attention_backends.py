@@ -1,0 +1,87 @@
+"""The backend registry: names, how each runs in models, availability on this machine, and the
+direct callables against an fp64 reference (CPU here; every available backend on a GPU)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dit_accel.attention.backends import BACKENDS, BackendCannotServe, get_backend
+from dit_accel.errors import UserError
+
+CPU = torch.device("cpu")
+ALL_NAMES = ["native", "flash", "cudnn", "efficient", "math", "fa4", "fp8", "cudnn-fp8"]
+no_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def fp64_attention(q, k, v):
+    out = F.scaled_dot_product_attention(*(t.double().transpose(1, 2) for t in (q, k, v)))
+    return out.transpose(1, 2)
+
+
+def rel_rms_err(out, ref):
+    return (torch.linalg.vector_norm(out.double() - ref) / torch.linalg.vector_norm(ref)).item()
+
+
+def test_registry_holds_the_documented_names_in_order():
+    assert list(BACKENDS) == ALL_NAMES
+    assert all(name == backend.name and backend.description for name, backend in BACKENDS.items())
+
+
+def test_how_each_backend_runs_in_models():
+    assert {n: b.diffusers_backend for n, b in BACKENDS.items() if b.diffusers_backend} == {
+        "native": "native", "flash": "_native_flash", "cudnn": "_native_cudnn",
+        "efficient": "_native_efficient", "math": "_native_math"}
+    assert [n for n, b in BACKENDS.items() if b.routed] == ["fa4", "fp8"]
+    assert get_backend("cudnn-fp8").in_models == "benchmark only"
+    assert get_backend("cudnn-fp8").phases is not None
+
+
+def test_diffusers_knows_every_native_name():
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    for backend in BACKENDS.values():
+        if backend.diffusers_backend:
+            AttentionBackendName(backend.diffusers_backend)
+
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(UserError, match="pick one of: native, flash, cudnn"):
+        get_backend("flash3")
+
+
+def test_on_the_cpu_only_native_and_math_are_available():
+    reasons = {name: backend.unavailable_reason(CPU) for name, backend in BACKENDS.items()}
+    assert [name for name, reason in reasons.items() if reason is None] == ["native", "math"]
+    assert all("needs a CUDA GPU" in reasons[name] for name in ALL_NAMES if name not in ("native", "math"))
+
+
+@pytest.mark.parametrize("name", ["native", "math"])
+def test_cpu_backends_match_fp64_reference_in_bshd_layout(name):
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 33, 3, 16, generator=generator) for _ in range(3))
+    k, v = k[:, :21], v[:, :21]  # Skv != Sq
+    out = get_backend(name).run(q, k, v)
+    assert out.shape == (2, 33, 3, 16)
+    assert rel_rms_err(out, fp64_attention(q, k, v)) < 1e-5
+    scaled = get_backend(name).run(q, k, v, scale=0.05)
+    assert rel_rms_err(scaled, fp64_attention(q * (0.05 * 16**0.5), k, v)) < 1e-5
+
+
+@pytest.mark.gpu
+@no_gpu
+@pytest.mark.parametrize("name", ALL_NAMES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_backends_match_fp64_reference(name, head_dim):
+    device = torch.device("cuda")
+    backend = get_backend(name)
+    if (reason := backend.unavailable_reason(device)) is not None:
+        pytest.skip(reason)
+    q, k, v = (torch.randn(1, 1024, 4, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
+    try:
+        out = backend.run(q, k, v)
+    except BackendCannotServe as exc:
+        pytest.skip(str(exc))
+    tolerance = 0.10 if "fp8" in name else 0.01  # e4m3 keeps 3 mantissa bits: ~5% expected (DESIGN.md)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert rel_rms_err(out, fp64_attention(q, k, v)) < tolerance

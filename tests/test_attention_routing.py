@@ -1,0 +1,199 @@
+"""The routing seam on tiny diffusers blocks (CPU): every attention call reaches a routed backend,
+masked calls fall back and are counted, native names set diffusers' own backend, and leaving the
+context gives back the original module bit for bit."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from diffusers.models.attention_dispatch import AttentionBackendName
+from diffusers.models.transformers import transformer_minimax_h3, transformer_wan
+from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed, MiniMaxH3TransformerBlock
+from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+from dit_accel.attention import backends, routing
+from dit_accel.attention.backends import AttentionBackend, BackendCannotServe
+from dit_accel.attention.routing import restore_attention_backend, set_attention_backend_by_name, use_attention_backend
+from dit_accel.errors import UserError
+
+H3_HIDDEN, H3_HEADS, H3_HEAD_DIM, H3_FFN, H3_TIME_DIM, H3_ROPE_FREQ_DIM = 64, 2, 32, 128, 32, 4
+
+
+class RecordingSdpa:
+    """A fake custom backend's kernel: records each call's shapes and answers with torch SDPA."""
+
+    def __init__(self):
+        self.calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+
+    def __call__(self, q, k, v, scale=None):
+        self.calls.append((tuple(q.shape), tuple(k.shape)))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+        return out.transpose(1, 2)
+
+
+@pytest.fixture
+def fake_backend(monkeypatch):
+    """Registers a routed backend named `fake` for this test only."""
+    kernel = RecordingSdpa()
+    backend = AttentionBackend("fake", "test double", kernel, lambda device: None, routed=True)
+    monkeypatch.setitem(backends.BACKENDS, "fake", backend)
+    return kernel
+
+
+def h3_block_and_inputs(seq_len: int = 24, num_timesteps: int = 2):
+    torch.manual_seed(0)
+    block = MiniMaxH3TransformerBlock(H3_HIDDEN, H3_HEADS, H3_HEAD_DIM, H3_FFN, H3_TIME_DIM, 1e-6, 1e-6).eval()
+    hidden = torch.randn(1, seq_len, H3_HIDDEN)
+    temb = torch.randn(num_timesteps, H3_TIME_DIM, dtype=torch.float32)
+    adaln_indices = torch.randint(0, 3 * num_timesteps, (seq_len,), dtype=torch.long)
+    position_ids = torch.stack([torch.arange(seq_len) // 8, torch.arange(seq_len) // 4 % 2, torch.arange(seq_len) % 4], dim=1)
+    rotary_emb = MiniMaxH3RotaryPosEmbed(rope_freq_dim=H3_ROPE_FREQ_DIM)(position_ids)
+    return block, (hidden, temb, adaln_indices, rotary_emb)
+
+
+def wan_block_and_inputs(seq_len: int = 20, text_len: int = 7, dim: int = 64, heads: int = 2):
+    torch.manual_seed(0)
+    block = WanTransformerBlock(dim, 128, heads).eval()
+    return block, (torch.randn(1, seq_len, dim), torch.randn(1, text_len, dim), torch.randn(1, 6, dim), None)
+
+
+def processors(block):
+    return [m.processor for m in block.modules() if hasattr(m, "processor")]
+
+
+@torch.no_grad()
+def test_h3_block_every_attention_call_is_routed_and_exit_is_bit_identical(fake_backend):
+    block, inputs = h3_block_and_inputs()
+    original_dispatch = transformer_minimax_h3.dispatch_attention_fn
+    before = block(*inputs)
+
+    with use_attention_backend(block, "fake") as routed:
+        assert transformer_minimax_h3.dispatch_attention_fn is not original_dispatch
+        during = block(*inputs)
+
+    assert routed.served_calls == 1 and routed.fallback_total == 0
+    assert fake_backend.calls == [((1, 24, H3_HEADS, H3_HEAD_DIM), (1, 24, H3_HEADS, H3_HEAD_DIM))]
+    torch.testing.assert_close(during, before)
+    assert transformer_minimax_h3.dispatch_attention_fn is original_dispatch
+    assert all("_attention_backend" not in vars(p) for p in processors(block))
+    assert torch.equal(block(*inputs), before)
+
+
+@torch.no_grad()
+def test_wan_block_routes_self_and_cross_attention(fake_backend):
+    block, inputs = wan_block_and_inputs()
+    original_dispatch = transformer_wan.dispatch_attention_fn
+    before = block(*inputs)
+
+    with use_attention_backend(block, "fake") as routed:
+        during = block(*inputs)
+
+    assert routed.served_calls == 2 and routed.fallback_total == 0
+    assert [k_shape[1] for _, k_shape in fake_backend.calls] == [20, 7]  # self-attention, then the text
+    torch.testing.assert_close(during, before)
+    assert torch.equal(block(*inputs), before)
+    assert transformer_wan.dispatch_attention_fn is original_dispatch
+
+
+@torch.no_grad()
+def test_masked_call_falls_back_to_diffusers_and_is_counted(fake_backend):
+    block, (hidden, _, _, rotary_emb) = h3_block_and_inputs()
+    seq_len = hidden.shape[1]
+    mask = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+    normed = block.norm1(hidden)
+    expected = block.attn(normed, rotary_emb, mask)
+
+    with use_attention_backend(block, "fake") as routed:
+        got = block.attn(normed, rotary_emb, mask)
+
+    assert routed.served_calls == 0 and routed.fallback_calls == {"attn_mask given": 1}
+    assert fake_backend.calls == []
+    assert torch.equal(got, expected)
+
+
+@torch.no_grad()
+def test_backend_that_cannot_serve_falls_back_with_its_reason(monkeypatch):
+    def refuses(q, k, v, scale=None):
+        raise BackendCannotServe("head dim 32 not served")
+
+    monkeypatch.setitem(backends.BACKENDS, "picky", AttentionBackend("picky", "test double", refuses, lambda d: None, routed=True))
+    block, inputs = h3_block_and_inputs()
+    before = block(*inputs)
+    with use_attention_backend(block, "picky") as routed:
+        during = block(*inputs)
+    assert routed.fallback_calls == {"head dim 32 not served": 1} and routed.served_calls == 0
+    assert torch.equal(during, before)
+
+
+def test_autograd_calls_fall_back(fake_backend):
+    block, inputs = h3_block_and_inputs()
+    with use_attention_backend(block, "fake") as routed:
+        block(*inputs)
+    assert routed.fallback_calls == {"autograd needed": 1}
+
+
+@torch.no_grad()
+def test_nested_uses_share_one_router_until_the_last_leaves(fake_backend):
+    block_a, inputs_a = h3_block_and_inputs()
+    block_b, _ = h3_block_and_inputs()
+    original_dispatch = transformer_minimax_h3.dispatch_attention_fn
+    with use_attention_backend(block_a, "fake") as routed_a:
+        router = transformer_minimax_h3.dispatch_attention_fn
+        with use_attention_backend(block_b, "fake"):
+            assert transformer_minimax_h3.dispatch_attention_fn is router
+        assert transformer_minimax_h3.dispatch_attention_fn is router  # block_a still routed
+        block_a(*inputs_a)
+    assert routed_a.served_calls == 1
+    assert transformer_minimax_h3.dispatch_attention_fn is original_dispatch
+    assert routing._installed_routers == {}
+
+
+@torch.no_grad()
+def test_native_name_sets_diffusers_backend_and_restores_previous_value():
+    block, inputs = h3_block_and_inputs()
+    (processor,) = processors(block)
+    processor._attention_backend = AttentionBackendName.NATIVE  # a value set before us
+    before = block(*inputs)
+
+    swap = set_attention_backend_by_name(block, "math")
+    assert processor._attention_backend == AttentionBackendName._NATIVE_MATH
+    assert swap.routed is None
+    torch.testing.assert_close(block(*inputs), before)
+    restore_attention_backend(swap)
+    restore_attention_backend(swap)  # twice is harmless
+
+    assert processor._attention_backend == AttentionBackendName.NATIVE
+    assert torch.equal(block(*inputs), before)
+
+
+def test_context_restores_after_an_exception(fake_backend):
+    block, _ = h3_block_and_inputs()
+    original_dispatch = transformer_minimax_h3.dispatch_attention_fn
+    with pytest.raises(RuntimeError, match="boom"):
+        with use_attention_backend(block, "fake"):
+            raise RuntimeError("boom")
+    assert transformer_minimax_h3.dispatch_attention_fn is original_dispatch
+    assert "_attention_backend" not in vars(processors(block)[0])
+
+
+@pytest.mark.parametrize("name, message", [
+    ("cudnn-fp8", "needs a CUDA GPU"),  # on a CPU module the device check answers first
+    ("fa4", "needs a CUDA GPU"),
+    ("nonsense", "pick one of"),
+])
+def test_unusable_names_are_user_errors(name, message):
+    block, _ = h3_block_and_inputs()
+    with pytest.raises(UserError, match=message):
+        set_attention_backend_by_name(block, name)
+
+
+def test_benchmark_only_backend_is_refused(monkeypatch):
+    monkeypatch.setitem(backends.BACKENDS, "bench-only", AttentionBackend("bench-only", "", RecordingSdpa(), lambda d: None))
+    block, _ = h3_block_and_inputs()
+    with pytest.raises(UserError, match="benchmark only"):
+        set_attention_backend_by_name(block, "bench-only")
+
+
+def test_module_without_attention_is_a_user_error():
+    with pytest.raises(UserError, match="no diffusers attention processors"):
+        set_attention_backend_by_name(torch.nn.Linear(4, 4), "native")
