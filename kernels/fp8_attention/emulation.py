@@ -1,0 +1,68 @@
+"""float64 references for checking the kernel.
+
+`reference_attention`: plain softmax(Q K^T * scale) V in float64 (the truth).
+`emulate_fp8_attention`: the kernel's scheme with every rounding it does and nothing else:
+per-(b, h) e4m3 Q, K, V (prep's `quantize`), online softmax over 32-key strips, p rounded
+to e4m3 as p * 256 against the running max, row sums of the unrounded p, output rounded to
+the output dtype. The kernel should land within ~0.5 percentage points of it (its remaining
+differences: fp32 accumulation order and the hardware exp2).
+"""
+import math
+
+import torch
+
+from .kernel_mma_sync import KEYS, P_SCALE
+from .prep import FP8, check_inputs_finite, head_amax, quantize, scales_from_amax
+
+
+def reference_attention(q, k, v, scale=None):
+    """[B, S, H, D] -> [B, Sq, H, D] float64."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
+    probs = torch.softmax(qd @ kd.transpose(-1, -2) * scale, dim=-1)
+    return (probs @ vd).transpose(1, 2)
+
+
+def reference_lse(q, k, scale=None):
+    """[B, H, Sq] float64 natural-log sum of exp of the scaled logits."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    logits = q.double().transpose(1, 2) @ k.double().transpose(1, 2).transpose(-1, -2) * scale
+    return torch.logsumexp(logits, dim=-1)
+
+
+def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_lse=False):
+    """[B, S, H, D] -> [B, Sq, H, D] in out_dtype (and LSE [B, H, Sq] float64)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    b, sq, h, d = q.shape
+    amax = torch.stack([head_amax(x) for x in (q, k, v)])
+    check_inputs_finite(amax)
+    descale, quant = scales_from_amax(amax)
+    # e4m3 codes as float64, [B, H, S, D]
+    qc, kc, vc = (quantize(x, quant[i]).double().transpose(1, 2) for i, x in enumerate((q, k, v)))
+    per_head = lambda t: t.double().view(b, h, 1, 1)
+    qk_scale_log2 = per_head(descale[0]) * per_head(descale[1]) * scale * math.log2(math.e)
+    logits = qc @ kc.transpose(-1, -2) * qk_scale_log2  # log2 units, [B, H, Sq, Skv]
+
+    row_max = torch.full((b, h, sq, 1), -math.inf, dtype=torch.float64, device=q.device)
+    row_sum = torch.zeros_like(row_max)
+    acc = torch.zeros(b, h, sq, d, dtype=torch.float64, device=q.device)
+    for start in range(0, k.shape[1], KEYS):
+        strip = logits[..., start:start + KEYS]
+        new_max = torch.maximum(row_max, strip.amax(-1, keepdim=True))
+        rescale = torch.exp2(row_max - new_max)
+        p = torch.exp2(strip - new_max)
+        row_sum = row_sum * rescale + p.sum(-1, keepdim=True)
+        p_codes = (p.float() * P_SCALE).to(FP8).double()
+        acc = acc * rescale + p_codes @ vc[..., start:start + KEYS, :]
+        row_max = new_max
+    out = acc * (per_head(descale[2]) / P_SCALE) / row_sum
+    out = out.transpose(1, 2).to(out_dtype)
+    if not return_lse:
+        return out
+    return out, ((row_max + torch.log2(row_sum)) * math.log(2.0)).squeeze(-1)
+
+
+def rel_rms_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| over all elements, in float64."""
+    x, ref = x.double(), ref.double()
+    return float((x - ref).norm() / ref.norm())

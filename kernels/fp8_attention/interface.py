@@ -1,0 +1,103 @@
+"""Host entry point: checks torch tensors, preps them, compiles once per plan, launches.
+
+    out = fp8_attention(q, k, v)                      # [B, S, H, D] bf16/fp16 CUDA -> same
+    out, lse = fp8_attention(q, k, v, return_lse=True)
+    packed = prep_fp8_attention(q, k, v)              # prep alone (quantize + pack)
+    out = fp8_attention_packed(packed, out_dtype=q.dtype)  # kernel alone
+
+Inputs may be non-contiguous [B, S, H, D] views as long as the head dim is contiguous
+(stride 1): prep reads them through their strides. The output is a fresh contiguous
+[B, Sq, H, D] tensor in the input dtype (or `out=`, which must be contiguous).
+"""
+import math
+
+import torch
+
+from .prep import PackedQKV, prep_reference, prep_triton
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+SUPPORTED_HEAD_DIMS = (64, 128)
+MIN_CAPABILITY = (8, 9)  # mma.sync with e4m3 operands: sm_89, sm_90, sm_120
+
+
+class Fp8AttentionUnsupported(ValueError):
+    """fp8_attention cannot take these inputs; the message says what to change."""
+
+
+_plans: dict = {}
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            raise Fp8AttentionUnsupported(f"fp8_attention: {name} must be [B, S, H, D], got shape {tuple(x.shape)}")
+        if x.dtype not in SUPPORTED_DTYPES:
+            raise Fp8AttentionUnsupported(f"fp8_attention: {name} is {x.dtype}; pass bfloat16 or float16")
+        if x.stride(-1) != 1:
+            raise Fp8AttentionUnsupported(
+                f"fp8_attention: {name} has head-dim stride {x.stride(-1)}; pass a view whose last dim is contiguous")
+    b, sq, h, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[2:] != q.shape[2:]:
+        raise Fp8AttentionUnsupported(
+            f"fp8_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must be "
+            "[B, Sq, H, D], [B, Skv, H, D], [B, Skv, H, D] (no GQA)")
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise Fp8AttentionUnsupported(f"fp8_attention: head dim {d} unsupported; use 64 or 128")
+    if sq < 1 or k.shape[1] < 1:
+        raise Fp8AttentionUnsupported("fp8_attention: sequence lengths must be >= 1")
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        raise Fp8AttentionUnsupported("fp8_attention: q, k, v must share dtype and device")
+    if not q.is_cuda:
+        raise Fp8AttentionUnsupported(f"fp8_attention: inputs are on {q.device}; move q, k, v to a CUDA device")
+    capability = torch.cuda.get_device_capability(q.device)
+    if capability < MIN_CAPABILITY:
+        raise Fp8AttentionUnsupported(
+            f"fp8_attention: sm_{capability[0]}{capability[1]} has no FP8 mma.sync; needs sm_89 or newer")
+
+
+def prep_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, use_triton: bool = True) -> PackedQKV:
+    """Prep alone: checks the inputs, quantizes and packs them (Triton, or torch if asked)."""
+    _check_inputs(q, k, v)
+    return (prep_triton if use_triton else prep_reference)(q, k, v)
+
+
+def _plan(head_dim: int, out_dtype: torch.dtype, with_lse: bool, device: torch.device):
+    """Compiled kernel for this plan key; sequence lengths, batch and heads are dynamic."""
+    key = (head_dim, out_dtype, with_lse, torch.cuda.get_device_capability(device))
+    if key not in _plans:
+        from .compile import compile_fp8_attention
+
+        _plans[key] = compile_fp8_attention(head_dim, out_dtype, with_lse)
+    return _plans[key]
+
+
+def fp8_attention_packed(packed: PackedQKV, *, out_dtype: torch.dtype = torch.bfloat16,
+                         scale: float | None = None, return_lse: bool = False,
+                         out: torch.Tensor | None = None):
+    """Kernel alone on prep's output. Returns out [B, Sq, H, D] (and lse [B, H, Sq] fp32)."""
+    from .compile import cute_arguments
+
+    b, h, sq, d = packed.batch, packed.heads, packed.seqlen_q, packed.head_dim
+    device = packed.q.device
+    if out is None:
+        out = torch.empty(b, sq, h, d, dtype=out_dtype, device=device)
+    elif out.shape != (b, sq, h, d) or out.dtype != out_dtype or not out.is_contiguous():
+        raise Fp8AttentionUnsupported(f"fp8_attention: out must be contiguous {out_dtype} {(b, sq, h, d)}")
+    lse = torch.empty(b, h, sq, dtype=torch.float32, device=device) if return_lse else None
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    kernel = _plan(d, out_dtype, return_lse, device)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    kernel(*cute_arguments(packed.q, packed.k, packed.v, packed.descale, out, lse, scale,
+                           packed.seqlen_kv, stream))
+    return (out, lse) if return_lse else out
+
+
+def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
+                  return_lse: bool = False):
+    """softmax(q k^T * scale) v with FP8 (e4m3) Q, K, V, P; q, k, v [B, S, H, D] on CUDA.
+
+    scale defaults to 1/sqrt(D). Raises Fp8AttentionUnsupported for inputs it cannot take and
+    prep.Fp8AttentionNonFinite for inf/NaN inputs.
+    """
+    packed = prep_fp8_attention(q, k, v)
+    return fp8_attention_packed(packed, out_dtype=q.dtype, scale=scale, return_lse=return_lse)

@@ -1,0 +1,107 @@
+"""CPU checks of the prep contract (torch reference), the emulation, and interface errors."""
+import math
+
+import pytest
+import torch
+
+from dit_accel.kernels.fp8_attention import Fp8AttentionNonFinite, Fp8AttentionUnsupported, fp8_attention
+from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention, reference_attention, rel_rms_error
+from dit_accel.kernels.fp8_attention.prep import FP8, key_order, prep_reference
+
+
+def qkv(b=2, sq=100, skv=70, h=3, d=64, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda s: torch.randn(b, s, h, d, generator=g).to(dtype)
+    return make(sq), make(skv), make(skv)
+
+
+def dequant_rows(codes, descale, b, h, s):  # [B*H, S_pad, D] -> [B, S, H, D] float64
+    x = codes.double() * descale.double().view(-1, 1, 1)
+    return x[:, :s].reshape(b, h, s, -1).transpose(1, 2)
+
+
+def test_padding_shapes_and_scales():
+    q, k, v = qkv()
+    p = prep_reference(q, k, v)
+    assert p.q.shape == (6, 128, 64) and p.k.shape == (6, 96, 64) and p.v.shape == (6, 64, 96)
+    assert p.q.dtype == p.k.dtype == p.v.dtype == FP8 and p.q.is_contiguous() and p.v.is_contiguous()
+    amax_q = q.float().abs().amax(dim=(1, 3)).reshape(-1)
+    torch.testing.assert_close(p.descale[0], amax_q / 448.0)
+    assert float(p.q.float().abs().amax()) == 448.0  # the head max maps to the top code
+    assert (p.q[:, 100:].float() == 0).all() and (p.k[:, 70:].float() == 0).all()
+
+
+def test_quantization_error_bound():
+    q, k, v = qkv()
+    p = prep_reference(q, k, v)
+    for codes, x, desc in ((p.q, q, p.descale[0]), (p.k, k, p.descale[1])):
+        back = dequant_rows(codes, desc, 2, 3, x.shape[1])
+        err = (back - x.double()).abs()
+        # e4m3: 3 mantissa bits -> relative error <= 2^-4 for normals; absolute floor from
+        # the smallest subnormal step 2^-9 in code units
+        bound = x.double().abs() * 2.0 ** -4 + desc.double().view(2, 1, 3, 1) * 2.0 ** -10
+        assert (err <= bound + 1e-12).all()
+
+
+def test_v_feature_major_and_permuted():
+    q, k, v = qkv(skv=70)
+    p = prep_reference(q, k, v)
+    order = key_order(torch.arange(96))
+    codes = (v.float() * (448.0 / v.float().abs().amax(dim=(1, 3), keepdim=True))).clamp(-448, 448).to(FP8)
+    codes = codes.permute(0, 2, 1, 3).reshape(6, 70, 64)  # [B*H, Skv, D]
+    for slot in range(96):
+        key = int(order[slot])
+        expect = codes[:, key] if key < 70 else torch.zeros(6, 64, dtype=FP8)
+        assert torch.equal(p.v[:, :, slot].view(torch.uint8), expect.view(torch.uint8)), slot
+
+
+def test_key_order_matches_mma_fragments():
+    """Derived from the PTX fragment tables of mma.m16n8k32 (e4m3), independently of prep:
+    C (16x8 f32): lane holds rows lane//4 (+8), columns 2*(lane%4) + {0,1} of each n8 tile.
+    A (16x32 e4m3): a0..a3 hold row lane//4, columns 4*(lane%4) + {0..3}; a8..a11 the same + 16.
+    The kernel packs, in order, a lane's row-g scores of n8 tiles 0..3 (2 each) into a0..a3,
+    a8..a11. P.V is then correct iff V's k slot s holds the key whose score lands in slot s."""
+    slot_holds_key = {}
+    for lane in range(32):
+        t = lane % 4
+        keys = [8 * j + 2 * t + c for j in range(4) for c in range(2)]  # C order
+        slots = [4 * t + e for e in range(4)] + [16 + 4 * t + e for e in range(4)]  # A order
+        for key, slot in zip(keys, slots):
+            assert slot_holds_key.setdefault(slot, key) == key
+    assert sorted(slot_holds_key) == list(range(32))
+    order = key_order(torch.arange(64))
+    for slot in range(64):
+        assert int(order[slot]) == slot // 32 * 32 + slot_holds_key[slot % 32]
+
+
+def test_zero_head_guard():
+    q, k, v = qkv()
+    v[:, :, 1] = 0
+    p = prep_reference(q, k, v)
+    descale_v = p.descale[2].view(2, 3)
+    assert (descale_v[:, 1] == 1.0).all() and torch.isfinite(p.v.float()).all()
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_non_finite_raises(bad):
+    q, k, v = qkv()
+    k[1, 5, 2, 7] = bad
+    with pytest.raises(Fp8AttentionNonFinite, match="k contain"):
+        prep_reference(q, k, v)
+
+
+def test_emulation_error_vs_fp64():
+    q, k, v = qkv(b=1, sq=256, skv=256, h=2, d=128)
+    err = rel_rms_error(emulate_fp8_attention(q, k, v), reference_attention(q, k, v))
+    assert 0.035 < err < 0.07  # DESIGN.md: ~5.2% on N(0,1)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda x: x.float(), "pass bfloat16 or float16"),
+    (lambda x: x[..., :48], "head dim 48 unsupported"),
+    (lambda x: x, "move q, k, v to a CUDA device"),
+])
+def test_interface_errors(change, message):
+    q, k, v = (change(x) for x in qkv())
+    with pytest.raises(Fp8AttentionUnsupported, match=message):
+        fp8_attention(q, k, v)
