@@ -34,7 +34,7 @@ def test_how_each_backend_runs_in_models():
         "efficient": "_native_efficient", "math": "_native_math"}
     assert [n for n, b in BACKENDS.items() if b.routed] == ["fa4", "fp8"]
     assert get_backend("cudnn-fp8").in_models == "benchmark only"
-    assert get_backend("cudnn-fp8").phases is not None
+    assert [n for n, b in BACKENDS.items() if b.phases] == ["fp8", "cudnn-fp8"]
 
 
 def test_diffusers_knows_every_native_name():
@@ -85,3 +85,13 @@ def test_gpu_backends_match_fp64_reference(name, head_dim):
     tolerance = 0.10 if "fp8" in name else 0.01  # e4m3 keeps 3 mantissa bits: ~5% expected (DESIGN.md)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert rel_rms_err(out, fp64_attention(q, k, v)) < tolerance
+
+
+@pytest.mark.parametrize("call", [
+    lambda q: get_backend("fp8").run(q, q, q),
+    lambda q: get_backend("fp8").phases.prepare(q, q, q),
+])
+def test_fp8_kernel_refusals_become_backend_cannot_serve(call):
+    pytest.importorskip("dit_accel.kernels.fp8_attention")
+    with pytest.raises(BackendCannotServe, match="CUDA device"):
+        call(torch.randn(1, 8, 2, 64, dtype=torch.bfloat16))

@@ -148,14 +148,46 @@ def _fa4_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | N
 
 # --- ours: the CuTe DSL FP8 kernel --------------------------------------------------------------
 
-def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """dit_accel.kernels.fp8_attention, quantization/prep included."""
-    from ..kernels.fp8_attention import Fp8AttentionUnsupported, fp8_attention
+@contextlib.contextmanager
+def _fp8_cannot_serve():
+    """The kernel's Fp8AttentionUnsupported (head dim, dtype, device) as our BackendCannotServe."""
+    from ..kernels.fp8_attention import Fp8AttentionUnsupported
 
     try:
-        return fp8_attention(q, k, v, scale=scale)
+        yield
     except Fp8AttentionUnsupported as exc:
         raise BackendCannotServe(str(exc)) from exc
+
+
+def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """dit_accel.kernels.fp8_attention.fp8_attention: prep (quantize + pack) and kernel."""
+    from ..kernels.fp8_attention import fp8_attention
+
+    with _fp8_cannot_serve():
+        return fp8_attention(q, k, v, scale=scale)
+
+
+@dataclass(frozen=True)
+class Fp8Prepared:
+    """Prep's packed e4m3 q/k/v and descales, with what the kernel alone still needs."""
+
+    packed: Any
+    out_dtype: torch.dtype
+    scale: float | None
+
+
+def _fp8_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> Fp8Prepared:
+    from ..kernels.fp8_attention import prep_fp8_attention
+
+    with _fp8_cannot_serve():
+        return Fp8Prepared(prep_fp8_attention(q, k, v), q.dtype, scale)
+
+
+def _fp8_kernel(prepared: Fp8Prepared) -> torch.Tensor:
+    from ..kernels.fp8_attention import fp8_attention_packed
+
+    with _fp8_cannot_serve():
+        return fp8_attention_packed(prepared.packed, out_dtype=prepared.out_dtype, scale=prepared.scale)
 
 
 # --- cuDNN FP8 through the cudnn frontend (benchmark only) --------------------------------------
@@ -296,7 +328,8 @@ BACKENDS: dict[str, AttentionBackend] = {
             _requirements(_needs_cuda((8, 9), "the FP8 kernel"),
                           _needs_module("dit_accel.kernels.fp8_attention", "pip install -e .[kernels]"),
                           _needs_module("cutlass.cute", "pip install nvidia-cutlass-dsl")),
-            routed=True),
+            routed=True,
+            phases=TwoPhases(prepare=_fp8_prepare, kernel=_fp8_kernel)),
         AttentionBackend(
             "cudnn-fp8", "cuDNN FP8 SDPA (cudnn frontend), per-tensor e4m3 scales, bf16/fp16 output",
             lambda q, k, v, scale=None: _cudnn_fp8_kernel(_cudnn_fp8_quantize(q, k, v, scale)),

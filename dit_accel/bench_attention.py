@@ -1,0 +1,249 @@
+"""Attention backends side by side on the same tensors: time, TFLOP/s, and error against a reference.
+
+Per shape, one set of fresh N(0,1) q/k/v (optionally with 0.1% of entries scaled 50x) is shared by
+every backend. Each row holds the median of `runs` timed calls after `warmup` calls (CUDA events on a
+GPU), `tflops` = 4*B*H*Sq*Skv*D / median time, and `rel_rms_err` = ||out - ref|| / ||ref|| against a
+reference computed in float64, or in float32 on a GPU when the score count B*H*Sq*Skv exceeds
+FP64_REFERENCE_MAX_SCORES (the `reference` field says which). Backends with separate phases (cuDNN
+FP8's quantization, our kernel's prep) get two more rows, "prep alone" and "kernel alone"; the
+"end to end" row always includes the prep.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import textwrap
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from .attention.backends import AttentionBackend, BackendCannotServe
+from .errors import UserError
+from .timing import time_region
+
+GPU_DEFAULT_SHAPE = "1x56x30272x128"  # MiniMax-H3: one packed sequence of 30272 tokens, 56 heads x 128
+CPU_DEFAULT_SHAPE = "1x2x256x64"  # scaled down so a CPU run finishes in seconds
+BASELINE_BACKEND = "cudnn"  # speedups are against torch SDPA's cuDNN kernel in bf16/fp16
+FP64_REFERENCE_MAX_SCORES = 2**30  # beyond this many scores a GPU computes the reference in fp32
+REFERENCE_CHUNK_SCORES = 2**28  # scores materialized at once while computing the reference
+OUTLIER_FRACTION, OUTLIER_FACTOR = 1e-3, 50.0
+
+END_TO_END, KERNEL_ALONE, PREP_ALONE = "end to end", "kernel alone", "prep alone"
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """q is [batch, seq_q, heads, head_dim]; k and v are [batch, seq_kv, heads, head_dim]."""
+
+    batch: int
+    heads: int
+    seq_q: int
+    seq_kv: int
+    head_dim: int
+
+    @classmethod
+    def parse(cls, text: str) -> "AttentionShape":
+        """'1x56x30272x128' (BxHxSxD) or '1x56x4096x512x128' (BxHxSqxSkvxD)."""
+        fields = text.strip().lower().split("x")
+        if len(fields) not in (4, 5) or not all(re.fullmatch(r"[1-9][0-9]*", f) for f in fields):
+            raise UserError(f"cannot read the shape {text!r}; write BxHxSxD like 1x56x30272x128, or BxHxSqxSkvxD")
+        numbers = [int(f) for f in fields]
+        batch, heads, seq_q, seq_kv, head_dim = numbers if len(numbers) == 5 else numbers[:3] + numbers[2:]
+        return cls(batch, heads, seq_q, seq_kv, head_dim)
+
+    @property
+    def label(self) -> str:
+        seqs = f"{self.seq_q}" if self.seq_q == self.seq_kv else f"{self.seq_q}x{self.seq_kv}"
+        return f"{self.batch}x{self.heads}x{seqs}x{self.head_dim}"
+
+    @property
+    def flops(self) -> int:
+        """Two matmuls of 2*Sq*Skv*D each, per batch and head."""
+        return 4 * self.batch * self.heads * self.seq_q * self.seq_kv * self.head_dim
+
+    @property
+    def scores(self) -> int:
+        return self.batch * self.heads * self.seq_q * self.seq_kv
+
+
+def parse_shapes(text: str) -> list[AttentionShape]:
+    shapes = [AttentionShape.parse(part) for part in text.split(",") if part.strip()]
+    if not shapes:
+        raise UserError("--shapes is empty; write BxHxSxD like 1x56x30272x128 (comma-separated for several)")
+    return shapes
+
+
+@dataclass
+class BenchRow:
+    """One measured (or skipped) backend variant at one shape. Missing numbers are None.
+
+    status: "ok", or why the backend did not run ("unavailable: ...", "cannot serve: ...",
+    "out of memory"). speedup_vs_baseline: the BASELINE_BACKEND end-to-end median_ms divided by this
+    row's median_ms, at the same shape.
+    """
+
+    backend: str
+    timed: str
+    shape: str
+    status: str
+    median_ms: float | None = None
+    min_ms: float | None = None
+    runs: int | None = None
+    tflops: float | None = None
+    speedup_vs_baseline: float | None = None
+    rel_rms_err: float | None = None
+    reference: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- inputs and reference -----------------------------------------------------------------------
+
+def make_inputs(shape: AttentionShape, *, dtype: torch.dtype, device: torch.device, outliers: bool,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fresh N(0,1) q, k, v in `dtype`; with `outliers`, 0.1% of each tensor's entries are multiplied by 50."""
+    sizes = [(shape.batch, shape.seq_q, shape.heads, shape.head_dim)] + [(shape.batch, shape.seq_kv, shape.heads, shape.head_dim)] * 2
+    tensors = []
+    for size in sizes:
+        x = torch.randn(size, generator=generator, device=device, dtype=torch.float32)
+        if outliers:
+            flat = x.view(-1)
+            picked = torch.randperm(flat.numel(), generator=generator, device=device)[: max(1, int(flat.numel() * OUTLIER_FRACTION))]
+            flat[picked] *= OUTLIER_FACTOR
+        tensors.append(x.to(dtype))
+    return tuple(tensors)
+
+
+def reference_dtype(shape: AttentionShape, device: torch.device) -> torch.dtype:
+    """float64, except float32 on a GPU past FP64_REFERENCE_MAX_SCORES scores (fp64 there takes too long)."""
+    too_big = device.type == "cuda" and shape.scores > FP64_REFERENCE_MAX_SCORES
+    return torch.float32 if too_big else torch.float64
+
+
+@contextlib.contextmanager
+def _ieee_fp32_matmul() -> Iterator[None]:
+    """fp32 matmuls in full precision (no TF32) inside, whatever the process set."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+@torch.no_grad()
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype,
+                        scale: float | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale) v in `dtype`, [B, Sq, H, D], materializing at most REFERENCE_CHUNK_SCORES scores at once."""
+    batch, seq_q, heads, head_dim = q.shape
+    seq_kv = k.shape[1]
+    scale = head_dim**-0.5 if scale is None else scale
+    out = torch.empty(batch, seq_q, heads, v.shape[-1], dtype=dtype, device=q.device)
+    rows_per_chunk = max(1, REFERENCE_CHUNK_SCORES // (heads * seq_kv))
+    with _ieee_fp32_matmul():
+        for b in range(batch):
+            k_hsd, v_hsd = (t[b].to(dtype).transpose(0, 1) for t in (k, v))  # [H, Skv, D]
+            for start in range(0, seq_q, rows_per_chunk):
+                q_hsd = q[b, start:start + rows_per_chunk].to(dtype).transpose(0, 1)
+                probs = torch.softmax(torch.matmul(q_hsd, k_hsd.transpose(1, 2)) * scale, dim=-1)
+                out[b, start:start + rows_per_chunk] = torch.matmul(probs, v_hsd).transpose(0, 1)
+    return out
+
+
+def rel_rms_err(out: torch.Tensor, reference: torch.Tensor) -> float:
+    """||out - ref|| / ||ref||, computed in the reference's dtype."""
+    return (torch.linalg.vector_norm(out.to(reference.dtype) - reference) / torch.linalg.vector_norm(reference)).item()
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+def _poison_next_allocation(like: torch.Tensor) -> None:
+    """Best effort: leave a NaN-filled free block the size of the next output in the caching allocator,
+    so a kernel that skips writes shows up as NaN instead of an earlier backend's correct result."""
+    torch.full_like(like, float("nan"))
+
+
+def _measure_backend(backend: AttentionBackend, shape: AttentionShape, q, k, v, reference: torch.Tensor,
+                     reference_name: str, *, device: torch.device, warmup: int, runs: int) -> list[BenchRow]:
+    """The end-to-end row (with its error), plus prep-alone and kernel-alone rows for two-phase backends."""
+    _poison_next_allocation(q)
+    out = backend.run(q, k, v)
+    error = rel_rms_err(out, reference)
+    del out
+
+    def row(timed: str, fn, *, error_here: float | None = None, counts_flops: bool = True) -> BenchRow:
+        stats = time_region(fn, device=device, warmup=warmup, runs=runs)
+        return BenchRow(backend.name, timed, shape.label, "ok", stats.median_ms, stats.min_ms, stats.runs,
+                        tflops=shape.flops / (stats.median_ms * 1e-3) / 1e12 if counts_flops else None,
+                        rel_rms_err=error_here, reference=reference_name if error_here is not None else None)
+
+    rows = [row(END_TO_END, lambda: backend.run(q, k, v), error_here=error)]
+    if backend.phases is not None:
+        prepared = backend.phases.prepare(q, k, v)
+        rows.append(row(PREP_ALONE, lambda: backend.phases.prepare(q, k, v), counts_flops=False))
+        rows.append(row(KERNEL_ALONE, lambda: backend.phases.kernel(prepared)))
+    return rows
+
+
+def bench_shape(shape: AttentionShape, backends: list[AttentionBackend], *, dtype: torch.dtype, device: torch.device,
+                outliers: bool, warmup: int, runs: int, seed: int) -> list[BenchRow]:
+    """Every backend on one fresh set of inputs of `shape`; unavailable ones become rows saying why."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = make_inputs(shape, dtype=dtype, device=device, outliers=outliers, generator=generator)
+    ref_dtype = reference_dtype(shape, device)
+    reference = reference_attention(q, k, v, ref_dtype)
+    reference_name = str(ref_dtype).removeprefix("torch.").replace("float", "fp")
+
+    rows: list[BenchRow] = []
+    for backend in backends:
+        reason = backend.unavailable_reason(device)
+        if reason is not None:
+            rows.append(BenchRow(backend.name, END_TO_END, shape.label, f"unavailable: {reason}"))
+            continue
+        try:
+            rows += _measure_backend(backend, shape, q, k, v, reference, reference_name, device=device, warmup=warmup, runs=runs)
+        except BackendCannotServe as exc:
+            rows.append(BenchRow(backend.name, END_TO_END, shape.label, f"cannot serve: {exc}"))
+        except torch.OutOfMemoryError:
+            rows.append(BenchRow(backend.name, END_TO_END, shape.label, "out of memory"))
+            torch.cuda.empty_cache()
+    _fill_speedups(rows)
+    return rows
+
+
+def _fill_speedups(rows: list[BenchRow]) -> None:
+    """speedup_vs_baseline of every timed row that has TFLOP/s, where the baseline ran at that shape."""
+    baseline = {r.shape: r.median_ms for r in rows if r.backend == BASELINE_BACKEND and r.timed == END_TO_END and r.status == "ok"}
+    for r in rows:
+        if r.tflops is not None and r.shape in baseline:
+            r.speedup_vs_baseline = baseline[r.shape] / r.median_ms
+
+
+# --- the bar plot -------------------------------------------------------------------------------
+
+def plot_tflops(rows: list[BenchRow], path: Path, title: str) -> None:
+    """Bars of TFLOP/s per backend variant, grouped by shape; Agg canvas, no pyplot global state."""
+    from matplotlib.figure import Figure
+
+    timed_rows = [r for r in rows if r.tflops is not None]
+    shapes = list(dict.fromkeys(r.shape for r in timed_rows))
+    variants = list(dict.fromkeys(_variant_label(r) for r in timed_rows))
+    figure = Figure(figsize=(max(8.0, 1.2 * len(variants) * max(1, len(shapes))), 4.5), layout="constrained")
+    axes = figure.subplots()
+    width = 0.8 / max(1, len(variants))
+    for i, variant in enumerate(variants):
+        heights = [next((r.tflops for r in timed_rows if r.shape == s and _variant_label(r) == variant), math.nan) for s in shapes]
+        axes.bar([x + i * width for x in range(len(shapes))], heights, width, label=variant)
+    axes.set_xticks([x + width * (len(variants) - 1) / 2 for x in range(len(shapes))], shapes)
+    axes.set_ylabel("TFLOP/s (4·B·H·Sq·Skv·D / median time)")
+    axes.set_title(textwrap.fill(title, 90), fontsize="small")
+    axes.legend(fontsize="small")
+    figure.savefig(path, dpi=120)
+
+
+def _variant_label(row: BenchRow) -> str:
+    return row.backend if row.timed == END_TO_END else f"{row.backend} ({row.timed})"

@@ -1,0 +1,136 @@
+"""bench-attention: shapes, the reference, the measured rows, and the command end to end on the CPU
+(through click, writing its three files), plus the real thing on a GPU where there is one."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from click.testing import CliRunner
+
+from dit_accel import bench_attention as bench
+from dit_accel.attention import backends
+from dit_accel.attention.backends import AttentionBackend, BackendCannotServe, TwoPhases
+from dit_accel.bench_attention import AttentionShape, bench_shape, parse_shapes, reference_attention
+from dit_accel.cli import main
+from dit_accel.errors import UserError
+
+CPU = torch.device("cpu")
+no_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_shapes_parse_self_and_cross_attention():
+    assert parse_shapes("1x56x30272x128, 2x4x100x7x64") == [
+        AttentionShape(1, 56, 30272, 30272, 128), AttentionShape(2, 4, 100, 7, 64)]
+    assert AttentionShape.parse("1x56x30272x128").flops == 4 * 56 * 30272**2 * 128
+    assert AttentionShape.parse("2x4x100x7x64").label == "2x4x100x7x64"
+
+
+@pytest.mark.parametrize("text", ["1x56x30272", "1x0x8x64", "axbxcxd", "1x2x3x4x5x6", ""])
+def test_bad_shapes_are_user_errors(text):
+    with pytest.raises(UserError, match="BxHxSxD"):
+        parse_shapes(text)
+
+
+def test_reference_is_chunked_fp64_attention(monkeypatch):
+    monkeypatch.setattr(bench, "REFERENCE_CHUNK_SCORES", 3 * 2 * 11)  # force several query chunks
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, n, 3, 8, generator=generator, dtype=torch.float64) for n in (13, 11, 11))
+    expected = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    torch.testing.assert_close(reference_attention(q, k, v, torch.float64), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_dtype_is_fp32_only_for_big_gpu_shapes():
+    h3 = AttentionShape.parse("1x56x30272x128")
+    assert bench.reference_dtype(h3, torch.device("cuda")) == torch.float32
+    assert bench.reference_dtype(h3, CPU) == torch.float64
+    assert bench.reference_dtype(AttentionShape.parse("1x2x256x64"), torch.device("cuda")) == torch.float64
+
+
+def test_outliers_scale_one_entry_in_a_thousand():
+    shape = AttentionShape.parse("1x2x500x100")
+    q_plain, q_outliers = (bench.make_inputs(shape, dtype=torch.float32, device=CPU, outliers=outliers,
+                                             generator=torch.Generator().manual_seed(0))[0] for outliers in (False, True))
+    scaled = q_outliers != q_plain
+    assert scaled.sum().item() == 100  # 1e-3 of 2*500*100 entries
+    torch.testing.assert_close(q_outliers[scaled], 50 * q_plain[scaled])
+
+
+def test_rows_for_available_unavailable_unservable_and_two_phase_backends():
+    def sdpa(q, k, v, scale=None):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale).transpose(1, 2)
+
+    def refuses(q, k, v, scale=None):
+        raise BackendCannotServe("head dim 64 not served")
+
+    two_phase = AttentionBackend("halves", "", lambda q, k, v, scale=None: sdpa(q, k, v, scale).half().float(),
+                                 lambda d: None, phases=TwoPhases(lambda q, k, v, scale=None: (q.half(), k.half(), v.half()),
+                                                                  lambda p: sdpa(*(t.float() for t in p)).half().float()))
+    candidates = [backends.BACKENDS["math"], backends.BACKENDS["fa4"],
+                  AttentionBackend("picky", "", refuses, lambda d: None), two_phase,
+                  AttentionBackend("cudnn", "stand-in baseline", sdpa, lambda d: None)]
+    rows = bench_shape(AttentionShape.parse("1x2x64x32x64"), candidates, dtype=torch.float32, device=CPU,
+                       outliers=False, warmup=1, runs=10, seed=0)
+    by_key = {(r.backend, r.timed): r for r in rows}
+
+    assert by_key["math", "end to end"].rel_rms_err < 1e-6 and by_key["math", "end to end"].reference == "fp64"
+    assert by_key["fa4", "end to end"].status == "unavailable: fa4 needs a CUDA GPU"
+    assert by_key["picky", "end to end"].status == "cannot serve: head dim 64 not served"
+    assert 1e-5 < by_key["halves", "end to end"].rel_rms_err < 1e-2  # fp16 rounding shows
+    assert by_key["halves", "prep alone"].tflops is None and by_key["halves", "prep alone"].median_ms > 0
+    kernel_alone = by_key["halves", "kernel alone"]
+    assert kernel_alone.tflops > 0 and kernel_alone.rel_rms_err is None
+    assert by_key["cudnn", "end to end"].speedup_vs_baseline == 1.0
+    assert kernel_alone.speedup_vs_baseline == pytest.approx(by_key["cudnn", "end to end"].median_ms / kernel_alone.median_ms)
+    assert all(r.runs == 10 for r in rows if r.status == "ok")
+
+
+def test_cpu_run_through_the_cli_writes_report_csv_and_plot(tmp_path):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["bench-attention", "--device", "cpu", "--shapes", "1x2x128x32,1x1x64x96x32",
+                                       "--backends", "math,native,fa4", "--outliers", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "NOT representative" in result.output and "fa4 needs a CUDA GPU" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "results.csv", "tflops.png"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["cpu_run_not_representative"] is True and report["device"]["kind"] == "cpu"
+    assert report["settings"]["shapes"] == ["1x2x128x32", "1x1x64x96x32"] and report["settings"]["outliers"] is True
+    ok_rows = [r for r in report["rows"] if r["status"] == "ok"]
+    assert {(r["backend"], r["shape"]) for r in ok_rows} == {(b, s) for b in ("math", "native") for s in ("1x2x128x32", "1x1x64x96x32")}
+    assert all(r["rel_rms_err"] < 0.02 and r["reference"] == "fp64" and r["tflops"] > 0 for r in ok_rows)
+    with (out / "results.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == len(report["rows"]) == 6
+    assert (out / "tflops.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cpu_default_is_the_scaled_down_shape(tmp_path):
+    result = CliRunner().invoke(main, ["bench-attention", "--device", "cpu", "--backends", "math", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["settings"]["shapes"] == [bench.CPU_DEFAULT_SHAPE]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shapes", "1x2x128"], "cannot read the shape"),
+    (["--backends", "math,flash3"], "unknown attention backend 'flash3'"),
+])
+def test_bad_input_is_one_line_exit_2_and_leaves_no_folder(tmp_path, args, message):
+    result = CliRunner().invoke(main, ["bench-attention", "--device", "cpu", *args, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.gpu
+@no_gpu
+def test_gpu_run_small_shape_every_backend(tmp_path):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["bench-attention", "--shapes", "1x8x2048x128", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((out / "report.json").read_text())["rows"]
+    baseline = next(r for r in rows if r["backend"] == "cudnn" and r["timed"] == "end to end")
+    assert baseline["status"] == "ok" and baseline["speedup_vs_baseline"] == 1.0
+    for r in rows:
+        if r["status"] == "ok" and r["rel_rms_err"] is not None:
+            assert r["rel_rms_err"] < (0.1 if "fp8" in r["backend"] else 0.01), r
