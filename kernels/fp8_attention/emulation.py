@@ -15,9 +15,10 @@ from .kernel_mma_sync import KEYS, P_SCALE
 from .prep import FP8, check_inputs_finite, head_amax, quantize, scales_from_amax
 
 
-def reference_attention(q, k, v, scale=None):
-    """[B, S, H, D] -> [B, Sq, H, D] float64."""
+def reference_attention(q, k, v, scale=None, rows=None):
+    """[B, S, H, D] -> [B, Sq, H, D] float64 (only query rows `rows` if given)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q = q if rows is None else q[:, rows]
     qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
     probs = torch.softmax(qd @ kd.transpose(-1, -2) * scale, dim=-1)
     return (probs @ vd).transpose(1, 2)
@@ -30,8 +31,11 @@ def reference_lse(q, k, scale=None):
     return torch.logsumexp(logits, dim=-1)
 
 
-def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_lse=False):
-    """[B, S, H, D] -> [B, Sq, H, D] in out_dtype (and LSE [B, H, Sq] float64)."""
+def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_lse=False, rows=None):
+    """[B, S, H, D] -> [B, Sq, H, D] in out_dtype (and LSE [B, H, Sq] float64).
+
+    rows: emulate only these query rows (quantized with the scales of the whole of q); rows
+    are independent, so this is exact and makes long sequences affordable."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     b, sq, h, d = q.shape
     amax = torch.stack([head_amax(x) for x in (q, k, v)])
@@ -39,6 +43,9 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
     descale, quant = scales_from_amax(amax)
     # e4m3 codes as float64, [B, H, S, D]
     qc, kc, vc = (quantize(x, quant[i]).double().transpose(1, 2) for i, x in enumerate((q, k, v)))
+    if rows is not None:
+        qc = qc[:, :, rows]
+        sq = qc.shape[2]
     per_head = lambda t: t.double().view(b, h, 1, 1)
     qk_scale_log2 = per_head(descale[0]) * per_head(descale[1]) * scale * math.log2(math.e)
     logits = qc @ kc.transpose(-1, -2) * qk_scale_log2  # log2 units, [B, H, Sq, Skv]

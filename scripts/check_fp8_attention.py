@@ -1,0 +1,200 @@
+"""One device run for the FP8 attention kernel: compile report, correctness matrix, timings.
+
+    python scripts/check_fp8_attention.py --out $OUT [--budget-s 240]
+
+Needs torch (CUDA), triton and nvidia-cutlass-dsl importable; the repo need not be installed.
+Writes $OUT/check_fp8_attention.json (+ $OUT/ptx/*.ptx) and prints a table last. Every case is
+caught and reported on its own; cases past the time budget are reported as skipped.
+"""
+import argparse
+import glob
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import types
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def import_kernels():
+    """dit_accel.kernels from this checkout, installed or not (no dit_accel import needed)."""
+    try:
+        import dit_accel.kernels.fp8_attention as fa  # noqa: F401
+        return fa
+    except ImportError:
+        pass
+    parent = sys.modules.setdefault("dit_accel", types.ModuleType("dit_accel"))
+    parent.__path__ = getattr(parent, "__path__", [os.path.join(REPO, "dit_accel")])
+    spec = importlib.util.spec_from_file_location(
+        "dit_accel.kernels", os.path.join(REPO, "kernels", "__init__.py"),
+        submodule_search_locations=[os.path.join(REPO, "kernels")])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["dit_accel.kernels"] = module
+    spec.loader.exec_module(module)
+    import dit_accel.kernels.fp8_attention as fa
+    return fa
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--budget-s", type=float, default=240.0)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    ptx_dir = os.path.join(args.out, "ptx")
+    os.environ.setdefault("CUTE_DSL_KEEP", "ptx")  # must be set before cutlass is imported
+    os.environ.setdefault("CUTE_DSL_DUMP_DIR", ptx_dir)
+    started = time.time()
+    over_budget = lambda share=1.0: time.time() - started > args.budget_s * share
+
+    import torch
+    fa = import_kernels()
+    from dit_accel.kernels.fp8_attention.emulation import (
+        emulate_fp8_attention, reference_attention, rel_rms_error)
+    from dit_accel.kernels.fp8_attention.prep import prep_reference, prep_triton
+
+    report = {"device": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
+              "torch": torch.__version__, "compile": [], "correctness": [], "timing": []}
+
+    # ---------------------------------------------------------------- compile report
+    for d in (64, 128):
+        entry = {"head_dim": d}
+        try:
+            t0 = time.time()
+            fa.interface._plan(d, torch.bfloat16, True, torch.device("cuda"))
+            entry["compile_s"] = round(time.time() - t0, 2)
+        except Exception as e:  # noqa: BLE001
+            entry["error"] = f"{type(e).__name__}: {e}"[:2000]
+        report["compile"].append(entry)
+    arch = "sm_%d%d" % torch.cuda.get_device_capability() + ("a" if torch.cuda.get_device_capability() == (9, 0) else "")
+    for ptx in sorted(glob.glob(os.path.join(ptx_dir, "*.ptx"))):
+        try:
+            res = subprocess.run(["ptxas", f"-arch={arch}", "-v", ptx, "-o", os.devnull],
+                                 capture_output=True, text=True, timeout=120)
+            lines = [l for l in res.stderr.splitlines() if "registers" in l or "spill" in l]
+            report["compile"].append({"ptx": os.path.basename(ptx)[-60:], "ptxas": lines})
+        except Exception as e:  # noqa: BLE001
+            report["compile"].append({"ptx": ptx, "error": str(e)})
+
+    # ---------------------------------------------------------------- correctness
+    def inputs(b, sq, skv, h, d, outliers, seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        xs = [torch.randn(b, s, h, d, device="cuda", generator=g) for s in (sq, skv, skv)]
+        if outliers:
+            xs = [torch.where(torch.rand(x.shape, device="cuda", generator=g) < 1e-3, x * 50, x) for x in xs]
+        return [x.to(torch.bfloat16) for x in xs]
+
+    cases = [(b, s, s, d, o) for s in (1, 17, 127, 128, 1000, 4096, 30272) for d in (64, 128)
+             for b in (1, 2) for o in (False, True) if not (s == 30272 and b == 2)]
+    cases += [(b, s, 512, d, o) for s in (17, 1000) for d in (64, 128) for b in (1, 2) for o in (False, True)]
+    for i, (b, sq, skv, d, outliers) in enumerate(cases):
+        row = {"B": b, "Sq": sq, "Skv": skv, "H": 4, "D": d, "outliers": outliers}
+        report["correctness"].append(row)
+        if over_budget(0.55):
+            row["skipped"] = "time budget"
+            continue
+        try:
+            q, k, v = inputs(b, sq, skv, 4, d, outliers, seed=i)
+            rows = None if sq <= 1024 else torch.randperm(sq, device="cuda")[:512].sort().values
+            row["rows_checked"] = "all" if rows is None else "512 random query rows (fp64 ref + emulation)"
+            packed = fa.prep_fp8_attention(q, k, v)
+            poisoned = torch.full_like(q, float("nan"))
+            out, lse = fa.fp8_attention_packed(packed, return_lse=True, out=poisoned)
+            torch.cuda.synchronize()
+            row["all_written_finite"] = bool(torch.isfinite(out).all())
+            sub = out if rows is None else out[:, rows]
+            ref = reference_attention(q, k, v, rows=rows)
+            emu = emulate_fp8_attention(q, k, v, rows=rows)
+            row["err_vs_fp64_pct"] = round(100 * rel_rms_error(sub, ref), 3)
+            row["emulation_vs_fp64_pct"] = round(100 * rel_rms_error(emu, ref), 3)
+            row["err_vs_emulation_pct"] = round(100 * rel_rms_error(sub, emu), 3)
+            row["lse_finite"] = bool(torch.isfinite(lse).all())
+            if sq <= 1024 and skv <= 1024:
+                ref_prep = prep_reference(q, k, v)
+                row["triton_prep_bitwise"] = all(
+                    torch.equal(getattr(packed, n).view(torch.uint8), getattr(ref_prep, n).view(torch.uint8))
+                    for n in "qkv") and torch.equal(packed.descale, ref_prep.descale)
+            row["ok"] = (row["all_written_finite"] and row["lse_finite"]
+                         and row["err_vs_fp64_pct"] < row["emulation_vs_fp64_pct"] + 0.5)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {e}"[:1000]
+        finally:
+            torch.cuda.empty_cache()
+
+    # ---------------------------------------------------------------- timing (H3 shape)
+    def median_ms(fn, iters=20):
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
+
+    b, h, s, d = 1, 56, 30272, 128
+    flop = 4 * b * h * s * s * d
+    try:
+        q, k, v = inputs(b, s, s, h, d, False, seed=123)
+        packed = fa.prep_fp8_attention(q, k, v)
+        out = torch.empty_like(q)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+        def sdpa(backend):
+            def run():
+                with sdpa_kernel(backend):
+                    torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
+            return run
+
+        variants = [
+            ("fp8 prep alone", lambda: fa.prep_fp8_attention(q, k, v)),
+            ("fp8 kernel alone", lambda: fa.fp8_attention_packed(packed, out=out)),
+            ("fp8 prep + kernel", lambda: fa.fp8_attention(q, k, v)),
+            ("torch SDPA cuDNN bf16", sdpa(SDPBackend.CUDNN_ATTENTION)),
+            ("torch SDPA flash bf16", sdpa(SDPBackend.FLASH_ATTENTION)),
+        ]
+        for name, fn in variants:
+            entry = {"what": name, "shape": f"B{b} H{h} S{s} D{d}"}
+            report["timing"].append(entry)
+            if over_budget(0.9):
+                entry["skipped"] = "time budget"
+                continue
+            try:
+                entry["ms"] = round(median_ms(fn), 3)
+                if name != "fp8 prep alone":
+                    entry["tflops"] = round(flop / entry["ms"] / 1e9, 1)
+            except Exception as e:  # noqa: BLE001
+                entry["error"] = f"{type(e).__name__}: {e}"[:500]
+    except Exception as e:  # noqa: BLE001
+        report["timing"].append({"error": f"{type(e).__name__}: {e}"[:1000]})
+
+    report["wall_s"] = round(time.time() - started, 1)
+    with open(os.path.join(args.out, "check_fp8_attention.json"), "w") as f:
+        json.dump(report, f, indent=1)
+
+    # ---------------------------------------------------------------- table
+    print("\ncompile:", json.dumps(report["compile"]))
+    print(f"\n{'B':>2} {'Sq':>6} {'Skv':>6} {'D':>4} {'outl':>5} {'vs fp64 %':>9} {'emu %':>7} {'vs emu %':>8} {'written':>7} {'prep==':>6} ok")
+    for r in report["correctness"]:
+        if "error" in r or "skipped" in r:
+            print(f"{r['B']:>2} {r['Sq']:>6} {r['Skv']:>6} {r['D']:>4} {str(r['outliers']):>5} {r.get('error', r.get('skipped'))[:90]}")
+            continue
+        print(f"{r['B']:>2} {r['Sq']:>6} {r['Skv']:>6} {r['D']:>4} {str(r['outliers']):>5} {r['err_vs_fp64_pct']:>9} "
+              f"{r['emulation_vs_fp64_pct']:>7} {r['err_vs_emulation_pct']:>8} {str(r['all_written_finite']):>7} "
+              f"{str(r.get('triton_prep_bitwise', '-')):>6} {r['ok']}")
+    print()
+    for t in report["timing"]:
+        print(f"{t.get('what', '?'):<24} {t.get('ms', '-'):>9} ms {t.get('tflops', '-'):>7} TFLOP/s {t.get('error', t.get('skipped', ''))}")
+    print(f"wall {report['wall_s']} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""FP8 attention on a GPU: kernel vs fp64 and vs the emulation, tails, poisoning, LSE, prep."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+    pytest.skip("needs a CUDA GPU with FP8 mma.sync (sm_89+)", allow_module_level=True)
+
+from dit_accel.kernels.fp8_attention import fp8_attention, fp8_attention_packed, prep_fp8_attention  # noqa: E402
+from dit_accel.kernels.fp8_attention.emulation import (  # noqa: E402
+    emulate_fp8_attention, reference_attention, reference_lse, rel_rms_error)
+from dit_accel.kernels.fp8_attention.prep import prep_reference, prep_triton  # noqa: E402
+
+
+def inputs(b, sq, skv, h, d, outliers=False, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    make = lambda s: torch.randn(b, s, h, d, device="cuda", generator=g)
+    xs = [make(sq), make(skv), make(skv)]
+    if outliers:  # 0.1% of elements scaled by 50
+        xs = [torch.where(torch.rand(x.shape, device="cuda", generator=g) < 1e-3, x * 50, x) for x in xs]
+    return [x.to(torch.bfloat16) for x in xs]
+
+
+@pytest.mark.parametrize("outliers", [False, True])
+@pytest.mark.parametrize("b", [1, 2])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("sq, skv", [(1, 1), (17, 17), (127, 127), (128, 128), (1000, 1000), (1000, 512), (17, 512)])
+def test_kernel_matches_emulation(sq, skv, d, b, outliers):
+    q, k, v = inputs(b, sq, skv, 3, d, outliers)
+    packed = prep_fp8_attention(q, k, v)
+    out = torch.full((b, sq, 3, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out, lse = fp8_attention_packed(packed, return_lse=True, out=out)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all(), "output not fully written (poisoned NaN left) or non-finite"
+    ref = reference_attention(q, k, v)
+    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True)
+    err, err_emu = rel_rms_error(out, ref), rel_rms_error(emu, ref)
+    assert rel_rms_error(out, emu) < 0.02, (err, err_emu)
+    assert err < err_emu + 0.005, (err, err_emu)
+    torch.testing.assert_close(lse.double(), emu_lse, atol=1e-3, rtol=1e-4)
+    assert (lse.double() - reference_lse(q, k)).abs().max() < 0.2
+
+
+def test_public_entry_point_and_scale():
+    q, k, v = inputs(2, 300, 300, 4, 128)
+    out = fp8_attention(q, k, v, scale=0.05)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert rel_rms_error(out, reference_attention(q, k, v, scale=0.05)) < 0.08
+
+
+def test_triton_prep_matches_reference_bitwise():
+    q, k, v = inputs(2, 333, 77, 3, 128, outliers=True)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # a non-contiguous [B, S, H, D] view
+    a, r = prep_triton(q, k, v), prep_reference(q, k, v)
+    for name in ("q", "k", "v"):
+        assert torch.equal(getattr(a, name).view(torch.uint8), getattr(r, name).view(torch.uint8)), name
+    assert torch.equal(a.descale, r.descale)
