@@ -81,7 +81,7 @@ class BenchRow:
     """One measured (or skipped) backend variant at one shape. Missing numbers are None.
 
     status: "ok", or why the backend did not run ("unavailable: ...", "cannot serve: ...",
-    "out of memory"). speedup_vs_baseline: the BASELINE_BACKEND end-to-end median_ms divided by this
+    "out of memory", "failed: <exception>: <its first line>"). speedup_vs_baseline: the BASELINE_BACKEND end-to-end median_ms divided by this
     row's median_ms, at the same shape.
     """
 
@@ -211,6 +211,9 @@ def bench_shape(shape: AttentionShape, backends: list[AttentionBackend], *, dtyp
         except torch.OutOfMemoryError:
             rows.append(BenchRow(backend.name, END_TO_END, shape.label, "out of memory"))
             torch.cuda.empty_cache()
+        except Exception as exc:  # a third-party backend failing (compile, graph build) must not sink the others
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            rows.append(BenchRow(backend.name, END_TO_END, shape.label, f"failed: {type(exc).__name__}: {first_line}"))
     _fill_speedups(rows)
     return rows
 

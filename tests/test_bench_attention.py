@@ -65,11 +65,15 @@ def test_rows_for_available_unavailable_unservable_and_two_phase_backends():
     def refuses(q, k, v, scale=None):
         raise BackendCannotServe("head dim 64 not served")
 
+    def crashes(q, k, v, scale=None):
+        raise RuntimeError("graph build failed\nlong details")
+
     two_phase = AttentionBackend("halves", "", lambda q, k, v, scale=None: sdpa(q, k, v, scale).half().float(),
                                  lambda d: None, phases=TwoPhases(lambda q, k, v, scale=None: (q.half(), k.half(), v.half()),
                                                                   lambda p: sdpa(*(t.float() for t in p)).half().float()))
     candidates = [backends.BACKENDS["math"], backends.BACKENDS["fa4"],
-                  AttentionBackend("picky", "", refuses, lambda d: None), two_phase,
+                  AttentionBackend("picky", "", refuses, lambda d: None), AttentionBackend("broken", "", crashes, lambda d: None),
+                  two_phase,
                   AttentionBackend("cudnn", "stand-in baseline", sdpa, lambda d: None)]
     rows = bench_shape(AttentionShape.parse("1x2x64x32x64"), candidates, dtype=torch.float32, device=CPU,
                        outliers=False, warmup=1, runs=10, seed=0)
@@ -78,6 +82,7 @@ def test_rows_for_available_unavailable_unservable_and_two_phase_backends():
     assert by_key["math", "end to end"].rel_rms_err < 1e-6 and by_key["math", "end to end"].reference == "fp64"
     assert by_key["fa4", "end to end"].status == "unavailable: fa4 needs a CUDA GPU"
     assert by_key["picky", "end to end"].status == "cannot serve: head dim 64 not served"
+    assert by_key["broken", "end to end"].status == "failed: RuntimeError: graph build failed"
     assert 1e-5 < by_key["halves", "end to end"].rel_rms_err < 1e-2  # fp16 rounding shows
     assert by_key["halves", "prep alone"].tflops is None and by_key["halves", "prep alone"].median_ms > 0
     kernel_alone = by_key["halves", "kernel alone"]
