@@ -1,0 +1,142 @@
+"""The device a run uses: what it is, its measured ceilings (cached), and an optional memory budget."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import UserError
+from .timing import time_region
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'16GiB' -> 17179869184; '800MB' -> 800000000; '1.5 GiB' works too."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise UserError(f"cannot read the size {text!r}; write it like 16GiB, 800MiB or 12GB")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def pick_device(requested: str | None) -> torch.device:
+    """The CUDA device when there is one (or the one asked for), else the CPU."""
+    if requested:
+        device = torch.device(requested)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"--device {requested} asked for, but this machine has no CUDA GPU; leave --device out")
+        return device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    kind: str  # "cuda" or "cpu"
+    capability: str | None  # "9.0"
+    total_memory_gib: float | None
+    torch_version: str
+
+    @classmethod
+    def of(cls, device: torch.device) -> "DeviceInfo":
+        if device.type == "cuda":
+            props = torch.cuda.get_device_properties(device)
+            return cls(props.name, "cuda", f"{props.major}.{props.minor}", props.total_memory / 2**30, torch.__version__)
+        return cls(f"CPU ({os.cpu_count()} threads)", "cpu", None, None, torch.__version__)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def apply_memory_budget(device: torch.device, budget_bytes: int) -> None:
+    """Cap this process's CUDA allocations, so a 16 GB card can be reproduced on a bigger one.
+
+    Allocations past the cap raise torch.OutOfMemoryError, which the commands turn into one line.
+    """
+    if device.type != "cuda":
+        raise UserError("--memory-budget applies to CUDA devices only; leave it out on the CPU")
+    total = torch.cuda.get_device_properties(device).total_memory
+    if budget_bytes > total:
+        raise UserError(f"--memory-budget {budget_bytes / 2**30:.1f} GiB exceeds this GPU's {total / 2**30:.1f} GiB")
+    torch.cuda.set_per_process_memory_fraction(budget_bytes / total, device)
+
+
+# --- ceilings -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ceilings:
+    """What this device reaches on large, simple work, measured here (not datasheet values).
+
+    gemm_tflops: matrix product in `dtype` (the dtype the block runs in), TFLOP/s.  copy_gbps:
+    device-to-device copy, counting bytes read plus bytes written, GB/s.
+    """
+
+    dtype: str
+    gemm_tflops: float
+    copy_gbps: float
+    gemm_shape: tuple[int, int, int]
+    copy_bytes: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _cache_path() -> Path:
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return root / "dit-accel" / "ceilings.json"
+
+
+def _cache_key(info: DeviceInfo, dtype: torch.dtype) -> str:
+    return f"{info.name}|{info.capability}|torch {info.torch_version}|{dtype}"
+
+
+def measure_ceilings(device: torch.device, dtype: torch.dtype) -> Ceilings:
+    """Time one large GEMM and one large copy on `device` (a few seconds on a GPU)."""
+    # On a GPU: 2 GiB copied, far past any L2; on a CPU: sizes that take about a second.
+    n, copy_elems = (8192, 2**30) if device.type == "cuda" else (1024, 2**25)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    gemm = time_region(lambda: a @ b, device=device, warmup=3, runs=10)
+    src = torch.randn(copy_elems // 2, device=device, dtype=dtype)
+    dst = torch.empty_like(src)
+    copy = time_region(lambda: dst.copy_(src), device=device, warmup=3, runs=10)
+    copy_bytes = 2 * src.numel() * src.element_size()
+    return Ceilings(
+        dtype=str(dtype).replace("torch.", ""),
+        gemm_tflops=2 * n**3 / (gemm.median_ms * 1e-3) / 1e12,
+        copy_gbps=copy_bytes / (copy.median_ms * 1e-3) / 1e9,
+        gemm_shape=(n, n, n),
+        copy_bytes=copy_bytes,
+    )
+
+
+def device_ceilings(device: torch.device, dtype: torch.dtype, *, refresh: bool = False) -> tuple[Ceilings, bool]:
+    """Ceilings of `device` in `dtype`, measured once per device model and torch version, then cached.
+
+    Returns (ceilings, came_from_cache).
+    """
+    info = DeviceInfo.of(device)
+    path, key = _cache_path(), _cache_key(info, dtype)
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if not refresh and key in cache:
+        entry = cache[key]
+        return Ceilings(entry["dtype"], entry["gemm_tflops"], entry["copy_gbps"], tuple(entry["gemm_shape"]),
+                        entry["copy_bytes"]), True
+    ceilings = measure_ceilings(device, dtype)
+    cache[key] = ceilings.as_dict()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache, indent=2))
+        tmp.replace(path)
+    except OSError:
+        pass  # an unwritable cache only costs a re-measurement next time
+    return ceilings, False
