@@ -1,0 +1,166 @@
+"""What dit-accel needs to know about a model family to build, load and run ONE transformer block.
+
+An adapter is configuration plus three small recipes: build the block on the meta device, name its
+checkpoint keys, and make a realistic input for a workload. Adding a model family means adding one
+module beside this one and registering it in `adapters/__init__.py`.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The input one block sees: `batch` sequences of `seq_len` rows each.
+
+    `rows` splits the sequence by modality (e.g. video / audio / text) and `source` says how it was
+    chosen (from --seq-len or from a video size), so reports can state it.
+    """
+
+    seq_len: int
+    batch: int
+    rows: dict[str, int]
+    source: str
+
+    def as_dict(self) -> dict:
+        return {"seq_len": self.seq_len, "batch": self.batch, "rows": dict(self.rows), "source": self.source}
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One attention call of the block: [batch, heads, q_len, kv_len, head_dim]."""
+
+    name: str
+    batch: int
+    heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+
+    @property
+    def flops(self) -> float:
+        """QK^T and PV: 2 GEMMs of 2*q*kv*d multiply-adds each (softmax not counted)."""
+        return 4.0 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
+
+
+@dataclass(frozen=True)
+class ModuleRange:
+    """A named range of the block, for the per-module breakdown and for Nsight Systems (NVTX).
+
+    `modules` are attribute paths inside the block whose forward is wrapped; `functions` are
+    (python module, function name) pairs called inside the block (e.g. the attention dispatch or
+    RoPE helpers of a diffusers model file), wrapped while profiling.
+    """
+
+    label: str
+    modules: tuple[str, ...] = ()
+    functions: tuple[tuple[str, str], ...] = ()
+
+
+class BlockAdapter(ABC):
+    """One model family's block. Instances hold one transformer config (a diffusers config dict)."""
+
+    family: ClassVar[str]  # CLI name, e.g. "minimax-h3"
+    display_name: ClassVar[str]
+    transformer_class_names: ClassVar[tuple[str, ...]]  # diffusers `_class_name` values of this family
+    block_key_template: ClassVar[str]  # checkpoint key prefix of block i, e.g. "transformer_blocks.{index}."
+    layers_config_key: ClassVar[str] = "num_layers"
+    presets: ClassVar[dict[str, dict[str, Any]]]  # name -> full transformer config; the first is the default
+    default_seq_len: ClassVar[int]
+    module_ranges: ClassVar[tuple[ModuleRange, ...]]
+    # Label of the block-body range: everything a range above does not cover (modulation, gates, residuals).
+    body_label: ClassVar[str] = "modulation + residual (block body)"
+
+    def __init__(self, config: dict[str, Any], *, preset: str | None = None):
+        self.config = dict(config)
+        self.preset = preset
+
+    # --- the model -------------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return int(self.config[self.layers_config_key])
+
+    def block_prefix(self, index: int) -> str:
+        return self.block_key_template.format(index=index)
+
+    def check_block_index(self, index: int) -> None:
+        if not 0 <= index < self.num_blocks:
+            raise UserError(
+                f"block {index} is out of range: {self.display_name} has {self.num_blocks} blocks "
+                f"(0..{self.num_blocks - 1}); pass --block between them"
+            )
+
+    @property
+    @abstractmethod
+    def transformer_class(self) -> type: ...
+
+    @abstractmethod
+    def build_block(self) -> nn.Module:
+        """The block with this config, parameters on the meta device (no memory, no init)."""
+
+    @property
+    def keep_in_fp32(self) -> tuple[str, ...]:
+        """Module names diffusers keeps in float32 whatever `torch_dtype` is (`_keep_in_fp32_modules`)."""
+        return tuple(getattr(self.transformer_class, "_keep_in_fp32_modules", None) or ())
+
+    def param_dtype(self, key: str, dtype: torch.dtype) -> torch.dtype:
+        """The dtype diffusers gives parameter `key` when the model is loaded with `torch_dtype=dtype`.
+
+        diffusers matches `_keep_in_fp32_modules` entries against the dot-separated parts of the key.
+        """
+        parts = key.split(".")
+        return torch.float32 if any(name in parts for name in self.keep_in_fp32) else dtype
+
+    # --- the workload ----------------------------------------------------------------------------
+    @abstractmethod
+    def workload_from_seq_len(self, seq_len: int, batch: int) -> Workload: ...
+
+    @abstractmethod
+    def workload_from_video(self, frames: int, height: int, width: int, batch: int) -> Workload: ...
+
+    @abstractmethod
+    def make_inputs(self, workload: Workload, device: torch.device, dtype: torch.dtype,
+                    generator: torch.Generator) -> dict[str, Any]:
+        """Keyword arguments of the block's forward for `workload`, on `device`."""
+
+    @abstractmethod
+    def attention_calls(self, workload: Workload) -> list[AttentionCall]: ...
+
+    @abstractmethod
+    def scaled_down_config(self) -> dict[str, Any]:
+        """A small config of the same family for CPU runs (minutes on two cores, not hours)."""
+
+    scaled_down_seq_len: ClassVar[int] = 1024
+
+    # --- cost model ------------------------------------------------------------------------------
+    def linear_flops(self, block: nn.Module, workload: Workload) -> float:
+        """2 * rows * in * out for every nn.Linear of the block, with the rows each one sees."""
+        total = 0.0
+        for name, module in block.named_modules():
+            if isinstance(module, nn.Linear):
+                total += 2.0 * self.linear_rows(name, workload) * module.in_features * module.out_features
+        return total
+
+    def linear_rows(self, linear_name: str, workload: Workload) -> int:
+        """How many rows pass through linear layer `linear_name` (default: every row of the batch)."""
+        return workload.batch * workload.seq_len
+
+    def describe(self) -> dict[str, Any]:
+        return {"family": self.family, "preset": self.preset, "num_blocks": self.num_blocks, "config": self.config}
+
+
+def split_rows(seq_len: int, fractions: dict[str, float], remainder: str) -> dict[str, int]:
+    """Split `seq_len` rows by `fractions`; `remainder` gets what the others leave (at least one row)."""
+    rows = {name: int(math.floor(seq_len * share)) for name, share in fractions.items()}
+    rows[remainder] = seq_len - sum(rows.values())
+    if rows[remainder] < 1:
+        raise UserError(f"--seq-len {seq_len} is too short for this model's packing; use at least {len(rows)}")
+    return rows

@@ -1,0 +1,132 @@
+"""MiniMax-H3: one packed sequence of text, video and audio rows, self-attention only.
+
+diffusers: `transformer_minimax_h3.MiniMaxH3TransformerBlock`. The default preset is the real public
+config (shared/h3/transformer_config.json). A block sees the packed rows `hidden_states [B, S, 5376]`,
+the timestep embedding `temb [T, 2688]` (float32: `time_embedder` is a float32 module), per-row AdaLN
+table indices `timestep_index * 3 + token_tag`, and the (cos, sin) of the 3-axis RoPE.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers.models.transformers import transformer_minimax_h3 as h3
+
+from .base import AttentionCall, BlockAdapter, ModuleRange, Workload
+
+_H3_MODULE = h3.__name__
+TAG_VIDEO, TAG_TEXT, TAG_AUDIO = 0, 1, 2  # `token_tags` values (diffusers' MiniMax-H3 docstring)
+MODALITIES = 3
+
+H3_CONFIG = {
+    "_class_name": "MiniMaxH3Transformer3DModel",
+    "num_attention_heads": 56, "attention_head_dim": 128, "hidden_size": 5376, "num_layers": 50,
+    "num_refiner_layers": 2, "ffn_dim": 14336, "in_channels": 24, "audio_in_channels": 32,
+    "patch_size": [1, 2, 2], "text_dim": 5120, "freq_dim": 256, "time_embed_hidden_dim": 5376,
+    "time_embed_dim": 2688, "rope_freq_dim": 16, "rope_theta": 10000.0, "norm_eps": 1e-05,
+    "qk_norm_eps": 1e-05, "final_norm_eps": 1e-05,
+}
+
+# The seeds' case: 121 frames at 704x1280 give 31 latent frames x 22 x 40 = 27280 video rows; with
+# 2480 audio rows and 512 text rows the packed sequence is 30272 rows.
+DEFAULT_TEXT_ROWS = 512
+AUDIO_ROWS_PER_VIDEO_ROW = 2480 / 27280
+VAE_SPATIAL, VAE_TEMPORAL = 16, 4  # shared/h3/vae_config.json: 4 spatial /2 stages, 2 temporal /2 stages
+
+
+class MiniMaxH3Adapter(BlockAdapter):
+    family = "minimax-h3"
+    display_name = "MiniMax-H3"
+    transformer_class_names = ("MiniMaxH3Transformer3DModel",)
+    block_key_template = "transformer_blocks.{index}."
+    presets = {"h3": H3_CONFIG}
+    default_seq_len = 30272
+    module_ranges = (
+        ModuleRange("attention (other)", modules=("attn",)),
+        ModuleRange("qkv projection", modules=("attn.to_q", "attn.to_k", "attn.to_v")),
+        ModuleRange("qk-norm", modules=("attn.norm_q", "attn.norm_k")),
+        ModuleRange("rope", functions=((_H3_MODULE, "_apply_rotary_emb"),)),
+        ModuleRange("attention core", functions=((_H3_MODULE, "dispatch_attention_fn"),)),
+        ModuleRange("output projection", modules=("attn.to_out.0",)),  # to_out is a ModuleList
+        ModuleRange("ffn", modules=("ff",)),
+        ModuleRange("norms", modules=("norm1", "norm2")),
+        ModuleRange("modulation projection", modules=("adaln_proj",)),
+    )
+    timesteps = 1  # distinct noise levels in the packed sequence (rows of the AdaLN table / 3)
+
+    @property
+    def transformer_class(self) -> type:
+        return h3.MiniMaxH3Transformer3DModel
+
+    def build_block(self) -> torch.nn.Module:
+        c = self.config
+        with torch.device("meta"):
+            return h3.MiniMaxH3TransformerBlock(
+                hidden_size=c["hidden_size"], num_attention_heads=c["num_attention_heads"],
+                attention_head_dim=c["attention_head_dim"], ffn_dim=c["ffn_dim"],
+                time_embed_dim=c["time_embed_dim"], norm_eps=c["norm_eps"], qk_norm_eps=c["qk_norm_eps"],
+            )
+
+    # --- workload --------------------------------------------------------------------------------
+    def workload_from_seq_len(self, seq_len: int, batch: int) -> Workload:
+        text = min(DEFAULT_TEXT_ROWS, max(1, seq_len // 16))
+        audio = int((seq_len - text) * AUDIO_ROWS_PER_VIDEO_ROW / (1 + AUDIO_ROWS_PER_VIDEO_ROW))
+        rows = {"video": seq_len - text - audio, "audio": audio, "text": text}
+        return Workload(seq_len, batch, rows, f"--seq-len {seq_len} (video/audio/text rows in the seeds' ratio)")
+
+    def workload_from_video(self, frames: int, height: int, width: int, batch: int) -> Workload:
+        pt, ph, pw = self.config["patch_size"]
+        latent_frames = (frames - 1) // VAE_TEMPORAL + 1
+        video = (latent_frames // pt) * (height // VAE_SPATIAL // ph) * (width // VAE_SPATIAL // pw)
+        audio = round(video * AUDIO_ROWS_PER_VIDEO_ROW)
+        rows = {"video": video, "audio": audio, "text": DEFAULT_TEXT_ROWS}
+        return Workload(sum(rows.values()), batch, rows,
+                        f"{frames} frames {height}x{width} (audio rows assumed in the seeds' ratio)")
+
+    def _grid(self, workload: Workload) -> tuple[int, int, int]:
+        """(frames, height, width) of the video rows' RoPE grid: a 22 x 40 latent frame as at 704x1280."""
+        video = workload.rows["video"]
+        width = min(40, video)
+        height = min(22, -(-video // width))
+        return -(-video // (height * width)), height, width
+
+    def make_inputs(self, workload: Workload, device: torch.device, dtype: torch.dtype,
+                    generator: torch.Generator) -> dict[str, Any]:
+        rows = workload.rows
+        # Packing order: text, then video, then audio.
+        tags = torch.cat([
+            torch.full((rows["text"],), TAG_TEXT), torch.full((rows["video"],), TAG_VIDEO),
+            torch.full((rows["audio"],), TAG_AUDIO),
+        ]).long()
+        frames, height, width = self._grid(workload)
+        t, h, w = torch.meshgrid(torch.arange(frames), torch.arange(height), torch.arange(width), indexing="ij")
+        video_pos = torch.stack([t.flatten(), h.flatten(), w.flatten()], dim=1)[: rows["video"]]
+        text_pos = torch.arange(rows["text"]).unsqueeze(1) * torch.tensor([1, 0, 0])
+        audio_pos = torch.arange(rows["audio"]).unsqueeze(1) * torch.tensor([1, 0, 0])
+        position_ids = torch.cat([text_pos, video_pos, audio_pos]).to(device)
+
+        rope = h3.MiniMaxH3RotaryPosEmbed(self.config["rope_freq_dim"], self.config["rope_theta"]).to(device)
+        hidden = torch.randn(workload.batch, workload.seq_len, self.config["hidden_size"],
+                             generator=generator, device=device, dtype=torch.float32).to(dtype)
+        temb = torch.randn(self.timesteps, self.config["time_embed_dim"], generator=generator, device=device)
+        timestep_index = torch.zeros(workload.seq_len, dtype=torch.long)
+        return {
+            "hidden_states": hidden,
+            "temb": temb,
+            "adaln_indices": (timestep_index * MODALITIES + tags).to(device),
+            "rotary_emb": rope(position_ids),
+        }
+
+    def attention_calls(self, workload: Workload) -> list[AttentionCall]:
+        c = self.config
+        return [AttentionCall("self", workload.batch, c["num_attention_heads"], workload.seq_len,
+                              workload.seq_len, c["attention_head_dim"])]
+
+    def linear_rows(self, linear_name: str, workload: Workload) -> int:
+        if linear_name.startswith("adaln_proj"):
+            return self.timesteps  # the AdaLN projection runs on the T timestep embeddings, not on rows
+        return super().linear_rows(linear_name, workload)
+
+    def scaled_down_config(self) -> dict[str, Any]:
+        return {**self.config, "num_attention_heads": 4, "attention_head_dim": 128, "hidden_size": 384,
+                "ffn_dim": 1024, "time_embed_dim": 192, "time_embed_hidden_dim": 384, "text_dim": 256}

@@ -1,0 +1,110 @@
+"""Wan 2.x: video self-attention with 3-axis RoPE, cross-attention to 512 text rows, GELU FFN.
+
+diffusers: `transformer_wan.WanTransformerBlock`. A block sees `hidden_states [B, S, dim]`, the text
+context `encoder_hidden_states [B, 512, dim]` (already projected by the model's condition embedder),
+`temb [B, 6, dim]` (the timestep projection) and the RoPE (cos, sin), each `[1, S, 1, head_dim]`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers.models.transformers import transformer_wan as wan
+
+from .base import AttentionCall, BlockAdapter, ModuleRange, Workload
+
+_WAN_MODULE = wan.__name__
+
+WAN21_14B_CONFIG = {
+    "_class_name": "WanTransformer3DModel",
+    "patch_size": [1, 2, 2], "num_attention_heads": 40, "attention_head_dim": 128, "in_channels": 16,
+    "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 13824, "num_layers": 40,
+    "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-06, "image_dim": None,
+    "added_kv_proj_dim": None, "rope_max_seq_len": 1024,
+}
+TEXT_ROWS = 512  # Wan pads its umT5 text context to 512 rows
+VAE_SPATIAL, VAE_TEMPORAL = 8, 4
+GRID_HEIGHT, GRID_WIDTH = 45, 80  # patch grid of a 720x1280 latent frame, used for --seq-len workloads
+
+
+class WanAdapter(BlockAdapter):
+    family = "wan"
+    display_name = "Wan 2.x"
+    transformer_class_names = ("WanTransformer3DModel",)
+    block_key_template = "blocks.{index}."
+    presets = {"wan2.1-14b": WAN21_14B_CONFIG}
+    default_seq_len = 75600  # 81 frames at 720x1280: 21 latent frames x 45 x 80
+    module_ranges = (
+        ModuleRange("self-attention (other)", modules=("attn1",)),
+        ModuleRange("qkv projection", modules=("attn1.to_q", "attn1.to_k", "attn1.to_v")),
+        ModuleRange("qk-norm", modules=("attn1.norm_q", "attn1.norm_k")),
+        ModuleRange("attention core", functions=((_WAN_MODULE, "dispatch_attention_fn"),)),
+        ModuleRange("output projection", modules=("attn1.to_out.0",)),  # to_out is a ModuleList
+        ModuleRange("cross-attention", modules=("attn2",)),
+        ModuleRange("ffn", modules=("ffn",)),
+        ModuleRange("norms", modules=("norm1", "norm2", "norm3")),
+    )
+
+    @property
+    def transformer_class(self) -> type:
+        return wan.WanTransformer3DModel
+
+    @property
+    def dim(self) -> int:
+        return self.config["num_attention_heads"] * self.config["attention_head_dim"]
+
+    def build_block(self) -> torch.nn.Module:
+        c = self.config
+        with torch.device("meta"):
+            return wan.WanTransformerBlock(
+                dim=self.dim, ffn_dim=c["ffn_dim"], num_heads=c["num_attention_heads"], qk_norm=c["qk_norm"],
+                cross_attn_norm=c["cross_attn_norm"], eps=c["eps"], added_kv_proj_dim=c["added_kv_proj_dim"],
+            )
+
+    def workload_from_seq_len(self, seq_len: int, batch: int) -> Workload:
+        return Workload(seq_len, batch, {"video": seq_len, "text context": TEXT_ROWS}, f"--seq-len {seq_len}")
+
+    def workload_from_video(self, frames: int, height: int, width: int, batch: int) -> Workload:
+        pt, ph, pw = self.config["patch_size"]
+        latent_frames = (frames - 1) // VAE_TEMPORAL + 1
+        video = (latent_frames // pt) * (height // VAE_SPATIAL // ph) * (width // VAE_SPATIAL // pw)
+        return Workload(video, batch, {"video": video, "text context": TEXT_ROWS}, f"{frames} frames {height}x{width}")
+
+    def _rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [1, S, 1, head_dim] for rows laid out frame by frame on a 45 x 80 patch grid."""
+        rope = wan.WanRotaryPosEmbed(self.config["attention_head_dim"], self.config["patch_size"],
+                                     self.config["rope_max_seq_len"])
+        row = torch.arange(seq_len)
+        positions = (row // (GRID_HEIGHT * GRID_WIDTH), (row // GRID_WIDTH) % GRID_HEIGHT, row % GRID_WIDTH)
+        sizes = [rope.t_dim, rope.h_dim, rope.w_dim]
+        cos = torch.cat([f[p] for f, p in zip(rope.freqs_cos.split(sizes, dim=1), positions)], dim=-1)
+        sin = torch.cat([f[p] for f, p in zip(rope.freqs_sin.split(sizes, dim=1), positions)], dim=-1)
+        return (cos.float().to(device)[None, :, None, :], sin.float().to(device)[None, :, None, :])
+
+    def make_inputs(self, workload: Workload, device: torch.device, dtype: torch.dtype,
+                    generator: torch.Generator) -> dict[str, Any]:
+        def randn(*shape):
+            return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+
+        return {
+            "hidden_states": randn(workload.batch, workload.seq_len, self.dim),
+            "encoder_hidden_states": randn(workload.batch, TEXT_ROWS, self.dim),
+            "temb": randn(workload.batch, 6, self.dim),
+            "rotary_emb": self._rope(workload.seq_len, device),
+        }
+
+    def attention_calls(self, workload: Workload) -> list[AttentionCall]:
+        c = self.config
+        heads, head_dim = c["num_attention_heads"], c["attention_head_dim"]
+        return [
+            AttentionCall("self", workload.batch, heads, workload.seq_len, workload.seq_len, head_dim),
+            AttentionCall("cross", workload.batch, heads, workload.seq_len, TEXT_ROWS, head_dim),
+        ]
+
+    def linear_rows(self, linear_name: str, workload: Workload) -> int:
+        if linear_name.startswith(("attn2.to_k", "attn2.to_v")):
+            return workload.batch * TEXT_ROWS  # cross-attention keys/values come from the text context
+        return super().linear_rows(linear_name, workload)
+
+    def scaled_down_config(self) -> dict[str, Any]:
+        return {**self.config, "num_attention_heads": 4, "attention_head_dim": 128, "ffn_dim": 1536}
