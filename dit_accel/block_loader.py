@@ -1,0 +1,85 @@
+"""Materialize ONE block of a model on the target device: from a checkpoint, or with synthetic weights."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .adapters import BlockAdapter
+from .checkpoint import LoadStats, count_blocks, read_layout, read_tensors, transformer_folder
+from .errors import UserError
+
+SUPPORTED_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class LoadedBlock:
+    block: nn.Module
+    index: int
+    synthetic: bool
+    source: str  # one line for reports: where the weights came from
+    stats: LoadStats | None  # None for synthetic weights
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.block.parameters())
+
+    def as_dict(self) -> dict:
+        return {"index": self.index, "synthetic": self.synthetic, "source": self.source,
+                "param_bytes": self.param_bytes, "load": self.stats.as_dict() if self.stats else None}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in SUPPORTED_DTYPES:
+        raise UserError(f"unsupported dtype {name!r}; choose one of: {', '.join(SUPPORTED_DTYPES)}")
+    return SUPPORTED_DTYPES[name]
+
+
+def load_block_from_checkpoint(adapter: BlockAdapter, folder: Path, index: int, device: torch.device,
+                               dtype: torch.dtype) -> LoadedBlock:
+    """Block `index` read from a local diffusers checkpoint, only its own tensors, onto `device`."""
+    folder = transformer_folder(folder)
+    layout = read_layout(folder)
+    available = count_blocks(layout, adapter.block_key_template)
+    if not 0 <= index < available:
+        raise UserError(f"block {index} is out of range: the checkpoint in {folder} has {available} blocks "
+                        f"(0..{available - 1}); pass --block between them")
+    prefix = adapter.block_prefix(index)
+    keys = layout.keys_with_prefix(prefix)
+    tensors, stats = read_tensors(layout, keys, device, lambda key: adapter.param_dtype(key, dtype))
+    block = adapter.build_block()
+    state = {key[len(prefix):]: tensor for key, tensor in tensors.items()}
+    result = block.load_state_dict(state, strict=False, assign=True)
+    if result.missing_keys or result.unexpected_keys:
+        raise UserError(
+            f"block {index} in {folder} does not match the {adapter.display_name} config "
+            f"(missing {len(result.missing_keys)} tensors, e.g. {result.missing_keys[:1]}; unexpected "
+            f"{len(result.unexpected_keys)}, e.g. {result.unexpected_keys[:1]}); check config.json")
+    return LoadedBlock(block.eval(), index, False, f"checkpoint {folder}", stats)
+
+
+@torch.no_grad()
+def synthetic_block(adapter: BlockAdapter, index: int, device: torch.device, dtype: torch.dtype,
+                    seed: int = 0) -> LoadedBlock:
+    """Block with random weights of realistic scale (each module's own `reset_parameters` init).
+
+    Parameters with no module init of their own (e.g. Wan's `scale_shift_table`) get N(0, 1/fan_in),
+    as diffusers initializes them. dtypes follow `_keep_in_fp32_modules` as a real load would.
+    """
+    adapter.check_block_index(index)
+    block = adapter.build_block().to_empty(device=device)
+    torch.manual_seed(seed)
+    initialized: set[int] = set()
+    for module in block.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+            initialized.update(id(p) for p in module.parameters(recurse=False))
+    for param in block.parameters():
+        if id(param) not in initialized:
+            param.normal_(0.0, param.shape[-1] ** -0.5)
+    prefix = adapter.block_prefix(index)
+    for name, param in block.named_parameters():
+        param.data = param.data.to(adapter.param_dtype(prefix + name, dtype))
+    return LoadedBlock(block.eval(), index, True, "synthetic weights (random, realistic scale; no checkpoint given)", None)

@@ -1,0 +1,74 @@
+"""Shared fixtures: a tiny MiniMax-H3 checkpoint laid out exactly like the real one, and CPU-only set-up."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+# MiniMax-H3's public checkpoint index (66.28 GB in 14 shards), copied from shared/h3/.
+REAL_H3_INDEX = Path(__file__).parent / "data" / "h3_transformer_index.json"
+
+# Same structure and key names as the real H3 transformer, shapes shrunk.
+TINY_H3_CONFIG = dict(
+    num_attention_heads=2, attention_head_dim=32, hidden_size=48, num_layers=50, num_refiner_layers=2,
+    ffn_dim=64, in_channels=4, audio_in_channels=4, text_dim=16, freq_dim=16, time_embed_hidden_dim=32,
+    time_embed_dim=24, rope_freq_dim=4,
+)
+
+
+requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    """Each test measures (and caches) device ceilings in its own folder, never in the user's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="session")
+def real_h3_weight_map() -> dict[str, str]:
+    return json.loads(REAL_H3_INDEX.read_text())["weight_map"]
+
+
+@pytest.fixture(scope="session")
+def tiny_h3_config() -> dict:
+    return dict(TINY_H3_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def tiny_h3_checkpoint(tmp_path_factory, real_h3_weight_map) -> Path:
+    """A random tiny H3 transformer saved in 14 shards with the real index's key -> shard split.
+
+    Stored dtypes follow the real checkpoint: float32 for `_keep_in_fp32_modules`, bfloat16 otherwise.
+    """
+    from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Transformer3DModel
+
+    folder = tmp_path_factory.mktemp("tiny_h3") / "transformer"
+    weight_map = real_h3_weight_map
+    torch.manual_seed(0)
+    model = MiniMaxH3Transformer3DModel(**TINY_H3_CONFIG)
+    keep = MiniMaxH3Transformer3DModel._keep_in_fp32_modules
+    shards: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in model.state_dict().items():
+        dtype = torch.float32 if any(m in key.split(".") for m in keep) else torch.bfloat16
+        shards.setdefault(weight_map[key], {})[key] = tensor.to(dtype).contiguous()
+    folder.mkdir(parents=True)
+    for name, tensors in shards.items():
+        save_file(tensors, str(folder / name))
+    total = sum(t.numel() * t.element_size() for s in shards.values() for t in s.values())
+    (folder / "diffusion_pytorch_model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    model.save_config(folder)
+    return folder
+
+
+@pytest.fixture
+def tiny_h3_copy(tiny_h3_checkpoint, tmp_path) -> Path:
+    """A private copy of the tiny checkpoint that a test may damage."""
+    copy = tmp_path / "transformer"
+    shutil.copytree(tiny_h3_checkpoint, copy)
+    return copy
