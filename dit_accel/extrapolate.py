@@ -1,0 +1,67 @@
+"""From one block to the whole model: blocks x block time, plus what runs outside the blocks, per
+denoising pass; passes per step (classifier-free guidance); steps per video."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Extrapolation:
+    """Time of a whole video's denoising, built from one measured block.
+
+    block_ms: measured median of one block.  outside_ms: time per pass of the parts outside the
+    block stack (embeddings, refiner, output heads), measured or stated by the user.
+    """
+
+    num_blocks: int
+    block_ms: float
+    outside_ms: float
+    outside_source: str
+    steps: int
+    guidance_passes: int
+
+    @property
+    def pass_ms(self) -> float:
+        """One transformer forward: every block, plus the parts outside the blocks."""
+        return self.num_blocks * self.block_ms + self.outside_ms
+
+    @property
+    def step_ms(self) -> float:
+        return self.guidance_passes * self.pass_ms
+
+    @property
+    def video_s(self) -> float:
+        return self.steps * self.step_ms / 1e3
+
+    def assumptions(self) -> list[str]:
+        return [
+            f"every block costs the measured block: {self.num_blocks} x {self.block_ms:.2f} ms",
+            f"outside the blocks: {self.outside_ms:.2f} ms per pass ({self.outside_source})",
+            f"{self.guidance_passes} transformer pass(es) per step (classifier-free guidance runs them one after another)",
+            f"{self.steps} denoising steps; text encoding and VAE decode are not included",
+        ]
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "pass_ms": self.pass_ms, "step_ms": self.step_ms, "video_s": self.video_s,
+                "assumptions": self.assumptions()}
+
+
+@dataclass(frozen=True)
+class Validation:
+    """N real blocks chained, measured, against N x the single block."""
+
+    chained_blocks: int
+    distinct_blocks: int  # blocks held in memory; fewer than chained when they do not all fit
+    measured_ms: float
+    extrapolated_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_ms / self.extrapolated_ms
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.ratio - 1.0)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "ratio": self.ratio, "error_pct": self.error_pct}

@@ -1,0 +1,1 @@
+"""Profiling one block: timing, kernel classification, named ranges, validation of the extrapolation."""

@@ -1,0 +1,84 @@
+"""Named ranges around a block's parts, visible to torch.profiler (record_function) and to Nsight
+Systems (NVTX) under the same names, so both tools show the same per-module breakdown.
+
+Modules are wrapped with forward hooks (the diffusers way: no model edits); functions the block calls
+from its model file (attention dispatch, RoPE helpers) are wrapped by swapping the module global for
+the duration of the context, and put back on exit.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+from ..adapters import ModuleRange
+
+RANGE_PREFIX = "dit-accel/"
+
+
+class _Range:
+    """record_function + NVTX push/pop around one region; re-entrant through a stack."""
+
+    def __init__(self, label: str, use_nvtx: bool):
+        self.name = RANGE_PREFIX + label
+        self.use_nvtx = use_nvtx
+        self._open: list[torch.profiler.record_function] = []
+
+    def enter(self) -> None:
+        rf = torch.profiler.record_function(self.name)
+        rf.__enter__()
+        self._open.append(rf)
+        if self.use_nvtx:
+            torch.cuda.nvtx.range_push(self.name)
+
+    def exit(self) -> None:
+        if self.use_nvtx:
+            torch.cuda.nvtx.range_pop()
+        self._open.pop().__exit__(None, None, None)
+
+
+def _wrap_function(fn: Callable, region: _Range) -> Callable:
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        region.enter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            region.exit()
+
+    wrapped.__wrapped_by_dit_accel__ = fn
+    return wrapped
+
+
+@contextlib.contextmanager
+def instrument(block: nn.Module, ranges: tuple[ModuleRange, ...], *, use_nvtx: bool) -> Iterator[None]:
+    """Open each range around its modules' forward and its functions' calls while inside the context."""
+    handles = []
+    swapped: list[tuple[object, str, Callable]] = []
+    try:
+        for spec in ranges:
+            region = _Range(spec.label, use_nvtx)
+            for path in spec.modules:
+                module = block.get_submodule(path)
+                handles.append(module.register_forward_pre_hook(lambda *_, r=region: r.enter()))
+                handles.append(module.register_forward_hook(lambda *_, r=region: r.exit(), always_call=True))
+            for module_name, attr in spec.functions:
+                owner = importlib.import_module(module_name)
+                original = getattr(owner, attr)
+                setattr(owner, attr, _wrap_function(original, region))
+                swapped.append((owner, attr, original))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for owner, attr, original in reversed(swapped):
+            setattr(owner, attr, original)
+
+
+def range_label(event_name: str) -> str | None:
+    """'dit-accel/ffn' -> 'ffn'; None for events that are not our ranges."""
+    return event_name[len(RANGE_PREFIX):] if event_name.startswith(RANGE_PREFIX) else None

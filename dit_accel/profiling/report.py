@@ -1,0 +1,167 @@
+"""The profile-block report: terminal tables a person reads at a glance, and report.json, ops.csv and
+breakdown.png in the run folder."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from ..device import Ceilings
+from ..extrapolate import Extrapolation, Validation
+from ..report_io import write_csv, write_json
+from .classify import MATMUL_CATEGORIES
+from .profiler import BlockProfile
+
+GAPS_LABEL = "gaps between kernels"
+
+
+@dataclass
+class BackendRun:
+    """One attention backend's profile of the block and what follows from it."""
+
+    backend: str
+    profile: BlockProfile
+    extrapolation: Extrapolation
+    attention_flops: float
+    linear_flops: float
+    output_vs_reference: dict[str, float] | None = None  # rel_l2 / cosine against the first backend
+
+    @property
+    def block_ms(self) -> float:
+        return self.profile.timing.median_ms
+
+    def category_rows(self, ceilings: Ceilings) -> dict[str, dict[str, Any]]:
+        """Per category: time per block, share of the block, and the achieved rate against a ceiling."""
+        work_flops = {"attention": self.attention_flops, "gemm": self.linear_flops}
+        # Profiled times can add up to more than the timed block (profiler overhead on the CPU): scale
+        # them down to the block, so the rows add up to it; on a GPU the rest is gaps between kernels.
+        kernel_total_ms = self.profile.kernel_time_us / 1e3
+        scale = min(1.0, self.block_ms / kernel_total_ms) if kernel_total_ms else 0.0
+        rows: dict[str, dict[str, Any]] = {}
+        for category, sums in self.profile.by_category().items():
+            kernel_ms = scale * sums["time_us"] / 1e3
+            row: dict[str, Any] = {"ms": kernel_ms, "share_pct": 100 * kernel_ms / self.block_ms if self.block_ms else 0.0}
+            if category in MATMUL_CATEGORIES:
+                tflops = work_flops[category] / (kernel_ms * 1e-3) / 1e12 if kernel_ms else 0.0
+                row.update(flops=work_flops[category], tflops=tflops, pct_of_ceiling=100 * tflops / ceilings.gemm_tflops)
+            else:
+                gbps = sums["bytes_est"] / (kernel_ms * 1e-3) / 1e9 if kernel_ms else 0.0
+                row.update(bytes_est=sums["bytes_est"], gbps_est=gbps, pct_of_ceiling=100 * gbps / ceilings.copy_gbps)
+            rows[category] = row
+        gaps_ms = self.block_ms - kernel_total_ms
+        if gaps_ms > 0:
+            rows[GAPS_LABEL] = {"ms": gaps_ms, "share_pct": 100 * gaps_ms / self.block_ms}
+        return rows
+
+    def module_rows(self) -> dict[str, dict[str, float]]:
+        kernel_total_ms = self.profile.kernel_time_us / 1e3
+        scale = min(1.0, self.block_ms / kernel_total_ms) if kernel_total_ms else 0.0
+        return {label: {"ms": scale * s["time_us"] / 1e3, "share_pct": 100 * scale * s["time_us"] / 1e3 / self.block_ms}
+                for label, s in self.profile.by_range().items()}
+
+    def as_dict(self, ceilings: Ceilings) -> dict[str, Any]:
+        p = self.profile
+        return {
+            "backend": self.backend, "block_ms": self.block_ms, "timing": p.timing.as_dict(),
+            "kernel_time_ms": p.kernel_time_us / 1e3, "profiled_runs": p.profiled_runs,
+            "peak_memory_bytes": p.peak_memory_bytes, "weights_bytes": p.weights_bytes,
+            "attention_flops": self.attention_flops, "linear_flops": self.linear_flops,
+            "categories": self.category_rows(ceilings), "modules": self.module_rows(),
+            "top_kernels": [k.as_row() for k in p.kernels[:20]],
+            "extrapolation": self.extrapolation.as_dict(), "output_vs_reference": self.output_vs_reference,
+            "trace": str(p.trace_path) if p.trace_path else None,
+        }
+
+
+def _fmt_rate(row: dict[str, Any]) -> str:
+    if "tflops" in row:
+        return f"{row['tflops']:.3g} TFLOP/s ({row['pct_of_ceiling']:.0f}%)"
+    if "gbps_est" in row:
+        return f"~{row['gbps_est']:.3g} GB/s ({row['pct_of_ceiling']:.0f}%)"
+    return ""
+
+
+def render(console: Console, report: dict[str, Any], runs: list[BackendRun], ceilings: Ceilings,
+           validation: Validation | None) -> None:
+    head = report["header"]
+    title = "[bold]dit-accel profile-block[/bold]"
+    if report["run_kind"] != "gpu":
+        title += "  [bold red]CPU SCALED-DOWN RUN: not representative of any GPU[/bold red]"
+    lines = [f"{k}: {v}" for k, v in head.items()]
+    console.print(Panel("\n".join(lines), title=title, expand=False))
+
+    rate_note = (f"rates vs this device's measured ceilings: {ceilings.dtype} GEMM {ceilings.gemm_tflops:.3g} TFLOP/s, "
+                 f"copy {ceilings.copy_gbps:.3g} GB/s (~ = bytes estimated from op shapes)")
+    for run in runs:
+        table = Table(title=f"Where one block's time goes — attention backend: {run.backend}", caption=rate_note)
+        for col, justify in (("kind of work", "left"), ("ms / block", "right"), ("share", "right"), ("rate", "right")):
+            table.add_column(col, justify=justify)
+        for category, row in run.category_rows(ceilings).items():
+            table.add_row(category, f"{row['ms']:.2f}", f"{row['share_pct']:.1f}%", _fmt_rate(row))
+        table.add_row("[bold]block (timed)[/bold]", f"[bold]{run.block_ms:.2f}[/bold]", "100%", "", end_section=True)
+        console.print(table)
+
+        modules = Table(title=f"By module ({run.backend})")
+        modules.add_column("module (NVTX range)")
+        modules.add_column("ms / block", justify="right")
+        modules.add_column("share", justify="right")
+        for label, row in run.module_rows().items():
+            modules.add_row(label, f"{row['ms']:.2f}", f"{row['share_pct']:.1f}%")
+        console.print(modules)
+
+    whole = Table(title="Whole model, extrapolated from one block")
+    whole.add_column("attention")
+    for col in ("block ms", "per pass", "per step", "per video", "speedup", "output vs first"):
+        whole.add_column(col, justify="right")
+    base = runs[0]
+    for run in runs:
+        e = run.extrapolation
+        err = run.output_vs_reference
+        whole.add_row(run.backend, f"{run.block_ms:.2f}", f"{e.pass_ms / 1e3:.2f} s", f"{e.step_ms / 1e3:.2f} s",
+                      f"{e.video_s / 60:.1f} min", f"{base.block_ms / run.block_ms:.2f}x",
+                      f"rel L2 {err['rel_l2']:.2e}, cos {err['cosine']:.6f}" if err else "—")
+    console.print(whole)
+    for line in base.extrapolation.assumptions():
+        console.print(f"  assumes: {line}")
+    if validation:
+        v = validation
+        cycled = "" if v.distinct_blocks == v.chained_blocks else f" ({v.distinct_blocks} distinct blocks cycled: that many fit)"
+        console.print(f"  validated: {v.chained_blocks} blocks chained{cycled}: measured {v.measured_ms:.1f} ms, "
+                      f"extrapolated {v.extrapolated_ms:.1f} ms, ratio {v.ratio:.3f} ({v.error_pct:+.1f}%)")
+
+
+def write_files(run_dir: Path, report: dict[str, Any], runs: list[BackendRun]) -> None:
+    write_json(run_dir / "report.json", report)
+    write_csv(run_dir / "ops.csv", ({"backend": r.backend, **k.as_row()} for r in runs for k in r.profile.kernels))
+    plot_breakdown(run_dir / "breakdown.png", report)
+
+
+def plot_breakdown(path: Path, report: dict[str, Any]) -> None:
+    """Stacked bars of each backend's block time by kind of work, and by module."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    fig, axes = plt.subplots(2, 1, figsize=(11, 2 * (1.4 + 0.6 * len(runs))), squeeze=False)
+    for ax, key, title in ((axes[0][0], "categories", "by kind of work"), (axes[1][0], "modules", "by module")):
+        labels = list(dict.fromkeys(label for run in runs for label in run[key]))
+        cmap = plt.get_cmap("tab20")
+        for y, run in enumerate(runs):
+            left = 0.0
+            for i, label in enumerate(labels):
+                ms = run[key].get(label, {}).get("ms", 0.0)
+                ax.barh(y, ms, left=left, color=cmap(i % 20), label=label if y == 0 else None)
+                left += ms
+        ax.set_yticks(range(len(runs)), [r["backend"] for r in runs])
+        ax.set_xlabel("ms per block")
+        ax.set_title(f"{report['header']['model']} block, {title}")
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
