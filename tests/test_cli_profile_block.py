@@ -1,0 +1,129 @@
+"""`dit-accel profile-block` through click's test runner, on the CPU (scaled-down) and on a tiny checkpoint."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dit_accel.cli import main
+
+FAST = ["--seq-len", "64", "--runs", "2", "--warmup", "1"]
+OUTPUT_FILES = {"report.json", "ops.csv", "breakdown.png"}
+
+
+def run_cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_default_run_on_cpu_is_scaled_down_and_labelled(tmp_path):
+    out = tmp_path / "run"
+    result = run_cli("profile-block", *FAST, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "CPU SCALED-DOWN RUN" in result.output
+    assert {p.name for p in out.iterdir()} == OUTPUT_FILES
+    report = json.loads((out / "report.json").read_text())
+    assert report["run_kind"] == "cpu-scaled-down"
+    assert report["model"]["family"] == "minimax-h3"
+    assert report["model"]["num_blocks"] == 50
+    run = report["runs"][0]
+    assert run["backend"] == "native"
+    assert run["block_ms"] > 0
+    # Every category row and the gaps add up to the timed block.
+    assert abs(sum(row["ms"] for row in run["categories"].values()) - run["block_ms"]) < 1e-6 * run["block_ms"] + 1e-9
+    assert run["categories"]["gemm"]["ms"] > 0 and run["categories"]["attention"]["ms"] > 0
+    assert {"qkv projection", "attention core", "ffn", "output projection"} <= set(run["modules"])
+    e = run["extrapolation"]
+    assert e["pass_ms"] == pytest.approx(50 * run["block_ms"])
+    assert e["video_s"] == pytest.approx(50 * 2 * e["pass_ms"] / 1e3)
+    ops = (out / "ops.csv").read_text().splitlines()
+    assert ops[0].startswith("backend,category,range,kernel")
+    assert len(ops) > 5
+
+
+def test_compare_attention_backends_side_by_side(tmp_path):
+    out = tmp_path / "cmp"
+    device = [] if torch.cuda.is_available() else ["--device", "cpu"]
+    result = run_cli("profile-block", *FAST, *device, "--compare-attn", "native,math", "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert [r["backend"] for r in report["runs"]] == ["native", "math"]
+    assert report["runs"][0]["output_vs_reference"] is None
+    assert report["runs"][1]["output_vs_reference"]["cosine"] > 0.99
+
+
+def test_validate_chains_real_blocks(tmp_path):
+    out = tmp_path / "val"
+    result = run_cli("profile-block", *FAST, "--device", "cpu", "--validate", "3", "--out", out)
+    assert result.exit_code == 0, result.output
+    v = json.loads((out / "report.json").read_text())["validation"]
+    assert v["chained_blocks"] == 3 and v["distinct_blocks"] == 3
+    assert v["measured_ms"] > 0 and v["extrapolated_ms"] > 0
+    assert "3 blocks chained" in result.output
+
+
+def test_checkpoint_run_reports_the_load(tiny_h3_checkpoint, tmp_path):
+    out = tmp_path / "ckpt"
+    result = run_cli("profile-block", "--checkpoint", tiny_h3_checkpoint, "--block", "7", "--device", "cpu",
+                     *FAST, "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["run_kind"] == "cpu"
+    assert report["block"]["synthetic"] is False
+    assert report["block"]["load"]["shards"] == ["diffusion_pytorch_model-00002-of-00014.safetensors",
+                                                 "diffusion_pytorch_model-00003-of-00014.safetensors"]
+    assert report["model"]["config"]["hidden_size"] == 48
+
+
+def test_wan_video_workload(tmp_path):
+    out = tmp_path / "wan"
+    result = run_cli("profile-block", "--model", "wan", "--device", "cpu", "--frames", "5", "--height", "64",
+                     "--width", "64", "--runs", "2", "--warmup", "1", "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["workload"]["seq_len"] == 2 * 4 * 4  # 2 latent frames x (64/8/2)^2
+    assert report["runs"][0]["attention_flops"] == pytest.approx(
+        4 * 4 * 128 * (32 * 32 + 32 * 512))  # self + cross attention, 4 heads of 128 (scaled down)
+
+
+def _damage(folder, how):
+    if how == "missing shard":
+        (folder / "diffusion_pytorch_model-00003-of-00014.safetensors").unlink()
+    elif how == "truncated shard":
+        shard = folder / "diffusion_pytorch_model-00002-of-00014.safetensors"
+        shard.write_bytes(shard.read_bytes()[:1000])
+    elif how == "unknown family":
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "_class_name": "FluxTransformer2DModel"}))
+
+
+@pytest.mark.parametrize("how, extra, message", [
+    ("missing folder", [], "does not exist"),
+    ("missing shard", [], "is missing"),
+    ("truncated shard", [], "truncated"),
+    ("unknown family", [], "unknown model family 'FluxTransformer2DModel'"),
+    ("block out of range", ["--block", "50"], "block 50 is out of range"),
+    ("bad dtype", ["--dtype", "int8"], "unsupported dtype"),
+    ("bad budget", ["--memory-budget", "lots"], "cannot read the size"),
+    ("both workloads", ["--frames", "9"], "either as --seq-len"),
+])
+def test_bad_input_gives_one_line_and_no_partial_output(tiny_h3_copy, tmp_path, how, extra, message):
+    _damage(tiny_h3_copy, how)
+    checkpoint = tmp_path / "nowhere" if how == "missing folder" else tiny_h3_copy
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    result = CliRunner().invoke(main, ["profile-block", "--checkpoint", str(checkpoint), "--block", "7", "--device",
+                                       "cpu", *FAST, *extra, "--out", str(outputs / "run")])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.output
+    assert list(outputs.iterdir()) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_memory_budget_needs_a_gpu(tmp_path):
+    result = CliRunner().invoke(main, ["profile-block", *FAST, "--memory-budget", "16GiB", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert "applies to CUDA devices only" in result.output
