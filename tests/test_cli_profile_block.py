@@ -127,3 +127,20 @@ def test_memory_budget_needs_a_gpu(tmp_path):
     result = CliRunner().invoke(main, ["profile-block", *FAST, "--memory-budget", "16GiB", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2
     assert "applies to CUDA devices only" in result.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_budget_too_small_for_the_h3_block(tmp_path):
+    """1 GiB cannot hold the 1.29 GB H3 block: one line, exit 2, nothing written."""
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    try:
+        result = CliRunner().invoke(main, ["profile-block", "--memory-budget", "1GiB", "--runs", "2", "--warmup", "1",
+                                           "--out", str(outputs / "run")])
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+    assert result.exit_code == 2, result.output
+    assert "does not fit in the 1GiB budget" in result.output
+    assert list(outputs.iterdir()) == []

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call: install the package, then check and time everything that needs the GPU.
+#   bash scripts/gpu_session.sh [STEP ...]     steps: env fp8 profile budget compare bench tests (default: all)
+# Results go under $OUT (or ./gpu-results): one log per step and one archive, because the device
+# tool brings back at most 8 files.
+set -uo pipefail
+out=${OUT:-gpu-results}
+work=/tmp/dit-accel-gpu
+mkdir -p "$out" "$work"
+export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$work/cache
+steps=${*:-env fp8 profile budget compare bench tests}
+
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $work/NAME.log, report the status
+  local name=$1 limit=$2; shift 2
+  [[ " $steps " == *" $name "* ]] || return 0
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$work/$name.log" 2>&1
+  echo "step $name: exit $? in $((SECONDS - t0)) s" | tee -a "$work/steps.txt"
+}
+
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$work/install.log" 2>&1 \
+  || { echo "install failed"; cat "$work/install.log"; }
+step env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton, cutlass, diffusers; print(torch.__version__, triton.__version__, diffusers.__version__, torch.cuda.get_device_name())"'
+step fp8 300 python3 scripts/check_fp8_attention.py --out "$work/fp8" --budget-s 240
+step profile 240 python3 -m dit_accel profile-block --validate 50 --out "$work/profile"
+step budget 120 python3 -m dit_accel profile-block --memory-budget 16GiB --runs 5 --out "$work/budget16"
+step compare 200 python3 -m dit_accel profile-block --compare-attn native,cudnn,fa4,fp8 --out "$work/compare"
+step bench 240 python3 -m dit_accel bench-attention --out "$work/bench"
+step tests 240 python3 -m pytest tests -q -m gpu -x -p no:cacheprovider
+
+tar czf "$out/results.tgz" -C "$work" --exclude='cache' --exclude='*.json.gz' .
+cat "$work/steps.txt"
+for f in "$work"/*.log; do echo "=== $(basename "$f") (tail)"; tail -25 "$f"; done
