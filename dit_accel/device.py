@@ -26,12 +26,13 @@ def parse_bytes(text: str) -> int:
 
 def pick_device(requested: str | None) -> torch.device:
     """The CUDA device when there is one (or the one asked for), else the CPU."""
-    if requested:
-        device = torch.device(requested)
-        if device.type == "cuda" and not torch.cuda.is_available():
+    device = torch.device(requested or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
             raise UserError(f"--device {requested} asked for, but this machine has no CUDA GPU; leave --device out")
-        return device
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if device.index is None:  # memory queries and caps need an explicit index
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 @dataclass(frozen=True)

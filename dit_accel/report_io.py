@@ -4,12 +4,14 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from rich.console import Console
 
-console = Console(highlight=False)
+# Wide enough for the tables when output goes to a file or a pipe (rich would assume 80 columns).
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 
 
 def _jsonable(value: Any) -> Any:
