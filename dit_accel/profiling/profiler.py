@@ -14,12 +14,8 @@ from torch.autograd import DeviceType
 from ..adapters import BlockAdapter, Workload
 from ..timing import TimingStats, time_region
 from .classify import CATEGORIES, classify
+from .op_bytes import count_op_bytes
 from .ranges import instrument, range_label
-
-
-# Bytes per element of the dtype strings torch.profiler records for op inputs.
-_DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
-                "bool": 1, "c10::Float8_e4m3fn": 1, "signed char": 1, "unsigned char": 1, "short int": 2}
 
 
 @dataclass(frozen=True)
@@ -31,7 +27,7 @@ class KernelRecord:
     range: str
     calls: float
     time_us: float
-    bytes_est: float  # bytes its launching ops read (inputs) and allocated (outputs), per block run
+    bytes_est: float  # bytes its launching ops read and wrote (their tensors), per block run
 
     def as_row(self) -> dict[str, Any]:
         return {"category": self.category, "range": self.range, "kernel": self.name, "calls_per_block": self.calls,
@@ -79,59 +75,42 @@ def _innermost_range(event) -> str | None:
     return None
 
 
-def _input_bytes(event) -> float:
-    shapes = getattr(event, "input_shapes", None) or []
-    dtypes = getattr(event, "input_dtypes", None) or [None] * len(shapes)
-    total = 0.0
-    for shape, dtype in zip(shapes, dtypes):
-        if isinstance(shape, (list, tuple)) and shape and all(isinstance(d, int) for d in shape):
-            numel = 1
-            for d in shape:
-                numel *= d
-            total += numel * _DTYPE_BYTES.get(dtype, 2)
-    return total
+def _collect(prof, runs: int, device_kind: str, body_label: str,
+             op_bytes: dict[tuple[str, str], float]) -> list[KernelRecord]:
+    """Fold profiler events into per-(kernel, range) records, per block run.
 
-
-# Ops that only make views or metadata: an op whose children are all of these does its own work.
-_VIEW_OPS = {"aten::resolve_conj", "aten::as_strided", "aten::empty", "aten::select", "aten::t",
-             "aten::transpose", "aten::view", "aten::reshape", "aten::unsqueeze", "aten::expand",
-             "aten::slice", "aten::empty_strided", "aten::_unsafe_view", "aten::split", "aten::narrow"}
-
-
-def _op_bytes(event, device_kind: str) -> float:
-    """Bytes an op moves, estimated: its tensor inputs plus what it allocated (its outputs)."""
-    allocated = event.device_memory_usage if device_kind == "cuda" else event.cpu_memory_usage
-    return _input_bytes(event) + max(0, allocated or 0)
-
-
-def _does_own_work(event) -> bool:
-    return all(child.name in _VIEW_OPS for child in event.cpu_children)
-
-
-def _collect(prof, runs: int, device_kind: str, range_of_body: str) -> list[KernelRecord]:
-    """Fold profiler events into per-(kernel, range) records, per block run."""
-    acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # calls, us, bytes
+    On CUDA a record is a GPU kernel, timed by its own duration and attributed to the innermost
+    range around the aten op that launched it; on the CPU it is an aten op's own (self) time. The
+    op's bytes (from `count_op_bytes`, one run) are shared among its kernels by duration.
+    """
+    # (kernel, range) -> [calls, us]; (range, op) -> us and the kernels it launched
+    acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    op_us: dict[tuple[str, str], float] = defaultdict(float)
+    launched: dict[tuple[str, str], dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
     for event in prof.events():
         if event.device_type != DeviceType.CPU or range_label(event.name) is not None:
             continue
-        label = _innermost_range(event) or range_of_body
+        label = _innermost_range(event) or body_label
         if device_kind == "cuda":
-            kernels = list(event.kernels)
-            op_us = sum(k.duration for k in kernels)
-            op_bytes = _op_bytes(event, device_kind)
-            for k in kernels:
-                slot = acc[(k.name, label)]
-                slot[0] += 1
-                slot[1] += k.duration
-                slot[2] += op_bytes * (k.duration / op_us if op_us > 0 else 0.0)
+            timed = [(k.name, k.duration) for k in event.kernels]
         elif event.name.startswith("aten::") and event.self_cpu_time_total > 0:
-            slot = acc[(event.name, label)]
+            timed = [(event.name, event.self_cpu_time_total)]
+        else:
+            continue
+        for name, us in timed:
+            slot = acc[(name, label)]
             slot[0] += 1
-            slot[1] += event.self_cpu_time_total
-            slot[2] += _op_bytes(event, device_kind) if _does_own_work(event) else 0.0
+            slot[1] += us
+            op_us[(label, event.name)] += us
+            launched[(label, event.name)][(name, label)] += us
+    kernel_bytes: dict[tuple[str, str], float] = defaultdict(float)
+    for op_key, kernels in launched.items():
+        for kernel_key, us in kernels.items():
+            if op_us[op_key] > 0:
+                kernel_bytes[kernel_key] += op_bytes.get(op_key, 0.0) * us / op_us[op_key]
     return sorted(
-        (KernelRecord(name, classify(name, label), label, calls / runs, us / runs, nbytes / runs)
-         for (name, label), (calls, us, nbytes) in acc.items()),
+        (KernelRecord(name, classify(name, label), label, calls / runs, us / runs, kernel_bytes[(name, label)])
+         for (name, label), (calls, us) in acc.items()),
         key=lambda k: -k.time_us,
     )
 
@@ -154,14 +133,14 @@ def profile_block(block: nn.Module, inputs: dict[str, Any], adapter: BlockAdapte
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with instrument(block, adapter.module_ranges, use_nvtx=device.type == "cuda"):
-        step()  # the hooks' first call is not profiled
-        with torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
+        op_bytes = count_op_bytes(step, adapter.body_label)
+        with torch.profiler.profile(activities=activities) as prof:
             for _ in range(profiled_runs):
                 step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
-    kernels = _collect(prof, profiled_runs, device.type, adapter.body_label)
+    kernels = _collect(prof, profiled_runs, device.type, adapter.body_label, op_bytes)
     weights = sum(p.numel() * p.element_size() for p in block.parameters())
     return BlockProfile(timing, kernels, peak, weights, profiled_runs, device.type, trace_path)

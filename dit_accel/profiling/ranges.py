@@ -18,12 +18,19 @@ from torch import nn
 from ..adapters import ModuleRange
 
 RANGE_PREFIX = "dit-accel/"
+_OPEN_LABELS: list[str] = []  # labels of the ranges open right now, innermost last
+
+
+def active_range() -> str | None:
+    """Label of the innermost range open right now, or None outside every range."""
+    return _OPEN_LABELS[-1] if _OPEN_LABELS else None
 
 
 class _Range:
     """record_function + NVTX push/pop around one region; re-entrant through a stack."""
 
     def __init__(self, label: str, use_nvtx: bool):
+        self.label = label
         self.name = RANGE_PREFIX + label
         self.use_nvtx = use_nvtx
         self._open: list[torch.profiler.record_function] = []
@@ -32,12 +39,14 @@ class _Range:
         rf = torch.profiler.record_function(self.name)
         rf.__enter__()
         self._open.append(rf)
+        _OPEN_LABELS.append(self.label)
         if self.use_nvtx:
             torch.cuda.nvtx.range_push(self.name)
 
     def exit(self) -> None:
         if self.use_nvtx:
             torch.cuda.nvtx.range_pop()
+        _OPEN_LABELS.pop()
         self._open.pop().__exit__(None, None, None)
 
 

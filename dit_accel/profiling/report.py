@@ -95,7 +95,7 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
     console.print(Panel("\n".join(lines), title=title, expand=False))
 
     rate_note = (f"rates vs this device's measured ceilings: {ceilings.dtype} GEMM {ceilings.gemm_tflops:.3g} TFLOP/s, "
-                 f"copy {ceilings.copy_gbps:.3g} GB/s (~ = bytes estimated from op shapes)")
+                 f"copy {ceilings.copy_gbps:.3g} GB/s; ~ = bytes the ops' tensors read and wrote (cache hits can beat the DRAM ceiling)")
     for run in runs:
         table = Table(title=f"Where one block's time goes — attention backend: {run.backend}", caption=rate_note)
         for col, justify in (("kind of work", "left"), ("ms / block", "right"), ("share", "right"), ("rate", "right")):

@@ -1,0 +1,60 @@
+"""The profiler's attribution on the CPU: ranges, categories and exact op bytes of a real H3 block."""
+import pytest
+import torch
+
+from dit_accel.adapters import adapter_for_preset
+from dit_accel.block_loader import synthetic_block
+from dit_accel.profiling.op_bytes import count_op_bytes
+from dit_accel.profiling.profiler import profile_block
+from dit_accel.profiling.ranges import active_range, instrument
+
+
+@pytest.fixture(scope="module")
+def small_h3():
+    adapter = adapter_for_preset("minimax-h3")
+    adapter = type(adapter)(adapter.scaled_down_config())
+    block = synthetic_block(adapter, 0, torch.device("cpu"), torch.float32).block
+    workload = adapter.workload_from_seq_len(128, 1)
+    inputs = adapter.make_inputs(workload, torch.device("cpu"), torch.float32, torch.Generator().manual_seed(0))
+    return adapter, block, workload, inputs
+
+
+def test_op_bytes_are_exact(small_h3):
+    adapter, block, workload, inputs = small_h3
+    with instrument(block, adapter.module_ranges, use_nvtx=False), torch.no_grad():
+        op_bytes = count_op_bytes(lambda: block(**inputs), adapter.body_label)
+    s, hidden = workload.seq_len, adapter.config["hidden_size"]
+    # The six AdaLN index_selects: a [3, hidden] table (one timestep x 3 modalities) and S indices in,
+    # an [S, hidden] float32 table out.
+    per_call = 3 * hidden * 4 + s * 8 + s * hidden * 4
+    assert op_bytes[(adapter.body_label, "aten::index_select")] == 6 * per_call
+    # The FFN's first linear: x [S, hidden] and W [2*ffn, hidden] in, [S, 2*ffn] out (+ bias none).
+    ffn = adapter.config["ffn_dim"]
+    mm = op_bytes[("ffn", "aten::mm")]
+    first = (s * hidden + hidden * 2 * ffn + s * 2 * ffn) * 4
+    second = (s * ffn + ffn * hidden + s * hidden) * 4
+    assert mm == first + second
+
+
+def test_ranges_are_closed_after_the_run(small_h3):
+    adapter, block, _, inputs = small_h3
+    with instrument(block, adapter.module_ranges, use_nvtx=False), torch.no_grad():
+        block(**inputs)
+        assert active_range() is None
+    assert not block._forward_hooks and not block.attn.to_q._forward_pre_hooks
+
+
+def test_profile_attributes_every_op_to_a_range_and_category(small_h3):
+    adapter, block, _, inputs = small_h3
+    profile = profile_block(block, inputs, adapter, device=torch.device("cpu"), warmup=1, runs=2, profiled_runs=1)
+    ranges = profile.by_range()
+    assert {"qkv projection", "qk-norm", "rope", "attention core", "output projection", "ffn", "norms",
+            "modulation projection", adapter.body_label} <= set(ranges)
+    categories = profile.by_category()
+    assert categories["gemm"]["time_us"] > 0 and categories["attention"]["time_us"] > 0
+    for record in profile.kernels:
+        if record.range == "attention core":
+            assert record.category == "attention"
+        if record.range == "ffn" and record.name == "aten::mm":
+            assert record.category == "gemm" and record.bytes_est > 0
+    assert profile.peak_memory_bytes is None  # no CUDA allocator on the CPU
