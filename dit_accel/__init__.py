@@ -1,2 +1,9 @@
 """dit-accel: profile and accelerate video diffusion-transformer inference."""
 __version__ = "0.1.0"
+
+
+def patch_attention(*args, **kwargs):
+    """See `dit_accel.patching.patch_attention` (imported lazily: torch and diffusers load on use)."""
+    from .patching import patch_attention as _patch_attention
+
+    return _patch_attention(*args, **kwargs)

@@ -11,33 +11,14 @@ from diffusers.models.transformers import transformer_minimax_h3, transformer_wa
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed, MiniMaxH3TransformerBlock
 from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
+from attention_doubles import RecordingSdpa, fake_backend  # noqa: F401 (fixture)
+
 from dit_accel.attention import backends, routing
 from dit_accel.attention.backends import AttentionBackend, BackendCannotServe
 from dit_accel.attention.routing import restore_attention_backend, set_attention_backend_by_name, use_attention_backend
 from dit_accel.errors import UserError
 
 H3_HIDDEN, H3_HEADS, H3_HEAD_DIM, H3_FFN, H3_TIME_DIM, H3_ROPE_FREQ_DIM = 64, 2, 32, 128, 32, 4
-
-
-class RecordingSdpa:
-    """A fake custom backend's kernel: records each call's shapes and answers with torch SDPA."""
-
-    def __init__(self):
-        self.calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-
-    def __call__(self, q, k, v, scale=None):
-        self.calls.append((tuple(q.shape), tuple(k.shape)))
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
-        return out.transpose(1, 2)
-
-
-@pytest.fixture
-def fake_backend(monkeypatch):
-    """Registers a routed backend named `fake` for this test only."""
-    kernel = RecordingSdpa()
-    backend = AttentionBackend("fake", "test double", kernel, lambda device: None, routed=True)
-    monkeypatch.setitem(backends.BACKENDS, "fake", backend)
-    return kernel
 
 
 def h3_block_and_inputs(seq_len: int = 24, num_timesteps: int = 2):

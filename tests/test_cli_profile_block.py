@@ -52,6 +52,12 @@ def test_compare_attention_backends_side_by_side(tmp_path):
     assert [r["backend"] for r in report["runs"]] == ["native", "math"]
     assert report["runs"][0]["output_vs_reference"] is None
     assert report["runs"][1]["output_vs_reference"]["cosine"] > 0.99
+    # Both backends measured on the block's own q, k, v against the same high-precision reference.
+    assert report["attention_reference"] in ("float64", "float32")
+    assert all(0 <= run["attention_rel_err"] < 1e-2 for run in report["runs"])
+    levers = report["runs"][0]["next_levers"]
+    assert levers[0]["kind"] == "gemm" and "attention" not in [lever["kind"] for lever in levers]
+    assert [lever["ms"] for lever in levers] == sorted((lever["ms"] for lever in levers), reverse=True)
 
 
 def test_validate_chains_real_blocks(tmp_path):

@@ -58,3 +58,20 @@ def test_profile_attributes_every_op_to_a_range_and_category(small_h3):
         if record.range == "ffn" and record.name == "aten::mm":
             assert record.category == "gemm" and record.bytes_est > 0
     assert profile.peak_memory_bytes is None  # no CUDA allocator on the CPU
+
+
+def test_attention_error_on_the_blocks_own_inputs(small_h3, monkeypatch):
+    from dit_accel.attention import backends
+    from dit_accel.attention.backends import AttentionBackend
+    from dit_accel.profiling.attention_error import attention_errors, capture_attention_inputs
+
+    adapter, block, workload, inputs = small_h3
+    q, k, v = capture_attention_inputs(block, inputs, adapter)
+    heads, head_dim = adapter.config["num_attention_heads"], adapter.config["attention_head_dim"]
+    assert q.shape == k.shape == v.shape == (1, workload.seq_len, heads, head_dim)
+    monkeypatch.setitem(backends.BACKENDS, "zeros", AttentionBackend(
+        "zeros", "test double", lambda q, k, v, scale=None: torch.zeros_like(q), lambda d: None, routed=True))
+    errors, reference = attention_errors(q, k, v, ["math", "zeros"])
+    assert reference == "float64"
+    assert errors["math"] < 1e-6
+    assert errors["zeros"] == pytest.approx(1.0)

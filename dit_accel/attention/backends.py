@@ -60,6 +60,7 @@ class AttentionBackend:
     diffusers_backend: str | None = None
     routed: bool = False
     phases: TwoPhases | None = None
+    capture_safe: bool = True  # False: a call syncs the host, so it cannot run inside CUDA-graph capture
 
     def __post_init__(self) -> None:
         if self.diffusers_backend is not None and self.routed:
@@ -330,7 +331,8 @@ BACKENDS: dict[str, AttentionBackend] = {
                           _needs_module("dit_accel.kernels.fp8_attention", "pip install -e .[kernels]"),
                           _needs_module("cutlass.cute", "pip install nvidia-cutlass-dsl")),
             routed=True,
-            phases=TwoPhases(prepare=_fp8_prepare, kernel=_fp8_kernel)),
+            phases=TwoPhases(prepare=_fp8_prepare, kernel=_fp8_kernel),
+            capture_safe=False),  # prep reads its amax vector on the host to reject inf/NaN
         AttentionBackend(
             "cudnn-fp8", "cuDNN FP8 SDPA (cudnn frontend), per-tensor e4m3 scales, e4m3 output dequantized",
             lambda q, k, v, scale=None: _cudnn_fp8_kernel(_cudnn_fp8_quantize(q, k, v, scale)),

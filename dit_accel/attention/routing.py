@@ -61,6 +61,9 @@ class RoutedBackend:
     backend: AttentionBackend
     served_calls: int = 0
     fallback_calls: Counter[str] = field(default_factory=Counter)
+    # Asked before each call: a reason to send this call to the fallback anyway (e.g. a denoising
+    # step the user keeps in bf16), or None to serve it.
+    hold_reason: Callable[[], str | None] | None = None
 
     @property
     def name(self) -> str:
@@ -72,7 +75,10 @@ class RoutedBackend:
 
     def dispatch(self, arguments: dict[str, Any], original_dispatch: Callable[..., torch.Tensor]) -> torch.Tensor:
         """Answer one `dispatch_attention_fn` call, given its bound arguments (all names present)."""
-        reason = _unservable_reason(arguments)
+        reason = _unservable_reason(arguments) or (self.hold_reason() if self.hold_reason else None)
+        if reason is None and not self.backend.capture_safe and arguments["query"].is_cuda \
+                and torch.cuda.is_current_stream_capturing():
+            reason = "CUDA graph capture (this backend syncs the host)"
         if reason is None:
             try:
                 out = self.backend.run(arguments["query"], arguments["key"], arguments["value"], arguments["scale"])
@@ -178,10 +184,14 @@ class AttentionBackendSwap:
     restored: bool = False
 
 
-def _attention_processors(module: nn.Module) -> list[Any]:
-    """Each distinct processor under `module` that has a selectable `_attention_backend`."""
+def _attention_processors(module: nn.Module, exclude: tuple[nn.Module, ...] = ()) -> list[Any]:
+    """Each distinct processor under `module`, outside the `exclude` subtrees, that has a selectable
+    `_attention_backend`."""
+    skipped = {id(m) for kept in exclude for m in kept.modules()}
     processors: dict[int, Any] = {}
     for submodule in module.modules():
+        if id(submodule) in skipped:
+            continue
         processor = getattr(submodule, "processor", None)
         if processor is not None and hasattr(processor, "_attention_backend"):
             processors.setdefault(id(processor), processor)
@@ -193,8 +203,10 @@ def _module_device(module: nn.Module) -> torch.device:
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
-def set_attention_backend_by_name(module: nn.Module, name: str) -> AttentionBackendSwap:
-    """Make every attention processor under `module` use backend `name`; undo with `restore_attention_backend`.
+def set_attention_backend_by_name(module: nn.Module, name: str, *, exclude: tuple[nn.Module, ...] = (),
+                                  hold_reason: Callable[[], str | None] | None = None) -> AttentionBackendSwap:
+    """Make every attention processor under `module` (but those under `exclude`) use backend `name`;
+    undo with `restore_attention_backend`. `hold_reason` gates a custom backend call by call.
 
     Raises UserError for an unknown name, a backend unavailable on the module's device, a
     benchmark-only backend, or a module without attention processors.
@@ -205,13 +217,16 @@ def set_attention_backend_by_name(module: nn.Module, name: str) -> AttentionBack
         raise UserError(f"attention backend {name!r} is unavailable here: {reason}")
     if backend.diffusers_backend is None and not backend.routed:
         raise UserError(f"attention backend {name!r} is benchmark only; use it with bench-attention, not in a model")
-    processors = _attention_processors(module)
+    if hold_reason is not None and not backend.routed:
+        raise UserError(f"attention backend {name!r} is a diffusers backend: it cannot be switched per step; "
+                        "keep steps in bf16 only with a custom backend (fa4, fp8)")
+    processors = _attention_processors(module, exclude)
     if not processors:
         raise UserError(f"{type(module).__name__} has no diffusers attention processors to set a backend on")
 
     if backend.routed:
         router_modules = list({m.__name__: m for m in map(_dispatch_module, processors)}.values())
-        value: Any = RoutedBackend(backend)
+        value: Any = RoutedBackend(backend, hold_reason=hold_reason)
         for router_module in router_modules:
             _acquire_router(router_module)
     else:

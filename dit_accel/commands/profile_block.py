@@ -15,6 +15,7 @@ from ..checkpoint import CONFIG_NAME, transformer_folder
 from ..device import DeviceInfo, apply_memory_budget, device_ceilings, parse_bytes, pick_device
 from ..errors import UserError
 from ..extrapolate import Extrapolation
+from ..profiling.attention_error import attention_errors, capture_attention_inputs
 from ..profiling.profiler import profile_block as run_profile
 from ..profiling.report import BackendRun, render, write_files
 from ..profiling.validate import validate_chain
@@ -149,6 +150,12 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
                                       outside_source, steps, guidance_passes)
         results.append(BackendRun(name, profile, extrapolation, attention_flops, linear_flops, error))
 
+    attention_inputs = capture_attention_inputs(loaded.block, inputs, adapter)
+    attention_rel_err, attention_reference = attention_errors(*attention_inputs, backends)
+    del attention_inputs
+    for run in results:
+        run.attention_rel_err = attention_rel_err[run.backend]
+
     validation = None
     if validate_blocks:
         first = results[0]
@@ -184,6 +191,7 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
         "header": header, "device": info.as_dict(), "ceilings": {**ceilings.as_dict(), "from_cache": ceilings_cached},
         "model": adapter.describe(), "block": loaded.as_dict(), "workload": workload.as_dict(),
         "dtype": header["dtype"], "memory_budget": memory_budget,
+        "attention_reference": attention_reference,
         "runs": [r.as_dict(ceilings) for r in results],
         "validation": validation.as_dict() if validation else None,
     }

@@ -64,28 +64,42 @@ def _wrap_function(fn: Callable, region: _Range) -> Callable:
 
 
 @contextlib.contextmanager
+def wrapped_functions(functions: tuple[tuple[str, str], ...], wrap: Callable[[Callable], Callable]) -> Iterator[None]:
+    """Replace each (python module, function name) global by `wrap(original)` inside the context.
+
+    Model files call helpers such as `dispatch_attention_fn` through their module globals, so this
+    reaches every call the model makes; the originals are put back on exit, last in first out.
+    """
+    swapped: list[tuple[object, str, Callable]] = []
+    try:
+        for module_name, attr in functions:
+            owner = importlib.import_module(module_name)
+            original = getattr(owner, attr)
+            setattr(owner, attr, wrap(original))
+            swapped.append((owner, attr, original))
+        yield
+    finally:
+        for owner, attr, original in reversed(swapped):
+            setattr(owner, attr, original)
+
+
+@contextlib.contextmanager
 def instrument(block: nn.Module, ranges: tuple[ModuleRange, ...], *, use_nvtx: bool) -> Iterator[None]:
     """Open each range around its modules' forward and its functions' calls while inside the context."""
     handles = []
-    swapped: list[tuple[object, str, Callable]] = []
-    try:
-        for spec in ranges:
-            region = _Range(spec.label, use_nvtx)
-            for path in spec.modules:
-                module = block.get_submodule(path)
-                handles.append(module.register_forward_pre_hook(lambda *_, r=region: r.enter()))
-                handles.append(module.register_forward_hook(lambda *_, r=region: r.exit(), always_call=True))
-            for module_name, attr in spec.functions:
-                owner = importlib.import_module(module_name)
-                original = getattr(owner, attr)
-                setattr(owner, attr, _wrap_function(original, region))
-                swapped.append((owner, attr, original))
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        for owner, attr, original in reversed(swapped):
-            setattr(owner, attr, original)
+    with contextlib.ExitStack() as stack:
+        try:
+            for spec in ranges:
+                region = _Range(spec.label, use_nvtx)
+                for path in spec.modules:
+                    module = block.get_submodule(path)
+                    handles.append(module.register_forward_pre_hook(lambda *_, r=region: r.enter()))
+                    handles.append(module.register_forward_hook(lambda *_, r=region: r.exit(), always_call=True))
+                stack.enter_context(wrapped_functions(spec.functions, lambda fn, r=region: _wrap_function(fn, r)))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 def range_label(event_name: str) -> str | None:

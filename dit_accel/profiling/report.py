@@ -29,6 +29,7 @@ class BackendRun:
     attention_flops: float
     linear_flops: float
     output_vs_reference: dict[str, float] | None = None  # rel_l2 / cosine against the first backend
+    attention_rel_err: float | None = None  # this backend on the block's own q, k, v vs a reference
 
     @property
     def block_ms(self) -> float:
@@ -57,6 +58,12 @@ class BackendRun:
             rows[GAPS_LABEL] = {"ms": gaps_ms, "share_pct": 100 * gaps_ms / self.block_ms}
         return rows
 
+    def next_levers(self, ceilings: Ceilings, count: int = 4) -> list[dict[str, Any]]:
+        """Where the time left beside attention goes, largest first: what to speed up next."""
+        rows = [{"kind": category, **row} for category, row in self.category_rows(ceilings).items()
+                if category not in ("attention", GAPS_LABEL)]
+        return sorted(rows, key=lambda row: -row["ms"])[:count]
+
     def module_rows(self) -> dict[str, dict[str, float]]:
         kernel_total_ms = self.profile.kernel_time_us / 1e3
         scale = min(1.0, self.block_ms / kernel_total_ms) if kernel_total_ms else 0.0
@@ -73,6 +80,7 @@ class BackendRun:
             "categories": self.category_rows(ceilings), "modules": self.module_rows(),
             "top_kernels": [k.as_row() for k in p.kernels[:20]],
             "extrapolation": self.extrapolation.as_dict(), "output_vs_reference": self.output_vs_reference,
+            "attention_rel_err": self.attention_rel_err, "next_levers": self.next_levers(ceilings),
             "trace": str(p.trace_path) if p.trace_path else None,
         }
 
@@ -113,9 +121,11 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
             modules.add_row(label, f"{row['ms']:.2f}", f"{row['share_pct']:.1f}%")
         console.print(modules)
 
-    whole = Table(title="Whole model, extrapolated from one block")
+    whole = Table(title="Whole model, extrapolated from one block",
+                  caption=f"attention error: each backend on the block's own q, k, v against a "
+                          f"{report['attention_reference']} reference; block output: against the first backend")
     whole.add_column("attention")
-    for col in ("block ms", "per pass", "per step", "per video", "speedup", "output vs first"):
+    for col in ("block ms", "per pass", "per step", "per video", "speedup", "attention error", "block output vs first"):
         whole.add_column(col, justify="right")
     base = runs[0]
     for run in runs:
@@ -123,8 +133,12 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
         err = run.output_vs_reference
         whole.add_row(run.backend, f"{run.block_ms:.2f}", f"{e.pass_ms / 1e3:.2f} s", f"{e.step_ms / 1e3:.2f} s",
                       f"{e.video_s / 60:.1f} min", f"{base.block_ms / run.block_ms:.2f}x",
-                      f"rel L2 {err['rel_l2']:.2e}, cos {err['cosine']:.6f}" if err else "—")
+                      f"{100 * run.attention_rel_err:.3g}%" if run.attention_rel_err is not None else "—",
+                      f"rel L2 {100 * err['rel_l2']:.3g}%, cos {err['cosine']:.6f}" if err else "—")
     console.print(whole)
+    fastest = min(runs, key=lambda r: r.block_ms)
+    levers = ", ".join(f"{row['kind']} {row['ms']:.2f} ms ({row['share_pct']:.0f}%)" for row in fastest.next_levers(ceilings))
+    console.print(f"  next levers beside attention ({fastest.backend}): {levers}")
     for line in base.extrapolation.assumptions():
         console.print(f"  assumes: {line}")
     if validation:

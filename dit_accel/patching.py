@@ -1,0 +1,121 @@
+"""`patch_attention`: route the attention of a diffusers model or pipeline to another backend.
+
+It builds on the one seam in `attention.routing` (each processor's `_attention_backend`, and for
+custom backends a router in place of the model file's `dispatch_attention_fn`), adding what a
+whole model needs: which models of a pipeline to patch (its transformers), blocks to keep on the
+original backend (e.g. the first and the last), denoising steps to keep on it (a diffusers
+`callback_on_step_end` advances the patch's step counter), and one summary of where every call went.
+
+    with patch_attention(pipe, "fp8", keep_blocks=(0, -1)) as patch:
+        video = pipe(prompt, callback_on_step_end=patch.step_callback).frames
+    print(patch.summary())
+
+Calls the backend cannot serve (masks, unsupported head dims, autograd, CUDA-graph capture for the
+FP8 kernel, context-parallel calls) go to diffusers' default backend and are counted by reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from .attention.routing import (AttentionBackendSwap, RoutedBackend, restore_attention_backend,
+                                 set_attention_backend_by_name)
+from .errors import UserError
+
+BLOCK_LIST_NAMES = ("transformer_blocks", "blocks", "single_transformer_blocks")
+
+
+def denoisers(model_or_pipeline: Any) -> list[nn.Module]:
+    """The modules to patch: the model itself, or a pipeline's transformer(s) (`transformer`,
+    `transformer_2`, ... : every nn.Module component whose name starts with "transformer")."""
+    if isinstance(model_or_pipeline, nn.Module):
+        return [model_or_pipeline]
+    components = getattr(model_or_pipeline, "components", None)
+    if not isinstance(components, dict):
+        raise UserError(f"cannot patch a {type(model_or_pipeline).__name__}: pass a diffusers model or pipeline")
+    found = [m for name, m in sorted(components.items()) if name.startswith("transformer") and isinstance(m, nn.Module)]
+    if not found:
+        raise UserError(f"{type(model_or_pipeline).__name__} has no transformer component to patch")
+    return found
+
+
+def block_list(model: nn.Module) -> nn.ModuleList:
+    """The model's stack of transformer blocks (a single block counts as a stack of one)."""
+    for name in BLOCK_LIST_NAMES:
+        blocks = getattr(model, name, None)
+        if isinstance(blocks, nn.ModuleList):
+            return blocks
+    return nn.ModuleList([model])
+
+
+def _kept_blocks(model: nn.Module, keep: tuple[int, ...]) -> tuple[nn.Module, ...]:
+    blocks = block_list(model)
+    kept = []
+    for index in keep:
+        if not -len(blocks) <= index < len(blocks):
+            raise UserError(f"keep_blocks index {index} is out of range for {type(model).__name__}, which has "
+                            f"{len(blocks)} blocks")
+        kept.append(blocks[index])
+    return tuple(kept)
+
+
+@dataclass
+class AttentionPatch:
+    """A live patch: undo it with `unpatch()` (or by leaving the `with` block)."""
+
+    backend: str
+    keep_blocks: tuple[int, ...]
+    keep_steps: frozenset[int]
+    step: int = 0  # the denoising step running now, advanced by `step_callback`
+    routed: list[RoutedBackend] = field(default_factory=list)  # their counters outlive the patch
+    _swaps: list[AttentionBackendSwap] = field(default_factory=list)
+
+    def hold_reason(self) -> str | None:
+        return f"step {self.step} kept on the original backend" if self.step in self.keep_steps else None
+
+    def step_callback(self, pipeline: Any, step_index: int, timestep: Any, callback_kwargs: dict) -> dict:
+        """diffusers `callback_on_step_end`: called after step `step_index`; the next one begins."""
+        self.step = step_index + 1
+        return callback_kwargs
+
+    def summary(self) -> dict[str, Any]:
+        """Where the attention calls went since the patch was made (routed backends count; native
+        backends are set on the processors and run inside diffusers, uncounted)."""
+        fallback: dict[str, int] = {}
+        for routed in self.routed:
+            for reason, calls in routed.fallback_calls.items():
+                fallback[reason] = fallback.get(reason, 0) + calls
+        return {"backend": self.backend, "counted": bool(self.routed),
+                "served_calls": sum(r.served_calls for r in self.routed), "fallback_calls": fallback,
+                "kept_blocks": list(self.keep_blocks), "kept_steps": sorted(self.keep_steps)}
+
+    def unpatch(self) -> None:
+        while self._swaps:
+            restore_attention_backend(self._swaps.pop())
+
+    def __enter__(self) -> "AttentionPatch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.unpatch()
+
+
+def patch_attention(model_or_pipeline: Any, backend: str = "fp8", *, keep_blocks: tuple[int, ...] = (),
+                    keep_steps: tuple[int, ...] = ()) -> AttentionPatch:
+    """Route every attention call of the model(s) to `backend`, but in `keep_blocks` (block indices,
+    negative from the end) and during `keep_steps` (0-based denoising steps). Returns the patch."""
+    patch = AttentionPatch(backend, tuple(keep_blocks), frozenset(keep_steps))
+    hold = patch.hold_reason if keep_steps else None
+    try:
+        for model in denoisers(model_or_pipeline):
+            swap = set_attention_backend_by_name(
+                model, backend, exclude=_kept_blocks(model, patch.keep_blocks), hold_reason=hold)
+            patch._swaps.append(swap)
+            if swap.routed is not None:
+                patch.routed.append(swap.routed)
+    except BaseException:
+        patch.unpatch()
+        raise
+    return patch

@@ -1,0 +1,53 @@
+"""Attention-level error inside a block: the q, k, v the block really feeds its attention, and how
+far each backend's output on them is from a high-precision reference.
+
+Set beside the block output's error against the first backend, it shows whether the residual
+stream damps the attention error (a block error well under the attention error) or amplifies it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..adapters import BlockAdapter
+from ..attention.backends import get_backend
+from ..bench_attention import reference_attention, rel_rms_err
+from .classify import ATTENTION_RANGE
+from .ranges import wrapped_functions
+
+
+def attention_functions(adapter: BlockAdapter) -> tuple[tuple[str, str], ...]:
+    """The (python module, function) pairs through which the block's attention core is called."""
+    return tuple(f for spec in adapter.module_ranges if spec.label == ATTENTION_RANGE for f in spec.functions)
+
+
+@torch.no_grad()
+def capture_attention_inputs(block: nn.Module, inputs: dict[str, Any],
+                             adapter: BlockAdapter) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v [B, S, H, D] of the block's first attention call (its self-attention)."""
+    captured: list[tuple[torch.Tensor, ...]] = []
+
+    def recording(original: Callable) -> Callable:
+        def record(query, key, value, *args, **kwargs):
+            if not captured:
+                captured.append((query.detach().clone(), key.detach().clone(), value.detach().clone()))
+            return original(query, key, value, *args, **kwargs)
+        return record
+
+    with wrapped_functions(attention_functions(adapter), recording):
+        block(**inputs)
+    if not captured:
+        raise RuntimeError(f"{type(block).__name__} made no attention call through {attention_functions(adapter)}")
+    return captured[0]
+
+
+def attention_errors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     backend_names: list[str]) -> tuple[dict[str, float], str]:
+    """Relative RMS error of each backend on (q, k, v) against a reference; and which reference:
+    float64 on the CPU, float32 (no TF32) on a GPU, where float64 at block sizes takes minutes."""
+    dtype = torch.float32 if q.is_cuda else torch.float64
+    reference = reference_attention(q, k, v, dtype)
+    errors = {name: rel_rms_err(get_backend(name).run(q, k, v), reference) for name in backend_names}
+    return errors, str(dtype).replace("torch.", "")
