@@ -27,10 +27,13 @@ def main() -> None:
 
 def _register_commands() -> None:
     from .commands.bench_attention import bench_attention
+    from .commands.generate import generate, make_tiny_pipeline
     from .commands.profile_block import profile_block
 
     main.add_command(profile_block)
     main.add_command(bench_attention)
+    main.add_command(generate)
+    main.add_command(make_tiny_pipeline)
 
 
 _register_commands()

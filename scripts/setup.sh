@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv and installs dit-accel with its kernels and test extras. Idempotent: a second run
+# Creates .venv and installs dit-accel with its kernels, generate and test extras. Idempotent: a second run
 # only checks. Without a GPU it takes the CPU build of torch where one is at hand.
 #   bash scripts/setup.sh            # then .venv/bin/dit-accel ... or .venv/bin/python -m pytest
 set -euo pipefail
@@ -15,5 +15,5 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     "${pip[@]}" "torch==2.13.0"
   fi
 fi
-"${pip[@]}" -e ".[kernels,test]"
+"${pip[@]}" -e ".[kernels,generate,test]"
 .venv/bin/python -c "import dit_accel, dit_accel.kernels, torch; print('dit-accel', dit_accel.__version__, '| torch', torch.__version__, '| CUDA', torch.cuda.is_available())"

@@ -1,0 +1,213 @@
+"""`dit-accel generate` (a whole diffusers pipeline from a local folder, stage-timed, video out) and
+`dit-accel make-tiny-pipeline` (a tiny random pipeline built offline, for tests and first runs)."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import click
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .. import __version__
+from ..block_loader import parse_dtype
+from ..device import DeviceInfo, pick_device
+from ..errors import UserError
+from ..pipelines.loading import inspect_pipeline_folder, load_pipeline
+from ..pipelines.quality import compare_videos
+from ..pipelines.running import ATTENTION_CHOICES, Request, RunResult, check_attention, run_once, warm_up
+from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
+from ..pipelines.video_io import write_mp4, write_wav
+from ..report_io import console, write_json
+from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
+
+DEFAULT_PROMPT = "a red fox running through fresh snow at sunset, wide shot"
+MAX_FRAMES_LISTED = 32  # per-frame quality rows printed; report.json has them all
+
+
+@click.command("make-tiny-pipeline")
+@click.argument("family", type=click.Choice(sorted(TINY_BUILDERS)))
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights.")
+def make_tiny_pipeline(family, directory, seed):
+    """Build a tiny RANDOM pipeline of FAMILY into DIRECTORY, offline (save_pretrained layout).
+
+    Its output is noise; every stage of the real pipeline runs, on a CPU in seconds:
+    `dit-accel generate --pipeline DIRECTORY`.
+    """
+    info = build_tiny(family, directory, seed)
+    params = ", ".join(f"{name} {m:.2f} M" for name, m in info["params_m"].items())
+    d = info["defaults"]
+    console.print(f"wrote {directory}/: tiny random {info['pipeline']} ({params} params); "
+                  f"generate defaults {d['frames']} frames at {d['height']}x{d['width']}, {d['steps']} steps")
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)
+
+
+def _run(pipe, request: Request, device: torch.device, attention: str, warmup: bool) -> RunResult:
+    if warmup:
+        with console.status(f"warm-up call ({attention} attention, 1 step)"):
+            warm_up(pipe, request, device=device, attention=attention)
+    with _progress() as progress:
+        task = progress.add_task(f"denoising ({attention} attention)", total=request.steps)
+        return run_once(pipe, request, device=device, attention=attention,
+                        on_step=lambda done: progress.update(task, completed=done))
+
+
+def _stage_table(runs: list[RunResult]) -> Table:
+    compare = len(runs) == 2
+    table = Table(title="Stage times (ms)" + (f" — speed-up = {runs[1].attention} over {runs[0].attention}"
+                                              if compare else ""))
+    table.add_column("stage")
+    for run in runs:
+        table.add_column(f"{run.attention} ms", justify="right")
+    if compare:
+        table.add_column("speed-up", justify="right")
+
+    def row(label: str, values: list[float | None]) -> None:
+        cells = ["—" if v is None else f"{v:.1f}" for v in values]
+        if compare:
+            a, b = values
+            cells.append(f"{a / b:.2f}x" if a and b else "—")
+        table.add_row(label, *cells)
+
+    times = [run.times for run in runs]
+    row("text encoding", [t.text_encoding_ms for t in times])
+    for i in range(max(len(t.step_ms) for t in times)):
+        row(f"  step {i + 1}", [t.step_ms[i] if i < len(t.step_ms) else None for t in times])
+    row("denoising (all steps)", [t.denoise_ms for t in times])
+    row("VAE decode", [t.vae_decode_ms for t in times])
+    if any(t.audio_decode_ms is not None for t in times):
+        row("audio decode", [t.audio_decode_ms for t in times])
+    row("other (latents, post-processing)", [t.other_ms for t in times])
+    row("total", [t.total_ms for t in times])
+    return table
+
+
+def _quality_table(quality: dict, reference: str, attention: str) -> Table:
+    table = Table(title=f"{attention} against {reference}, same seed: per-frame PSNR and SSIM")
+    table.add_column("frame", justify="right")
+    table.add_column("PSNR dB", justify="right")
+    table.add_column("SSIM", justify="right")
+    psnr, ssim = quality["psnr_db_per_frame"], quality["ssim_per_frame"]
+    for i in range(min(len(psnr), MAX_FRAMES_LISTED)):
+        table.add_row(str(i), "inf" if math.isinf(psnr[i]) else f"{psnr[i]:.2f}", f"{ssim[i]:.4f}")
+    if len(psnr) > MAX_FRAMES_LISTED:
+        table.add_row("...", f"({len(psnr) - MAX_FRAMES_LISTED} more in report.json)", "")
+    mean = quality["psnr_db_mean"]
+    table.add_row("mean", "inf" if math.isinf(mean) else f"{mean:.2f}", f"{quality['ssim_mean']:.4f}")
+    table.add_row("min", "inf" if math.isinf(quality["psnr_db_min"]) else f"{quality['psnr_db_min']:.2f}",
+                  f"{quality['ssim_min']:.4f}")
+    return table
+
+
+@click.command("generate")
+@click.option("--pipeline", "pipeline_dir", type=click.Path(path_type=Path), required=True,
+              help="Local diffusers pipeline folder (model_index.json); never fetched from a hub.")
+@click.option("--attn", type=click.Choice(ATTENTION_CHOICES), default=None,
+              help="bf16: the pipeline's own attention. fp8: our FP8 kernel patched in (sm_89+ GPUs). "
+                   "Default bf16, or fp8 with --compare.")
+@click.option("--compare", type=click.Choice(["bf16"]), default=None,
+              help="Also run the same seed with bf16 attention; report per-frame PSNR/SSIM and the speed-up.")
+@click.option("--prompt", default=DEFAULT_PROMPT, show_default=True)
+@click.option("--frames", type=int, default=None, help="Frames (default: the pipeline's, or a tiny pipeline's own).")
+@click.option("--height", type=int, default=None)
+@click.option("--width", type=int, default=None)
+@click.option("--steps", type=int, default=None, help="Denoising steps (default: the pipeline's).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--guidance", type=float, default=None, help="Guidance scale (default: the pipeline's).")
+@click.option("--device", "device_name", default=None, help="cuda, cuda:1 or cpu (default: cuda when present).")
+@click.option("--dtype", "dtype_name", default=None, help="bf16, fp16 or fp32 (default bf16 on a GPU, fp32 on the CPU).")
+@click.option("--warmup/--no-warmup", default=True, show_default=True,
+              help="An untimed 1-step call per attention first (kernel compiles stay out of the timings).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run folder (default outputs/generate_<pipeline>_<time>/).")
+def generate(pipeline_dir, attn, compare, prompt, frames, height, width, steps, seed, guidance, device_name,
+             dtype_name, warmup, out):
+    """Run a whole diffusers pipeline from a local folder: stage timings, the video (MP4), report.json."""
+    attention = attn or ("fp8" if compare else "bf16")
+    if compare and attention == compare:
+        raise UserError(f"--compare {compare} compares another attention against {compare}; pass --attn fp8")
+    folder = inspect_pipeline_folder(pipeline_dir)
+    suggested = read_run_defaults(pipeline_dir)
+    request = Request(prompt=prompt, frames=frames or suggested.get("frames"),
+                      height=height or suggested.get("height"), width=width or suggested.get("width"),
+                      steps=steps or suggested.get("steps") or 50, seed=seed,
+                      guidance=guidance if guidance is not None else suggested.get("guidance"))
+    for name, value in (("--frames", request.frames), ("--height", request.height), ("--width", request.width),
+                        ("--steps", request.steps)):
+        if value is not None and value < 1:
+            raise UserError(f"{name} must be at least 1, got {value}")
+    device = pick_device(device_name)
+    dtype = parse_dtype(dtype_name or ("bf16" if device.type == "cuda" else "fp32"))
+    for name in {attention, compare} - {None}:
+        check_attention(name, device)
+
+    final_dir = out or DEFAULT_OUTPUT_ROOT / default_run_name("generate", folder.name)
+    try:
+        with staged_run_dir(final_dir) as run_dir:
+            report = _generate(folder, request, device, dtype, attention, compare, warmup, run_dir)
+    except torch.OutOfMemoryError as exc:
+        raise UserError(f"the pipeline in {folder.path} does not fit in this GPU's memory at "
+                        f"{request.frames} frames of {request.height}x{request.width}; lower them") from exc
+    console.print(f"\nwrote {final_dir}/: {', '.join(report['files'])}")
+    return report
+
+
+def _generate(folder, request: Request, device, dtype, attention, compare, warmup, run_dir: Path) -> dict:
+    with console.status(f"loading {folder.class_name} from {folder.path}"):
+        pipe = load_pipeline(folder, device=device, dtype=dtype)
+    order = [compare, attention] if compare else [attention]  # the reference first
+    runs = [_run(pipe, request, device, name, warmup) for name in order]
+
+    files: list[str] = []
+    videos = []
+    for run in runs:
+        name = "video.mp4" if len(runs) == 1 else f"video_{run.attention}.mp4"
+        videos.append(write_mp4(run_dir / name, run.frames, run.fps))
+        files.append(name)
+        if run.audio is not None:
+            wav = "audio.wav" if len(runs) == 1 else f"audio_{run.attention}.wav"
+            videos[-1]["audio"] = write_wav(run_dir / wav, run.audio, run.audio_sample_rate)
+            files.append(wav)
+
+    info = DeviceInfo.of(device)
+    header = {"pipeline": f"{folder.class_name} from {folder.path}",
+              "device": info.name + (f" (sm_{info.capability.replace('.', '')})" if info.capability else ""),
+              "dtype": str(dtype).replace("torch.", ""),
+              "video": f"{runs[0].frames.shape[0]} frames of {runs[0].frames.shape[2]}x{runs[0].frames.shape[1]} "
+                       f"at {runs[0].fps:g} fps, {request.steps} steps, seed {request.seed}"}
+    if device.type == "cpu":
+        header["NOTE"] = "CPU run: the timings say nothing about a GPU"
+    for key, value in header.items():
+        console.print(f"[bold]{key}:[/bold] {value}", style="red" if key == "NOTE" else None)
+    console.print(_stage_table(runs))
+    for run in runs:
+        if run.attention_summary:
+            console.print(f"{run.attention} attention patch: {run.attention_summary}")
+
+    comparison = None
+    if compare:
+        reference, candidate = runs
+        quality = compare_videos(candidate.frames, reference.frames)
+        comparison = {"reference": reference.attention, "candidate": candidate.attention, **quality,
+                      "denoise_speedup": reference.times.denoise_ms / candidate.times.denoise_ms,
+                      "total_speedup": reference.times.total_ms / candidate.times.total_ms}
+        console.print(_quality_table(quality, reference.attention, candidate.attention))
+        console.print(f"speed-up of {candidate.attention} over {reference.attention}: denoising "
+                      f"{comparison['denoise_speedup']:.2f}x, whole call {comparison['total_speedup']:.2f}x")
+
+    report = {"dit_accel_version": __version__, "command": " ".join(["dit-accel", *sys.argv[1:]]),
+              "run_kind": "gpu" if device.type == "cuda" else "cpu", "header": header,
+              "pipeline": {"class": folder.class_name, "path": str(folder.path), "modular": folder.modular,
+                           "components": {k: list(v) for k, v in folder.components.items()}},
+              "device": info.as_dict(), "dtype": header["dtype"], "request": request.as_dict(),
+              "warmup": warmup, "runs": [run.as_dict() for run in runs], "outputs": videos,
+              "comparison": comparison, "files": [*files, "report.json"]}
+    write_json(run_dir / "report.json", report)
+    return report

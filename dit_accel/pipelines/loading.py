@@ -1,0 +1,115 @@
+"""Opening a diffusers pipeline folder from the local disk only, with one-line errors for bad folders.
+
+Two kinds of folder: a `DiffusionPipeline` (model_index.json `_class_name` a pipeline class of
+diffusers, e.g. WanPipeline) and a modular pipeline (MiniMax-H3: `_class_name` ends in
+`ModularPipeline`, or a `_blocks_class_name` is present). Everything is checked before a weight
+is read: the folder, model_index.json, the class, and one sub-folder per component it lists.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+
+MODEL_INDEX = "model_index.json"
+
+
+@dataclass(frozen=True)
+class PipelineFolder:
+    path: Path
+    class_name: str
+    modular: bool
+    components: dict[str, tuple[str, str]]  # name -> (library, class) for every component with weights or config
+
+    @property
+    def name(self) -> str:
+        """A short tag for run folders: the class without 'Pipeline' (`Wan`, `MiniMaxH3`)."""
+        tag = self.class_name.replace("ModularPipeline", "").replace("Pipeline", "")
+        return (tag or self.path.name).lower()
+
+
+def inspect_pipeline_folder(path: Path) -> PipelineFolder:
+    """Check a pipeline folder without loading anything; UserError with what to do when it is not one."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"pipeline folder {path} does not exist; make one with `dit-accel make-tiny-pipeline wan {path}`")
+    if not path.is_dir():
+        raise UserError(f"--pipeline {path} is a file; pass the folder that holds model_index.json")
+    index_path = path / MODEL_INDEX
+    if not index_path.is_file():
+        raise UserError(f"{path} has no {MODEL_INDEX}, so it is not a diffusers pipeline folder; "
+                        f"pass the folder save_pretrained wrote")
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {index_path} ({exc}); re-save the pipeline") from exc
+    class_name = index.get("_class_name") if isinstance(index, dict) else None
+    if not isinstance(class_name, str):
+        raise UserError(f"{index_path} names no pipeline class (_class_name); re-save the pipeline")
+    modular = class_name.endswith("ModularPipeline") or "_blocks_class_name" in index
+    import diffusers
+
+    if not hasattr(diffusers, class_name):
+        raise UserError(f"{path}: pipeline class {class_name} is not in diffusers {diffusers.__version__}; "
+                        f"upgrade diffusers or pass another folder")
+    components: dict[str, tuple[str, str]] = {}
+    for name, value in index.items():
+        if name.startswith("_") or not isinstance(value, list) or len(value) < 2:
+            continue
+        library, cls = value[0], value[1]
+        if library is None or cls is None:  # an optional component left empty (Wan's transformer_2)
+            continue
+        components[name] = (library, cls)
+    missing = [name for name in components if not (path / name).is_dir()]
+    if modular:
+        # A modular index may name components of workflows this folder does not hold; those that are present
+        # must be complete, and at least the ones every workflow needs must be there.
+        missing = [name for name in missing if name in _MODULAR_REQUIRED.get(class_name, ())]
+    if missing:
+        raise UserError(f"{path} lacks the component folder(s) {', '.join(missing)} that {MODEL_INDEX} lists; "
+                        f"copy them in or re-save the pipeline")
+    return PipelineFolder(path, class_name, modular, components)
+
+
+# Components a modular pipeline cannot run without (its optional ones, e.g. H3's transformer_ref, may be absent).
+_MODULAR_REQUIRED = {
+    "MiniMaxH3ModularPipeline": ("text_encoder", "tokenizer", "vae", "audio_vae", "transformer", "scheduler",
+                                 "audio_scheduler"),
+}
+
+
+def quiet_library_progress() -> None:
+    """Silence diffusers' and transformers' own loading/saving bars; generate draws its own."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
+
+
+def load_pipeline(folder: PipelineFolder, *, device: torch.device, dtype: torch.dtype):
+    """The pipeline on `device` in `dtype`, read from the local folder only (never a hub)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    quiet_library_progress()
+    try:
+        if folder.modular:
+            from diffusers import ModularPipeline
+
+            pipe = ModularPipeline.from_pretrained(str(folder.path))
+            pipe.load_components(dtype=dtype)
+        else:
+            from diffusers import DiffusionPipeline
+
+            pipe = DiffusionPipeline.from_pretrained(str(folder.path), dtype=dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"cannot load the pipeline in {folder.path}: {first_line}") from exc
+    pipe.to(device)
+    if hasattr(pipe, "set_progress_bar_config"):
+        pipe.set_progress_bar_config(disable=True)  # generate draws its own bar over the steps
+    return pipe

@@ -1,0 +1,62 @@
+"""Writing what a pipeline returns: frames as an H.264 MP4 (imageio + its bundled ffmpeg), audio as WAV."""
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+
+
+def to_uint8_frames(frames) -> np.ndarray:
+    """[F, H, W, 3] uint8 from float frames in [0, 1] (values outside are clipped)."""
+    array = np.asarray(frames)
+    if array.ndim == 5 and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim != 4 or array.shape[-1] not in (1, 3):
+        raise ValueError(f"expected frames [F, H, W, 3], got shape {array.shape}")
+    if array.dtype != np.uint8:
+        array = (np.clip(array.astype(np.float32), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    if array.shape[-1] == 1:
+        array = np.repeat(array, 3, axis=-1)
+    return array
+
+
+def write_mp4(path: Path, frames, fps: float) -> dict:
+    """H.264 (yuv420p) MP4 that common players open; returns its frame count, size and bytes.
+
+    Frame sizes must be even (yuv420p halves chroma); pipelines produce multiples of 16 or 32.
+    """
+    try:
+        import imageio.v2 as imageio
+    except ImportError as exc:
+        raise UserError("writing MP4 needs imageio and imageio-ffmpeg: pip install 'dit-accel[generate]'") from exc
+    array = to_uint8_frames(frames)
+    if array.shape[1] % 2 or array.shape[2] % 2:
+        raise UserError(f"frames of {array.shape[2]}x{array.shape[1]} cannot be written as H.264; use even sizes")
+    with imageio.get_writer(str(path), format="FFMPEG", mode="I", fps=fps, codec="libx264", quality=8,
+                            pixelformat="yuv420p", macro_block_size=1, ffmpeg_log_level="error") as writer:
+        for frame in array:
+            writer.append_data(frame)
+    return {"file": path.name, "frames": int(array.shape[0]), "height": int(array.shape[1]),
+            "width": int(array.shape[2]), "fps": fps, "bytes": path.stat().st_size}
+
+
+def write_wav(path: Path, audio, sample_rate: int) -> dict:
+    """16-bit PCM WAV from float samples in [-1, 1], laid out [samples], [channels, samples] or [samples, channels]."""
+    array = np.asarray(audio, dtype=np.float32)
+    while array.ndim > 2 and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim == 1:
+        array = array[:, None]
+    elif array.shape[0] < array.shape[1]:  # [channels, samples]
+        array = array.T
+    pcm = (np.clip(array, -1.0, 1.0) * 32767.0).round().astype("<i2")
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(pcm.shape[1])
+        out.setsampwidth(2)
+        out.setframerate(int(sample_rate))
+        out.writeframes(pcm.tobytes())
+    return {"file": path.name, "channels": int(pcm.shape[1]), "samples": int(pcm.shape[0]),
+            "sample_rate": int(sample_rate), "seconds": pcm.shape[0] / sample_rate}

@@ -1,0 +1,164 @@
+"""`make-tiny-pipeline` and `generate` end to end on the CPU, through the CLI: a tiny random Wan
+pipeline built offline, its video read back, the report, the --compare path and the one-line errors."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import imageio.v2 as imageio
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dit_accel.cli import main
+from dit_accel.pipelines.tiny_wan import DEFAULTS as WAN_DEFAULTS
+
+requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_wan(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("pipelines") / "wan"
+    result = _invoke("make-tiny-pipeline", "wan", str(folder))
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+def _read_video(path: Path) -> list:
+    reader = imageio.get_reader(str(path))
+    try:
+        return [frame for frame in reader]
+    finally:
+        reader.close()
+
+
+def test_tiny_wan_folder_is_a_diffusers_pipeline(tiny_wan):
+    index = json.loads((tiny_wan / "model_index.json").read_text())
+    assert index["_class_name"] == "WanPipeline"
+    for component in ("transformer", "vae", "text_encoder", "tokenizer", "scheduler"):
+        assert (tiny_wan / component).is_dir()
+    assert json.loads((tiny_wan / "dit_accel.json").read_text())["frames"] == WAN_DEFAULTS["frames"]
+
+
+def test_generate_writes_a_playable_video_and_a_report(tiny_wan, tmp_path):
+    out = tmp_path / "run"
+    result = _invoke("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--prompt", "a cat at night",
+                     "--seed", "3")
+    assert result.exit_code == 0, result.output
+    assert "Stage times" in result.output and "VAE decode" in result.output
+    frames = _read_video(out / "video.mp4")
+    assert len(frames) == WAN_DEFAULTS["frames"]
+    assert frames[0].shape == (WAN_DEFAULTS["height"], WAN_DEFAULTS["width"], 3)
+    report = json.loads((out / "report.json").read_text())
+    stages = report["runs"][0]["stages"]
+    assert len(stages["step_ms"]) == WAN_DEFAULTS["steps"]
+    assert stages["transformer_calls_per_step"] == [2] * WAN_DEFAULTS["steps"]  # guidance: 2 passes a step
+    assert stages["text_encoding_ms"] > 0 and stages["vae_decode_ms"] > 0
+    assert all(ms > 0 for ms in stages["step_ms"])
+    assert stages["denoise_ms"] + stages["text_encoding_ms"] + stages["vae_decode_ms"] <= stages["total_ms"]
+    assert report["request"]["seed"] == 3 and report["comparison"] is None
+    assert report["outputs"][0]["frames"] == WAN_DEFAULTS["frames"]
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "video.mp4"]
+
+
+def test_options_override_the_tiny_defaults(tiny_wan, tmp_path):
+    out = tmp_path / "run"
+    result = _invoke("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--frames", "5", "--height", "32",
+                     "--width", "48", "--steps", "2", "--guidance", "1.0", "--no-warmup")
+    assert result.exit_code == 0, result.output
+    frames = _read_video(out / "video.mp4")
+    assert len(frames) == 5 and frames[0].shape == (32, 48, 3)
+    stages = json.loads((out / "report.json").read_text())["runs"][0]["stages"]
+    assert stages["transformer_calls_per_step"] == [1, 1]  # guidance 1: no unconditional pass
+
+
+def test_compare_reports_quality_and_speedup(tiny_wan, tmp_path, monkeypatch):
+    """The FP8 kernel needs a GPU; here `fp8` is served by torch's math SDPA through the real patching
+    seam, which exercises the whole --compare path (two runs, same seed, PSNR/SSIM, speed-up)."""
+    import dit_accel.patching as patching
+    from dit_accel.commands import generate as generate_command
+
+    real_patch = patching.patch_attention
+    monkeypatch.setattr(generate_command, "check_attention", lambda attention, device: None)
+    monkeypatch.setattr(patching, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "math", **kw))
+    out = tmp_path / "run"
+    result = _invoke("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--compare", "bf16", "--no-warmup")
+    assert result.exit_code == 0, result.output
+    assert "PSNR" in result.output and "speed-up" in result.output
+    report = json.loads((out / "report.json").read_text())
+    assert [run["attention"] for run in report["runs"]] == ["bf16", "fp8"]
+    comparison = report["comparison"]
+    assert len(comparison["psnr_db_per_frame"]) == len(comparison["ssim_per_frame"]) == WAN_DEFAULTS["frames"]
+    # Same seed, attention that differs only in rounding: nearly the same video.
+    assert comparison["ssim_min"] > 0.9
+    assert comparison["psnr_db_min"] is None or comparison["psnr_db_min"] > 30  # None: identical (inf)
+    assert comparison["denoise_speedup"] > 0
+    for name in ("video_bf16.mp4", "video_fp8.mp4"):
+        assert len(_read_video(out / name)) == WAN_DEFAULTS["frames"]
+
+
+def test_fp8_on_the_cpu_is_one_line_and_writes_nothing(tiny_wan, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    out = tmp_path / "outputs" / "run"
+    result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--out", str(out), "--attn", "fp8",
+                                       "--device", "cpu"])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: --attn fp8 cannot run here") and result.output.count("\n") == 1
+    assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
+def _broken_copies(tiny_wan: Path, root: Path) -> dict[str, tuple[Path, str]]:
+    """Bad pipeline folders and the words their error must contain."""
+    no_index = root / "no_index"
+    shutil.copytree(tiny_wan, no_index)
+    (no_index / "model_index.json").unlink()
+    unknown = root / "unknown_class"
+    shutil.copytree(tiny_wan, unknown)
+    index = json.loads((unknown / "model_index.json").read_text())
+    (unknown / "model_index.json").write_text(json.dumps({**index, "_class_name": "NoSuchPipeline"}))
+    no_vae = root / "no_vae"
+    shutil.copytree(tiny_wan, no_vae)
+    shutil.rmtree(no_vae / "vae")
+    a_file = root / "a_file"
+    a_file.write_text("not a folder")
+    return {"missing": (root / "does_not_exist", "does not exist"), "no index": (no_index, "no model_index.json"),
+            "unknown class": (unknown, "NoSuchPipeline"), "missing component": (no_vae, "lacks the component folder(s) vae"),
+            "a file": (a_file, "is a file")}
+
+
+def test_bad_pipeline_folders_are_one_line_errors(tiny_wan, tmp_path):
+    out_root = tmp_path / "outputs"
+    for case, (folder, words) in _broken_copies(tiny_wan, tmp_path / "bad").items():
+        result = CliRunner().invoke(main, ["generate", "--pipeline", str(folder), "--out", str(out_root / "run")])
+        assert result.exit_code == 2, (case, result.output)
+        assert result.output.startswith("error: ") and words in result.output, (case, result.output)
+        assert result.output.count("\n") == 1, (case, result.output)
+    assert not out_root.exists()
+
+
+def test_make_tiny_pipeline_refuses_a_non_empty_folder(tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("x")
+    result = CliRunner().invoke(main, ["make-tiny-pipeline", "wan", str(tmp_path / "taken")])
+    assert result.exit_code == 2 and "not an empty folder" in result.output
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_generate_on_the_gpu_in_bf16_and_fp8(tiny_wan, tmp_path):
+    """On an sm_89+ GPU: the tiny pipeline in bf16 against fp8 attention (the real kernel)."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("the FP8 kernel needs sm_89 or newer")
+    out = tmp_path / "run"
+    result = _invoke("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--compare", "bf16",
+                     "--device", "cuda", "--dtype", "bf16")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["run_kind"] == "gpu"
+    assert report["comparison"]["ssim_mean"] > 0.5
