@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from ..report_io import console, write_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
 
 DEFAULT_PROMPT = "a red fox running through fresh snow at sunset, wide shot"
+MAX_STEPS_LISTED = 12  # step rows printed in full; more are summarised
 MAX_FRAMES_LISTED = 32  # per-frame quality rows printed; report.json has them all
 
 
@@ -78,8 +80,20 @@ def _stage_table(runs: list[RunResult]) -> Table:
 
     times = [run.times for run in runs]
     row("text encoding", [t.text_encoding_ms for t in times])
-    for i in range(max(len(t.step_ms) for t in times)):
-        row(f"  step {i + 1}", [t.step_ms[i] if i < len(t.step_ms) else None for t in times])
+    n_steps = max(len(t.step_ms) for t in times)
+
+    def step(t, i):
+        return t.step_ms[i] if i < len(t.step_ms) else None
+
+    if n_steps <= MAX_STEPS_LISTED:
+        for i in range(n_steps):
+            row(f"  step {i + 1}", [step(t, i) for t in times])
+    else:  # first two, the median of the middle, the last; report.json has every step
+        row("  step 1", [step(t, 0) for t in times])
+        row("  step 2", [step(t, 1) for t in times])
+        row(f"  steps 3-{n_steps - 1} (median)", [statistics.median(t.step_ms[2:-1]) if len(t.step_ms) > 3 else None
+                                                   for t in times])
+        row(f"  step {n_steps}", [step(t, n_steps - 1) for t in times])
     row("denoising (all steps)", [t.denoise_ms for t in times])
     row("VAE decode", [t.vae_decode_ms for t in times])
     if any(t.audio_decode_ms is not None for t in times):
