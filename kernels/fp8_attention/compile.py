@@ -8,6 +8,8 @@ import torch
 
 from .kernel_mma_sync import Fp8AttentionMmaSync
 
+KERNELS = ("mma_sync", "sm90")
+
 TORCH_TO_CUTLASS = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32",
                     torch.float8_e4m3fn: "Float8E4M3FN"}
 
@@ -43,8 +45,22 @@ def cute_arguments(q, k, v, descale, out, lse, softmax_scale: float, seqlen_kv: 
     )
 
 
-def compile_fp8_attention(head_dim: int, out_dtype: torch.dtype, with_lse: bool):
-    """Returns the compiled callable; call it with `cute_arguments(...)`."""
+def make_kernel(kernel: str, head_dim: int, **options):
+    """The kernel object for a variant name: "mma_sync" (v1, sm_89+) or "sm90" (wgmma, sm_90a)."""
+    if kernel == "mma_sync":
+        return Fp8AttentionMmaSync(head_dim)
+    if kernel == "sm90":
+        from .kernel_sm90 import Fp8AttentionSm90
+
+        return Fp8AttentionSm90(head_dim, **options)
+    raise ValueError(f"unknown fp8 attention kernel {kernel!r}; one of {KERNELS}")
+
+
+def compile_fp8_attention(head_dim: int, out_dtype: torch.dtype, with_lse: bool,
+                          kernel: str = "mma_sync", **options):
+    """Returns the compiled callable; call it with `cute_arguments(...)`. Both kernels take the
+    same arguments (prep's packed tensors); options go to the kernel class (sm90: tile_n,
+    num_stages)."""
     import cutlass.cute as cute
 
     import cuda.bindings.driver as cuda
@@ -58,4 +74,4 @@ def compile_fp8_attention(head_dim: int, out_dtype: torch.dtype, with_lse: bool)
         fake_tensor(torch.float32, 3) if with_lse else None,  # lse [B, H, Sq]
         cutlass.Float32(1.0), cutlass.Int32(1), cuda.CUstream(0),
     )
-    return cute.compile(Fp8AttentionMmaSync(head_dim), *args)
+    return cute.compile(make_kernel(kernel, head_dim, **options), *args)

@@ -31,11 +31,14 @@ def reference_lse(q, k, scale=None):
     return torch.logsumexp(logits, dim=-1)
 
 
-def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_lse=False, rows=None):
+def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_lse=False, rows=None,
+                          block_keys=KEYS, reverse=False):
     """[B, S, H, D] -> [B, Sq, H, D] in out_dtype (and LSE [B, H, Sq] float64).
 
     rows: emulate only these query rows (quantized with the scales of the whole of q); rows
-    are independent, so this is exact and makes long sequences affordable."""
+    are independent, so this is exact and makes long sequences affordable.
+    block_keys, reverse: the key blocks the running max is taken over and their order (v1:
+    32-key strips first to last; the sm90 kernel: tile_n-key blocks last to first)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     b, sq, h, d = q.shape
     amax = torch.stack([head_amax(x) for x in (q, k, v)])
@@ -53,14 +56,15 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
     row_max = torch.full((b, h, sq, 1), -math.inf, dtype=torch.float64, device=q.device)
     row_sum = torch.zeros_like(row_max)
     acc = torch.zeros(b, h, sq, d, dtype=torch.float64, device=q.device)
-    for start in range(0, k.shape[1], KEYS):
-        strip = logits[..., start:start + KEYS]
+    starts = list(range(0, k.shape[1], block_keys))
+    for start in reversed(starts) if reverse else starts:
+        strip = logits[..., start:start + block_keys]
         new_max = torch.maximum(row_max, strip.amax(-1, keepdim=True))
         rescale = torch.exp2(row_max - new_max)
         p = torch.exp2(strip - new_max)
         row_sum = row_sum * rescale + p.sum(-1, keepdim=True)
         p_codes = (p.float() * P_SCALE).to(FP8).double()
-        acc = acc * rescale + p_codes @ vc[..., start:start + KEYS, :]
+        acc = acc * rescale + p_codes @ vc[..., start:start + block_keys, :]
         row_max = new_max
     out = acc * (per_head(descale[2]) / P_SCALE) / row_sum
     out = out.transpose(1, 2).to(out_dtype)

@@ -4,6 +4,10 @@
     out, lse = fp8_attention(q, k, v, return_lse=True)
     packed = prep_fp8_attention(q, k, v)              # prep alone (quantize + pack)
     out = fp8_attention_packed(packed, out_dtype=q.dtype)  # kernel alone
+    out = fp8_attention(q, k, v, kernel="mma_sync")   # force v1 (comparison); default "auto"
+
+Kernel choice ("auto"): sm_90 -> `kernel_sm90` (TMA + FP8 wgmma, warp-specialized); sm_89 and
+sm_120 -> v1 `kernel_mma_sync`. Both read the same prep output.
 
 Inputs may be non-contiguous [B, S, H, D] views as long as the head dim is contiguous
 (stride 1): prep reads them through their strides. The output is a fresh contiguous
@@ -61,20 +65,39 @@ def prep_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, use
     return (prep_triton if use_triton else prep_reference)(q, k, v)
 
 
-def _plan(head_dim: int, out_dtype: torch.dtype, with_lse: bool, device: torch.device):
+KERNELS = ("auto", "mma_sync", "sm90")
+
+
+def _kernel_for(kernel: str, capability: tuple[int, int]) -> str:
+    """Resolves "auto": the wgmma kernel on sm_90 (it needs sm_90a), v1 everywhere else."""
+    if kernel not in KERNELS:
+        raise Fp8AttentionUnsupported(f"fp8_attention: kernel={kernel!r}; use one of {KERNELS}")
+    if kernel == "auto":
+        return "sm90" if capability == (9, 0) else "mma_sync"
+    if kernel == "sm90" and capability != (9, 0):
+        raise Fp8AttentionUnsupported(
+            f"fp8_attention: kernel='sm90' needs sm_90 (wgmma), this is sm_{capability[0]}{capability[1]}")
+    return kernel
+
+
+def _plan(head_dim: int, out_dtype: torch.dtype, with_lse: bool, device: torch.device,
+          kernel: str = "auto"):
     """Compiled kernel for this plan key; sequence lengths, batch and heads are dynamic."""
-    key = (head_dim, out_dtype, with_lse, torch.cuda.get_device_capability(device))
+    capability = torch.cuda.get_device_capability(device)
+    kernel = _kernel_for(kernel, capability)
+    key = (head_dim, out_dtype, with_lse, capability, kernel)
     if key not in _plans:
         from .compile import compile_fp8_attention
 
-        _plans[key] = compile_fp8_attention(head_dim, out_dtype, with_lse)
+        _plans[key] = compile_fp8_attention(head_dim, out_dtype, with_lse, kernel=kernel)
     return _plans[key]
 
 
 def fp8_attention_packed(packed: PackedQKV, *, out_dtype: torch.dtype = torch.bfloat16,
                          scale: float | None = None, return_lse: bool = False,
-                         out: torch.Tensor | None = None):
-    """Kernel alone on prep's output. Returns out [B, Sq, H, D] (and lse [B, H, Sq] fp32)."""
+                         out: torch.Tensor | None = None, kernel: str = "auto"):
+    """Kernel alone on prep's output. Returns out [B, Sq, H, D] (and lse [B, H, Sq] fp32).
+    kernel: "auto" (sm_90: wgmma kernel, else v1), "mma_sync" (v1) or "sm90"."""
     from .compile import cute_arguments
 
     b, h, sq, d = packed.batch, packed.heads, packed.seqlen_q, packed.head_dim
@@ -85,19 +108,20 @@ def fp8_attention_packed(packed: PackedQKV, *, out_dtype: torch.dtype = torch.bf
         raise Fp8AttentionUnsupported(f"fp8_attention: out must be contiguous {out_dtype} {(b, sq, h, d)}")
     lse = torch.empty(b, h, sq, dtype=torch.float32, device=device) if return_lse else None
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    kernel = _plan(d, out_dtype, return_lse, device)
+    compiled = _plan(d, out_dtype, return_lse, device, kernel)
     stream = torch.cuda.current_stream(device).cuda_stream
-    kernel(*cute_arguments(packed.q, packed.k, packed.v, packed.descale, out, lse, scale,
+    compiled(*cute_arguments(packed.q, packed.k, packed.v, packed.descale, out, lse, scale,
                            packed.seqlen_kv, stream))
     return (out, lse) if return_lse else out
 
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
-                  return_lse: bool = False):
+                  return_lse: bool = False, kernel: str = "auto"):
     """softmax(q k^T * scale) v with FP8 (e4m3) Q, K, V, P; q, k, v [B, S, H, D] on CUDA.
 
     scale defaults to 1/sqrt(D). Raises Fp8AttentionUnsupported for inputs it cannot take and
     prep.Fp8AttentionNonFinite for inf/NaN inputs.
     """
     packed = prep_fp8_attention(q, k, v)
-    return fp8_attention_packed(packed, out_dtype=q.dtype, scale=scale, return_lse=return_lse)
+    return fp8_attention_packed(packed, out_dtype=q.dtype, scale=scale, return_lse=return_lse,
+                                kernel=kernel)

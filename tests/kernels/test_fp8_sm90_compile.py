@@ -1,0 +1,53 @@
+"""Compiles the Hopper FP8 attention kernel (kernel_sm90) for sm_90a on the CPU.
+
+One subprocess, because CuTe DSL reads CUTE_DSL_ARCH when it initialises. Counts the wgmma
+instructions in the PTX: per key block, S = Q K^T is D/32 m64nNk32 wgmmas and P.V is N/32
+m64nDk32 wgmmas (RS: P from registers); the first block and the steady-state loop body each
+hold one S, and the loop body and the last block each hold one P.V.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+COMPILE = r"""
+import glob, json, os, torch
+from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
+dump = os.environ["CUTE_DSL_DUMP_DIR"]
+done = []
+for head_dim, with_lse, tile_n, two_level in [(64, False, 128, True), (128, True, 128, True),
+                                              (128, False, 128, False)]:
+    for f in glob.glob(os.path.join(dump, "*.ptx")):
+        os.remove(f)
+    compile_fp8_attention(head_dim, torch.bfloat16, with_lse, kernel="sm90", tile_n=tile_n,
+                          two_level_pv=two_level)
+    ptx = open(glob.glob(os.path.join(dump, "*.ptx"))[0]).read()
+    done.append({"head_dim": head_dim, "tile_n": tile_n,
+                 "qk": ptx.count(f"wgmma.mma_async.sync.aligned.m64n{tile_n}k32.f32.e4m3.e4m3"),
+                 "pv": ptx.count(f"wgmma.mma_async.sync.aligned.m64n{head_dim}k32.f32.e4m3.e4m3"),
+                 "tma": ptx.count("cp.async.bulk.tensor"), "setmaxnreg": ptx.count("setmaxnreg"),
+                 "cvt_e4m3x2": ptx.count("cvt.rn.satfinite.e4m3x2.f32")})
+print(json.dumps(done))
+"""
+
+
+def test_sm90_compiles(tmp_path):
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    variants = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(variants) == 3
+    for v in variants:
+        d, n = v["head_dim"], v["tile_n"]
+        if d == n:  # QK^T and P.V wgmmas have the same shape
+            assert v["qk"] == 2 * d // 32 + 2 * n // 32, v
+        else:
+            assert v["qk"] == 2 * d // 32 and v["pv"] == 2 * n // 32, v
+        assert v["tma"] >= 3 and v["setmaxnreg"] == 2, v
+        # P: N/32 k-blocks x 8 pairs per thread, in the first block and in the loop body
+        assert v["cvt_e4m3x2"] == 2 * (n // 32) * 8, v
