@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install the package, then check and time everything that needs the GPU.
-#   bash scripts/gpu_session.sh [STEP ...]     steps: env fp8 profile budget compare bench tests (default: all)
+#   bash scripts/gpu_session.sh [STEP ...]     steps: env fp8 profile budget compare bench tests sweep
+#                                              sanitize (default: all)
 # Results go under $OUT (or ./gpu-results): one log per step and one archive, because the device
 # tool brings back at most 8 files.
 set -uo pipefail
@@ -8,7 +9,7 @@ out=${OUT:-gpu-results}
 work=/tmp/dit-accel-gpu
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$work/cache
-steps=${*:-env fp8 profile budget compare bench tests}
+steps=${*:-env fp8 profile budget compare bench tests sweep sanitize}
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $work/NAME.log, report the status
   local name=$1 limit=$2; shift 2
@@ -24,9 +25,14 @@ step env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton, cutlass, diff
 step fp8 300 python3 scripts/check_fp8_attention.py --out "$work/fp8" --budget-s 240
 step profile 240 python3 -m dit_accel profile-block --validate 50 --out "$work/profile"
 step budget 120 python3 -m dit_accel profile-block --memory-budget 16GiB --runs 5 --out "$work/budget16"
-step compare 200 python3 -m dit_accel profile-block --compare-attn native,cudnn,fa4,fp8 --out "$work/compare"
+step compare 200 python3 -m dit_accel profile-block --compare-attn cudnn,fa4,fp8,fp8-v1 --out "$work/compare"
 step bench 240 python3 -m dit_accel bench-attention --out "$work/bench"
-step tests 240 python3 -m pytest tests -q -m gpu -x -p no:cacheprovider
+step tests 240 python3 -m pytest tests -q -m gpu -p no:cacheprovider
+sweep_shapes=$(for d in 128 64; do for s in 4096 8192 16384 30272 37710 75600; do printf '1x56x%sx%s,' $s $d; done; done)
+step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}" --backends cudnn,fa4,fp8,cudnn-fp8 \
+  --out "$work/sweep"
+step sanitize 240 bash -c "compute-sanitizer --tool racecheck python3 scripts/check_fp8_sm90.py --sanitize --out $work/race \
+  && compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/check_fp8_sm90.py --sanitize --out $work/mem"
 
 tar czf "$out/results.tgz" -C "$work" --exclude='cache' --exclude='*.json.gz' .
 cat "$work/steps.txt"

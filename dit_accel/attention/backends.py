@@ -160,12 +160,13 @@ def _fp8_cannot_serve():
         raise BackendCannotServe(str(exc)) from exc
 
 
-def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, *,
+             kernel: str = "auto") -> torch.Tensor:
     """dit_accel.kernels.fp8_attention.fp8_attention: prep (quantize + pack) and kernel."""
     from ..kernels.fp8_attention import fp8_attention
 
     with _fp8_cannot_serve():
-        return fp8_attention(q, k, v, scale=scale)
+        return fp8_attention(q, k, v, scale=scale, kernel=kernel)
 
 
 @dataclass(frozen=True)
@@ -175,20 +176,35 @@ class Fp8Prepared:
     packed: Any
     out_dtype: torch.dtype
     scale: float | None
+    kernel: str
 
 
-def _fp8_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> Fp8Prepared:
+def _fp8_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, *,
+                 kernel: str = "auto") -> Fp8Prepared:
     from ..kernels.fp8_attention import prep_fp8_attention
 
     with _fp8_cannot_serve():
-        return Fp8Prepared(prep_fp8_attention(q, k, v), q.dtype, scale)
+        return Fp8Prepared(prep_fp8_attention(q, k, v), q.dtype, scale, kernel)
 
 
 def _fp8_kernel(prepared: Fp8Prepared) -> torch.Tensor:
     from ..kernels.fp8_attention import fp8_attention_packed
 
     with _fp8_cannot_serve():
-        return fp8_attention_packed(prepared.packed, out_dtype=prepared.out_dtype, scale=prepared.scale)
+        return fp8_attention_packed(prepared.packed, out_dtype=prepared.out_dtype, scale=prepared.scale,
+                                    kernel=prepared.kernel)
+
+
+def _fp8_backend(name: str, kernel: str, description: str) -> "AttentionBackend":
+    """Our FP8 kernel as a backend; `kernel` as fp8_attention takes it ("auto", "mma_sync", "sm90")."""
+    return AttentionBackend(
+        name, description, functools.partial(_fp8_run, kernel=kernel),
+        _requirements(_needs_cuda((8, 9), "the FP8 kernel"),
+                      _needs_module("dit_accel.kernels.fp8_attention", "pip install -e .[kernels]"),
+                      _needs_module("cutlass.cute", "pip install nvidia-cutlass-dsl")),
+        routed=True,
+        phases=TwoPhases(prepare=functools.partial(_fp8_prepare, kernel=kernel), kernel=_fp8_kernel),
+        capture_safe=False)  # prep reads its amax vector on the host to reject inf/NaN
 
 
 # --- cuDNN FP8 through the cudnn frontend (benchmark only) --------------------------------------
@@ -324,15 +340,8 @@ BACKENDS: dict[str, AttentionBackend] = {
             _requirements(_needs_cuda((9, 0), "fa4"),
                           _needs_module("flash_attn.cute", "pip install flash-attn-4")),
             routed=True),
-        AttentionBackend(
-            "fp8", "ours: CuTe DSL FP8 attention (dit_accel.kernels.fp8_attention), prep included",
-            _fp8_run,
-            _requirements(_needs_cuda((8, 9), "the FP8 kernel"),
-                          _needs_module("dit_accel.kernels.fp8_attention", "pip install -e .[kernels]"),
-                          _needs_module("cutlass.cute", "pip install nvidia-cutlass-dsl")),
-            routed=True,
-            phases=TwoPhases(prepare=_fp8_prepare, kernel=_fp8_kernel),
-            capture_safe=False),  # prep reads its amax vector on the host to reject inf/NaN
+        _fp8_backend("fp8", "auto", "ours: CuTe DSL FP8 attention, prep included (sm_90: wgmma kernel; else v1)"),
+        _fp8_backend("fp8-v1", "mma_sync", "ours, v1: the mma.sync FP8 kernel (sm_89/sm_90/sm_120), prep included"),
         AttentionBackend(
             "cudnn-fp8", "cuDNN FP8 SDPA (cudnn frontend), per-tensor e4m3 scales, e4m3 output dequantized",
             lambda q, k, v, scale=None: _cudnn_fp8_kernel(_cudnn_fp8_quantize(q, k, v, scale)),
