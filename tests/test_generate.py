@@ -162,3 +162,9 @@ def test_generate_on_the_gpu_in_bf16_and_fp8(tiny_wan, tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["run_kind"] == "gpu"
     assert report["comparison"]["ssim_mean"] > 0.5
+
+
+def test_tiny_h3_is_not_built_yet_and_says_so(tmp_path):
+    result = CliRunner().invoke(main, ["make-tiny-pipeline", "h3", str(tmp_path / "h3")])
+    assert result.exit_code == 2 and result.output.startswith("error: the tiny MiniMax-H3 pipeline is not built yet")
+    assert not (tmp_path / "h3").exists()
