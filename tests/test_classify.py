@@ -35,6 +35,9 @@ REAL_KERNELS = [
      "(at::TensorIteratorBase&)::{lambda()#1}::operator()() const::{lambda()#4}::operator()() const::"
      "{lambda(c10::BFloat16)#1}, std::array<char*, 2ul> >(int, ...)", "modulation-elementwise"),
     ("triton_poi_fused_add_mul_0", "modulation-elementwise"),
+    ("_fp8_prep_amax_kernel", "quantize"),  # our FP8 prep (Triton)
+    ("_fp8_prep_pack_kernel", "quantize"),
+    ("kernel_cutlass_kernel_dit_accelkernelsfp8_attentionkernel_sm90Fp8AttentionSm90_object_at_", "attention"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, "
      "float, float>, unsigned int, float, 4, 4> >(at::native::ReduceOp<...>)", "other"),
     ("aten::addmm", "gemm"),

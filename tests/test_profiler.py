@@ -75,3 +75,33 @@ def test_attention_error_on_the_blocks_own_inputs(small_h3, monkeypatch):
     assert reference == "float64"
     assert errors["math"] < 1e-6
     assert errors["zeros"] == pytest.approx(1.0)
+
+
+def test_kernels_launched_outside_aten_ops_are_attributed_to_their_range():
+    """Triton and CuTe DSL kernels hang off the innermost record_function (our range), not an op."""
+    from types import SimpleNamespace as Event
+
+    from torch.autograd import DeviceType
+
+    from dit_accel.profiling.profiler import _collect
+
+    def kernel(name, us):
+        return Event(name=name, duration=us)
+
+    attention = Event(name="dit-accel/attention core", device_type=DeviceType.CPU, cpu_parent=None,
+                      kernels=[kernel("_fp8_prep_amax_kernel", 5.0), kernel("Fp8AttentionSm90_kernel", 300.0)])
+    inside = Event(name="aten::zero_", device_type=DeviceType.CPU, cpu_parent=attention,
+                   kernels=[kernel("Memset (Device)", 1.0)])
+    ffn = Event(name="dit-accel/ffn", device_type=DeviceType.CPU, cpu_parent=None, kernels=[])
+    mm = Event(name="aten::mm", device_type=DeviceType.CPU, cpu_parent=ffn, kernels=[kernel("nvjet_sm90_tst", 200.0)])
+    body = Event(name="aten::add", device_type=DeviceType.CPU, cpu_parent=None,
+                 kernels=[kernel("vectorized_elementwise_kernel<AddFunctor>", 10.0)])
+    prof = Event(events=lambda: [attention, inside, ffn, mm, body])
+    records = {(r.name, r.range): r for r in _collect(prof, 1, "cuda", "body", {("ffn", "aten::mm"): 1e6})}
+    assert records[("Fp8AttentionSm90_kernel", "attention core")].category == "attention"
+    assert records[("_fp8_prep_amax_kernel", "attention core")].category == "quantize"
+    assert records[("Memset (Device)", "attention core")].category == "attention"
+    assert records[("nvjet_sm90_tst", "ffn")].category == "gemm"
+    assert records[("nvjet_sm90_tst", "ffn")].bytes_est == 1e6
+    assert records[("vectorized_elementwise_kernel<AddFunctor>", "body")].category == "modulation-elementwise"
+    assert sum(r.time_us for r in records.values()) == 516.0  # each kernel counted once

@@ -88,8 +88,10 @@ def _collect(prof, runs: int, device_kind: str, body_label: str,
     op_us: dict[tuple[str, str], float] = defaultdict(float)
     launched: dict[tuple[str, str], dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
     for event in prof.events():
-        if event.device_type != DeviceType.CPU or range_label(event.name) is not None:
+        if event.device_type != DeviceType.CPU:
             continue
+        # A kernel launched outside any aten op (Triton, CuTe DSL) belongs to the innermost
+        # record_function around its launch: our range events carry such kernels themselves.
         label = _innermost_range(event) or body_label
         if device_kind == "cuda":
             timed = [(k.name, k.duration) for k in event.kernels]

@@ -11,7 +11,7 @@ BLOCK_S = 64  # rows per program; a multiple of 16 so V's key permutation stays 
 
 
 @triton.jit
-def _amax_kernel(x_ptr, amax_ptr, S, H, stride_b, stride_s, stride_h,
+def _fp8_prep_amax_kernel(x_ptr, amax_ptr, S, H, stride_b, stride_s, stride_h,
                  D: tl.constexpr, BLOCK: tl.constexpr):
     """amax[bh] = max |x[b, :, h, :]|; NaN counts as inf so a NaN head cannot hide."""
     bh = tl.program_id(1)
@@ -25,7 +25,7 @@ def _amax_kernel(x_ptr, amax_ptr, S, H, stride_b, stride_s, stride_h,
 
 
 @triton.jit
-def _pack_kernel(x_ptr, quant_ptr, out_ptr, S, S_pad, H, stride_b, stride_s, stride_h,
+def _fp8_prep_pack_kernel(x_ptr, quant_ptr, out_ptr, S, S_pad, H, stride_b, stride_s, stride_h,
                  D: tl.constexpr, BLOCK: tl.constexpr, FEATURE_MAJOR: tl.constexpr):
     """Codes of x * quant[bh] (RNE, clamped to +-448) into out[bh] at positions p:
     row-major [S_pad, D] holding row p, or feature-major [D, S_pad] holding key_order(p)."""
@@ -53,12 +53,12 @@ def launch_amax(x: torch.Tensor, amax: torch.Tensor) -> None:
     """amax: fp32 [B*H], zeroed by the caller."""
     b, s, h, d = x.shape
     grid = (triton.cdiv(s, BLOCK_S), b * h)
-    _amax_kernel[grid](x, amax, s, h, x.stride(0), x.stride(1), x.stride(2), D=d, BLOCK=BLOCK_S)
+    _fp8_prep_amax_kernel[grid](x, amax, s, h, x.stride(0), x.stride(1), x.stride(2), D=d, BLOCK=BLOCK_S)
 
 
 def launch_pack(x: torch.Tensor, quant: torch.Tensor, out: torch.Tensor, feature_major: bool) -> None:
     b, s, h, d = x.shape
     s_pad = out.shape[2] if feature_major else out.shape[1]
     grid = (triton.cdiv(s_pad, BLOCK_S), b * h)
-    _pack_kernel[grid](x, quant, out, s, s_pad, h, x.stride(0), x.stride(1), x.stride(2),
+    _fp8_prep_pack_kernel[grid](x, quant, out, s, s_pad, h, x.stride(0), x.stride(1), x.stride(2),
                        D=d, BLOCK=BLOCK_S, FEATURE_MAJOR=feature_major)
