@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install the package, then check and time everything that needs the GPU.
 #   bash scripts/gpu_session.sh [STEP ...]     steps: env fp8 profile budget compare bench tests sweep
-#                                              sanitize (default: all)
+#                                              sanitize generate (default: all)
+# Wheels carried in .whl/ (e.g. imageio-ffmpeg, which the GPU image lacks) are installed first.
 # Results go under $OUT (or ./gpu-results): one log per step and one archive, because the device
 # tool brings back at most 8 files.
 set -uo pipefail
@@ -9,7 +10,7 @@ out=${OUT:-gpu-results}
 work=/tmp/dit-accel-gpu
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$work/cache
-steps=${*:-env fp8 profile budget compare bench tests sweep sanitize}
+steps=${*:-env fp8 profile budget compare bench tests sweep sanitize generate}
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $work/NAME.log, report the status
   local name=$1 limit=$2; shift 2
@@ -19,7 +20,10 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $work/NA
   echo "step $name: exit $? in $((SECONDS - t0)) s" | tee -a "$work/steps.txt"
 }
 
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$work/install.log" 2>&1 \
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >>"$work/install.log" 2>&1
+fi
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >>"$work/install.log" 2>&1 \
   || { echo "install failed"; cat "$work/install.log"; }
 step env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton, cutlass, diffusers; print(torch.__version__, triton.__version__, diffusers.__version__, torch.cuda.get_device_name())"'
 step fp8 300 python3 scripts/check_fp8_attention.py --out "$work/fp8" --budget-s 240
@@ -33,6 +37,9 @@ step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}"
   --out "$work/sweep"
 step sanitize 240 bash -c "compute-sanitizer --tool racecheck python3 scripts/check_fp8_sm90.py --sanitize --out $work/race \
   && compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/check_fp8_sm90.py --sanitize --out $work/mem"
+
+step generate 240 bash -c "python3 -m dit_accel make-tiny-pipeline wan $work/tiny-wan \
+  && python3 -m dit_accel generate --pipeline $work/tiny-wan --compare bf16 --out $work/generate"
 
 tar czf "$out/results.tgz" -C "$work" --exclude='cache' --exclude='*.json.gz' .
 cat "$work/steps.txt"
