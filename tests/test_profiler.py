@@ -77,31 +77,49 @@ def test_attention_error_on_the_blocks_own_inputs(small_h3, monkeypatch):
     assert errors["zeros"] == pytest.approx(1.0)
 
 
-def test_kernels_launched_outside_aten_ops_are_attributed_to_their_range():
-    """Triton and CuTe DSL kernels hang off the innermost record_function (our range), not an op."""
-    from types import SimpleNamespace as Event
+def test_gpu_work_is_attributed_through_the_runtime_call_that_launched_it():
+    """Kernels launched inside aten ops belong to the op's range; Triton and CuTe DSL kernels,
+    launched outside any op, to the record_function range around their launch."""
+    from types import SimpleNamespace
 
     from torch.autograd import DeviceType
 
     from dit_accel.profiling.profiler import _collect
 
-    def kernel(name, us):
-        return Event(name=name, duration=us)
+    def cpu(name, parent, id=0):
+        return SimpleNamespace(name=name, device_type=DeviceType.CPU, cpu_parent=parent, id=id,
+                               self_cpu_time_total=1.0)
 
-    attention = Event(name="dit-accel/attention core", device_type=DeviceType.CPU, cpu_parent=None,
-                      kernels=[kernel("_fp8_prep_amax_kernel", 5.0), kernel("Fp8AttentionSm90_kernel", 300.0)])
-    inside = Event(name="aten::zero_", device_type=DeviceType.CPU, cpu_parent=attention,
-                   kernels=[kernel("Memset (Device)", 1.0)])
-    ffn = Event(name="dit-accel/ffn", device_type=DeviceType.CPU, cpu_parent=None, kernels=[])
-    mm = Event(name="aten::mm", device_type=DeviceType.CPU, cpu_parent=ffn, kernels=[kernel("nvjet_sm90_tst", 200.0)])
-    body = Event(name="aten::add", device_type=DeviceType.CPU, cpu_parent=None,
-                 kernels=[kernel("vectorized_elementwise_kernel<AddFunctor>", 10.0)])
-    prof = Event(events=lambda: [attention, inside, ffn, mm, body])
-    records = {(r.name, r.range): r for r in _collect(prof, 1, "cuda", "body", {("ffn", "aten::mm"): 1e6})}
+    def gpu(name, id, us):
+        return SimpleNamespace(name=name, device_type=DeviceType.CUDA, id=id, is_user_annotation=False,
+                               time_range=SimpleNamespace(start=100.0, end=100.0 + us))
+
+    attention = cpu("dit-accel/attention core", None)
+    zero = cpu("aten::zero_", attention)
+    ffn = cpu("dit-accel/ffn", None)
+    mm = cpu("aten::mm", ffn)
+    add = cpu("aten::add", None)
+    gather = cpu("aten::index_select", None)
+    inner = cpu("aten::index", gather)  # an op the dispatch-mode pass does not see
+    events = [
+        attention, zero, ffn, mm, add, gather, inner,
+        cpu("cudaLaunchKernel", inner, id=16), gpu("vectorized_gather_kernel", 16, 4.0),
+        cpu("cuLaunchKernel", attention, id=11), gpu("_fp8_prep_amax_kernel", 11, 5.0),
+        cpu("cuLaunchKernelEx", attention, id=12), gpu("Fp8AttentionSm90_kernel", 12, 300.0),
+        cpu("cudaMemsetAsync", zero, id=13), gpu("Memset (Device)", 13, 1.0),
+        cpu("cudaLaunchKernel", mm, id=14), gpu("nvjet_sm90_tst", 14, 200.0),
+        cpu("cudaLaunchKernel", add, id=15), gpu("vectorized_elementwise_kernel<AddFunctor>", 15, 10.0),
+        SimpleNamespace(name="dit-accel/ffn", device_type=DeviceType.CUDA, id=0, is_user_annotation=True,
+                        time_range=SimpleNamespace(start=0.0, end=500.0)),  # GPU span of a range: not work
+    ]
+    prof = SimpleNamespace(events=lambda: events)
+    op_bytes = {("ffn", "aten::mm"): 1e6, ("body", "aten::index_select"): 3e5}
+    records = {(r.name, r.range): r for r in _collect(prof, 1, "cuda", "body", op_bytes)}
     assert records[("Fp8AttentionSm90_kernel", "attention core")].category == "attention"
     assert records[("_fp8_prep_amax_kernel", "attention core")].category == "quantize"
     assert records[("Memset (Device)", "attention core")].category == "attention"
     assert records[("nvjet_sm90_tst", "ffn")].category == "gemm"
     assert records[("nvjet_sm90_tst", "ffn")].bytes_est == 1e6
     assert records[("vectorized_elementwise_kernel<AddFunctor>", "body")].category == "modulation-elementwise"
-    assert sum(r.time_us for r in records.values()) == 516.0  # each kernel counted once
+    assert records[("vectorized_gather_kernel", "body")].bytes_est == 3e5  # counted at the op the pass saw
+    assert sum(r.time_us for r in records.values()) == 520.0  # each piece of work counted once

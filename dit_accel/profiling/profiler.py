@@ -2,6 +2,7 @@
 every GPU kernel (on the CPU: every aten op's own time) to a category and to a named range."""
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,41 +76,72 @@ def _innermost_range(event) -> str | None:
     return None
 
 
+# CUDA runtime / driver calls that put work on the GPU (cudaLaunchKernel, cuLaunchKernelEx,
+# cudaMemcpyAsync, ...): the profiler gives each the same id as the GPU work it launched.
+_RUNTIME_CALL = re.compile(r"^cu(da)?[A-Z]")
+
+
+def _timed_work(events, device_kind: str):
+    """(name, µs, owner) for each piece of timed work; owner is the CPU event it ran under.
+
+    On CUDA: every kernel, memcpy and memset on the GPU, owned by the innermost CPU event around
+    the runtime call that launched it — an aten op, or, for Triton and CuTe DSL kernels launched
+    outside any op, the record_function range around the launch. On the CPU: every aten op's own
+    (self) time, owned by the op itself.
+    """
+    if device_kind != "cuda":
+        for event in events:
+            if event.device_type == DeviceType.CPU and event.name.startswith("aten::") and event.self_cpu_time_total > 0:
+                yield event.name, event.self_cpu_time_total, event
+        return
+    launches = {e.id: e for e in events if e.device_type == DeviceType.CPU and _RUNTIME_CALL.match(e.name)}
+    for event in events:
+        if event.device_type != DeviceType.CUDA or getattr(event, "is_user_annotation", False) \
+                or range_label(event.name) is not None:
+            continue  # GPU-side spans of record_function ranges are not work
+        launch = launches.get(event.id)
+        yield event.name, event.time_range.end - event.time_range.start, launch.cpu_parent if launch else None
+
+
+def _bytes_key(owner, label: str, op_bytes: dict[tuple[str, str], float]) -> tuple[str, str]:
+    """(range, aten op) under which `count_op_bytes` counted the owner's tensors.
+
+    The dispatch-mode pass sees ops as they leave autograd (aten::mm, not aten::linear; aten::
+    index_select, not what it calls inside), the profiler sees the whole nesting: take the
+    innermost of the owner and its enclosing ops that the pass counted.
+    """
+    event = owner
+    while event is not None and range_label(event.name) is None:
+        if (label, event.name) in op_bytes:
+            return label, event.name
+        event = event.cpu_parent
+    return label, owner.name if owner is not None else ""
+
+
 def _collect(prof, runs: int, device_kind: str, body_label: str,
              op_bytes: dict[tuple[str, str], float]) -> list[KernelRecord]:
     """Fold profiler events into per-(kernel, range) records, per block run.
 
-    On CUDA a record is a GPU kernel, timed by its own duration and attributed to the innermost
-    range around the aten op that launched it; on the CPU it is an aten op's own (self) time. The
-    op's bytes (from `count_op_bytes`, one run) are shared among its kernels by duration.
+    The range of a record is the innermost named range around its owner (see `_timed_work`). The
+    owner's bytes (from `count_op_bytes`, one run, keyed by range and aten op) are shared among
+    the kernels it launched by duration.
     """
-    # (kernel, range) -> [calls, us]; (range, op) -> us and the kernels it launched
-    acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    op_us: dict[tuple[str, str], float] = defaultdict(float)
+    acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])  # (kernel, range) -> calls, µs
+    owner_us: dict[tuple[str, str], float] = defaultdict(float)  # (range, owner op) -> µs
     launched: dict[tuple[str, str], dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
-    for event in prof.events():
-        if event.device_type != DeviceType.CPU:
-            continue
-        # A kernel launched outside any aten op (Triton, CuTe DSL) belongs to the innermost
-        # record_function around its launch: our range events carry such kernels themselves.
-        label = _innermost_range(event) or body_label
-        if device_kind == "cuda":
-            timed = [(k.name, k.duration) for k in event.kernels]
-        elif event.name.startswith("aten::") and event.self_cpu_time_total > 0:
-            timed = [(event.name, event.self_cpu_time_total)]
-        else:
-            continue
-        for name, us in timed:
-            slot = acc[(name, label)]
-            slot[0] += 1
-            slot[1] += us
-            op_us[(label, event.name)] += us
-            launched[(label, event.name)][(name, label)] += us
+    for name, us, owner in _timed_work(prof.events(), device_kind):
+        label = _innermost_range(owner) or body_label
+        owner_key = _bytes_key(owner, label, op_bytes)
+        slot = acc[(name, label)]
+        slot[0] += 1
+        slot[1] += us
+        owner_us[owner_key] += us
+        launched[owner_key][(name, label)] += us
     kernel_bytes: dict[tuple[str, str], float] = defaultdict(float)
-    for op_key, kernels in launched.items():
+    for owner_key, kernels in launched.items():
         for kernel_key, us in kernels.items():
-            if op_us[op_key] > 0:
-                kernel_bytes[kernel_key] += op_bytes.get(op_key, 0.0) * us / op_us[op_key]
+            if owner_us[owner_key] > 0:
+                kernel_bytes[kernel_key] += op_bytes.get(owner_key, 0.0) * us / owner_us[owner_key]
     return sorted(
         (KernelRecord(name, classify(name, label), label, calls / runs, us / runs, kernel_bytes[(name, label)])
          for (name, label), (calls, us) in acc.items()),

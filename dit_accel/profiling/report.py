@@ -88,7 +88,7 @@ class BackendRun:
 def _fmt_rate(row: dict[str, Any]) -> str:
     if "tflops" in row:
         return f"{row['tflops']:.3g} TFLOP/s ({row['pct_of_ceiling']:.0f}%)"
-    if "gbps_est" in row:
+    if row.get("bytes_est"):  # ops outside aten (our Triton prep, CuTe DSL kernels) have no byte count
         return f"~{row['gbps_est']:.3g} GB/s ({row['pct_of_ceiling']:.0f}%)"
     return ""
 
