@@ -125,11 +125,14 @@ def _broken_copies(tiny_wan: Path, root: Path) -> dict[str, tuple[Path, str]]:
     no_vae = root / "no_vae"
     shutil.copytree(tiny_wan, no_vae)
     shutil.rmtree(no_vae / "vae")
+    modular = root / "modular"
+    shutil.copytree(tiny_wan, modular)
+    (modular / "model_index.json").write_text(json.dumps({**index, "_class_name": "MiniMaxH3ModularPipeline"}))
     a_file = root / "a_file"
     a_file.write_text("not a folder")
     return {"missing": (root / "does_not_exist", "does not exist"), "no index": (no_index, "no model_index.json"),
             "unknown class": (unknown, "NoSuchPipeline"), "missing component": (no_vae, "lacks the component folder(s) vae"),
-            "a file": (a_file, "is a file")}
+            "a file": (a_file, "is a file"), "modular": (modular, "does not run modular ones (MiniMax-H3) yet")}
 
 
 def test_bad_pipeline_folders_are_one_line_errors(tiny_wan, tmp_path):
@@ -162,6 +165,10 @@ def test_generate_on_the_gpu_in_bf16_and_fp8(tiny_wan, tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["run_kind"] == "gpu"
     assert report["comparison"]["ssim_mean"] > 0.5
+    fp8_run = next(run for run in report["runs"] if run["attention"] == "fp8")
+    # Every attention call went to the FP8 kernel (the tiny pipeline's head dim, 64, is one it takes).
+    assert fp8_run["attention_patch"]["served_calls"] > 0
+    assert fp8_run["attention_patch"]["fallback_calls"] == {}
 
 
 def test_tiny_h3_is_not_built_yet_and_says_so(tmp_path):

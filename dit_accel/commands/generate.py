@@ -218,7 +218,7 @@ def _generate(folder, request: Request, device, dtype, attention, compare, warmu
 
     report = {"dit_accel_version": __version__, "command": " ".join(["dit-accel", *sys.argv[1:]]),
               "run_kind": "gpu" if device.type == "cuda" else "cpu", "header": header,
-              "pipeline": {"class": folder.class_name, "path": str(folder.path), "modular": folder.modular,
+              "pipeline": {"class": folder.class_name, "path": str(folder.path),
                            "components": {k: list(v) for k, v in folder.components.items()}},
               "device": info.as_dict(), "dtype": header["dtype"], "request": request.as_dict(),
               "warmup": warmup, "runs": [run.as_dict() for run in runs], "outputs": videos,

@@ -1,9 +1,10 @@
 """Opening a diffusers pipeline folder from the local disk only, with one-line errors for bad folders.
 
-Two kinds of folder: a `DiffusionPipeline` (model_index.json `_class_name` a pipeline class of
-diffusers, e.g. WanPipeline) and a modular pipeline (MiniMax-H3: `_class_name` ends in
-`ModularPipeline`, or a `_blocks_class_name` is present). Everything is checked before a weight
-is read: the folder, model_index.json, the class, and one sub-folder per component it lists.
+A `DiffusionPipeline` folder (model_index.json `_class_name` a pipeline class of diffusers, e.g.
+WanPipeline). Modular pipelines (MiniMax-H3: `_class_name` ends in `ModularPipeline`, or a
+`_blocks_class_name` is present) are refused with one line: generate does not run them yet.
+Everything is checked before a weight is read: the folder, model_index.json, the class, and one
+sub-folder per component it lists.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ MODEL_INDEX = "model_index.json"
 class PipelineFolder:
     path: Path
     class_name: str
-    modular: bool
     components: dict[str, tuple[str, str]]  # name -> (library, class) for every component with weights or config
 
     @property
@@ -51,7 +51,9 @@ def inspect_pipeline_folder(path: Path) -> PipelineFolder:
     class_name = index.get("_class_name") if isinstance(index, dict) else None
     if not isinstance(class_name, str):
         raise UserError(f"{index_path} names no pipeline class (_class_name); re-save the pipeline")
-    modular = class_name.endswith("ModularPipeline") or "_blocks_class_name" in index
+    if class_name.endswith("ModularPipeline") or "_blocks_class_name" in index:
+        raise UserError(f"{path} holds {class_name}, a modular pipeline; generate runs DiffusionPipelines "
+                        f"(e.g. WanPipeline) and does not run modular ones (MiniMax-H3) yet")
     import diffusers
 
     if not hasattr(diffusers, class_name):
@@ -66,21 +68,10 @@ def inspect_pipeline_folder(path: Path) -> PipelineFolder:
             continue
         components[name] = (library, cls)
     missing = [name for name in components if not (path / name).is_dir()]
-    if modular:
-        # A modular index may name components of workflows this folder does not hold; those that are present
-        # must be complete, and at least the ones every workflow needs must be there.
-        missing = [name for name in missing if name in _MODULAR_REQUIRED.get(class_name, ())]
     if missing:
         raise UserError(f"{path} lacks the component folder(s) {', '.join(missing)} that {MODEL_INDEX} lists; "
                         f"copy them in or re-save the pipeline")
-    return PipelineFolder(path, class_name, modular, components)
-
-
-# Components a modular pipeline cannot run without (its optional ones, e.g. H3's transformer_ref, may be absent).
-_MODULAR_REQUIRED = {
-    "MiniMaxH3ModularPipeline": ("text_encoder", "tokenizer", "vae", "audio_vae", "transformer", "scheduler",
-                                 "audio_scheduler"),
-}
+    return PipelineFolder(path, class_name, components)
 
 
 def quiet_library_progress() -> None:
@@ -96,16 +87,10 @@ def load_pipeline(folder: PipelineFolder, *, device: torch.device, dtype: torch.
     """The pipeline on `device` in `dtype`, read from the local folder only (never a hub)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     quiet_library_progress()
+    from diffusers import DiffusionPipeline
+
     try:
-        if folder.modular:
-            from diffusers import ModularPipeline
-
-            pipe = ModularPipeline.from_pretrained(str(folder.path))
-            pipe.load_components(dtype=dtype)
-        else:
-            from diffusers import DiffusionPipeline
-
-            pipe = DiffusionPipeline.from_pretrained(str(folder.path), dtype=dtype, local_files_only=True)
+        pipe = DiffusionPipeline.from_pretrained(str(folder.path), dtype=dtype, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"cannot load the pipeline in {folder.path}: {first_line}") from exc

@@ -110,13 +110,10 @@ def _frames_of(output: Any) -> np.ndarray:
 def run_once(pipe: Any, request: Request, *, device: torch.device, attention: str,
              on_step: Callable[[int], None] | None = None) -> RunResult:
     """Run the pipeline once with `attention`; the patch (if any) is undone before returning."""
-    from .modular import is_modular, modular_call, modular_outputs
-
     patch = _patch(pipe, attention)
     try:
         generator = torch.Generator(device=device).manual_seed(request.seed)
-        modular = is_modular(pipe)
-        steps_from_callback = not modular and "callback_on_step_end" in _accepts(pipe)
+        steps_from_callback = "callback_on_step_end" in _accepts(pipe)
         timer = StageTimer(pipe, device, steps_from_callback=steps_from_callback, on_step=on_step)
 
         def step_callback(pipeline, step, timestep, callback_kwargs):
@@ -126,18 +123,12 @@ def run_once(pipe: Any, request: Request, *, device: torch.device, attention: st
             return callback_kwargs
 
         with torch.inference_mode(), timer:
-            if modular:
-                output = modular_call(pipe, request, generator)
-            else:
-                output = pipe(**_diffusion_call(pipe, request, generator, step_callback))
+            output = pipe(**_diffusion_call(pipe, request, generator, step_callback))
         summary = patch.summary() if patch is not None else {}
     finally:
         if patch is not None:
             patch.unpatch()
-    if modular:
-        frames, audio, sample_rate = modular_outputs(pipe, output)
-    else:
-        frames, audio, sample_rate = _frames_of(output), None, None
+    frames, audio, sample_rate = _frames_of(output), None, None
     fps = float(getattr(pipe, "fps", None) or DEFAULT_FPS)
     return RunResult(attention, frames, fps, timer.times, audio, sample_rate, summary)
 

@@ -9,8 +9,8 @@ Stages, in milliseconds:
   text_encoding_ms  every outermost text-encoder call (prompt and negative prompt), summed.
   steps             one entry per denoising step. Where the pipeline calls `callback_on_step_end`
                     (DiffusionPipelines), a step runs from its first transformer call to its callback,
-                    so it holds every guidance pass and the scheduler update; elsewhere (modular
-                    pipelines) a step is one transformer call, which they make once per step.
+                    so it holds every guidance pass and the scheduler update; in pipelines without that
+                    callback a step is one transformer call.
   vae_decode_ms     `vae.decode` (and `audio_decode_ms` for an audio VAE), summed.
   other_ms          the rest of the wall time of the call: latents, packing, post-processing.
 """
@@ -171,7 +171,7 @@ class StageTimer:
     def _add_transformer(self, ms: float) -> None:
         self._step_transformer_ms += ms
         self._step_calls += 1
-        if not self.steps_from_callback:  # modular pipelines: one transformer pass per step
+        if not self.steps_from_callback:  # no step callback: one transformer pass per step
             self._close_step(self._step_start + ms / 1e3)
 
     def step_end(self) -> None:

@@ -18,7 +18,7 @@ TEXT_DIM = 32  # UMT5 d_model = the transformer's text_dim
 MAX_TEXT_TOKENS = 512  # what WanPipeline pads prompts to (max_sequence_length)
 
 TRANSFORMER_CONFIG = dict(
-    patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16, out_channels=16,
+    patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64, in_channels=16, out_channels=16,
     text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True,
     qk_norm="rms_norm_across_heads", rope_max_seq_len=64,
 )
