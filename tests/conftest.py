@@ -23,10 +23,15 @@ TINY_H3_CONFIG = dict(
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+@pytest.fixture(scope="session")
+def _test_cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    """Each test measures (and caches) device ceilings in its own folder, never in the user's cache."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def _isolated_cache(_test_cache_dir, monkeypatch):
+    """Device ceilings are measured once per test session and cached there, never in the user's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(_test_cache_dir))
 
 
 @pytest.fixture(scope="session")
