@@ -150,3 +150,13 @@ def test_budget_too_small_for_the_h3_block(tmp_path):
     assert result.exit_code == 2, result.output
     assert "does not fit in the 1GiB budget" in result.output
     assert list(outputs.iterdir()) == []
+
+
+def test_trace_writes_a_chrome_trace_with_the_named_ranges(tmp_path):
+    out = tmp_path / "traced"
+    result = run_cli("profile-block", *FAST, "--device", "cpu", "--trace", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in out.iterdir()} == OUTPUT_FILES | {"trace_native.json"}
+    trace = json.loads((out / "trace_native.json").read_text())
+    names = {event.get("name") for event in trace["traceEvents"]}
+    assert {"dit-accel/attention core", "dit-accel/ffn", "dit-accel/qkv projection"} <= names

@@ -67,7 +67,8 @@ def _output_error(output: torch.Tensor, reference: torch.Tensor) -> dict[str, fl
 @click.option("--validate", "validate_blocks", type=int, default=0,
               help="Chain N real blocks (synthetic weights) and compare with N x the block.")
 @click.option("--memory-budget", default=None, help="Cap GPU memory, e.g. 16GiB, to reproduce a smaller card.")
-@click.option("--trace/--no-trace", default=False, help="Also write a Chrome trace (trace.json) of the profiled runs.")
+@click.option("--trace/--no-trace", default=False,
+              help="Also write a Chrome trace of the profiled runs (trace_<backend>.json).")
 @click.option("--device", "device_name", default=None, help="cuda, cuda:1 or cpu (default: cuda when present).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--refresh-ceilings", is_flag=True, help="Measure the device's GEMM and copy ceilings again.")
@@ -115,7 +116,8 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
         budget = f"the {memory_budget} budget" if memory_budget else "this GPU's memory"
         raise UserError(f"the {adapter.display_name} block at S={workload.seq_len} (batch {workload.batch}) does not "
                         f"fit in {budget}; lower --seq-len or --batch, or raise --memory-budget") from exc
-    console.print(f"\nwrote {final_dir}/: report.json, ops.csv, breakdown.png" + (", trace.json" if trace else ""))
+    traces = "".join(f", trace_{name}.json" for name in backends) if trace else ""
+    console.print(f"\nwrote {final_dir}/: report.json, ops.csv, breakdown.png{traces}")
     return report
 
 
