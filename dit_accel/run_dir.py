@@ -28,9 +28,13 @@ def default_run_name(command: str, tag: str) -> str:
 def staged_run_dir(final_dir: Path) -> Iterator[Path]:
     """Yield a staging folder; on success it becomes `final_dir`, on any exception it is removed.
 
-    An existing `final_dir` is replaced only after the new run succeeded.
+    `final_dir` must not exist yet, or be an empty folder: a run never deletes what it did not write
+    (an `--out` pointing at `.` or at `outputs/` must not wipe them).
     """
     final_dir = Path(final_dir)
+    if final_dir.exists() and (not final_dir.is_dir() or any(final_dir.iterdir())):
+        kind = "a file" if not final_dir.is_dir() else "a folder that is not empty"
+        raise UserError(f"{final_dir} is {kind}; pass --out a new folder (runs never overwrite)")
     try:
         final_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", suffix=".partial", dir=final_dir.parent))
@@ -42,5 +46,5 @@ def staged_run_dir(final_dir: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     if final_dir.exists():
-        shutil.rmtree(final_dir)
+        final_dir.rmdir()  # empty, checked above
     staging.rename(final_dir)
