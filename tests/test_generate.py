@@ -113,6 +113,17 @@ def test_fp8_on_the_cpu_is_one_line_and_writes_nothing(tiny_wan, tmp_path):
     assert not out.parent.exists() or not any(out.parent.iterdir())
 
 
+@pytest.mark.parametrize("option", ["--frames", "--height", "--width", "--steps"])
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_size_or_step_count_below_one_is_a_one_line_error(tiny_wan, tmp_path, option, value):
+    """0 is a value given, not "use the default": it is refused, not silently replaced."""
+    out = tmp_path / "outputs" / "run"
+    result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--out", str(out), option, value])
+    assert result.exit_code == 2, result.output
+    assert result.output == f"error: {option} must be at least 1, got {value}\n"
+    assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
 def _broken_copies(tiny_wan: Path, root: Path) -> dict[str, tuple[Path, str]]:
     """Bad pipeline folders and the words their error must contain."""
     no_index = root / "no_index"

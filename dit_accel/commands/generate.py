@@ -149,10 +149,14 @@ def generate(pipeline_dir, attn, compare, prompt, frames, height, width, steps, 
         raise UserError(f"--compare {compare} compares another attention against {compare}; pass --attn fp8")
     folder = inspect_pipeline_folder(pipeline_dir)
     suggested = read_run_defaults(pipeline_dir)
-    request = Request(prompt=prompt, frames=frames or suggested.get("frames"),
-                      height=height or suggested.get("height"), width=width or suggested.get("width"),
-                      steps=steps or suggested.get("steps") or 50, seed=seed,
-                      guidance=guidance if guidance is not None else suggested.get("guidance"))
+
+    def given_or_suggested(value, key):  # an option given as 0 stays 0 (and is refused below)
+        return value if value is not None else suggested.get(key)
+
+    request = Request(prompt=prompt, frames=given_or_suggested(frames, "frames"),
+                      height=given_or_suggested(height, "height"), width=given_or_suggested(width, "width"),
+                      steps=steps if steps is not None else (suggested.get("steps") or 50), seed=seed,
+                      guidance=given_or_suggested(guidance, "guidance"))
     for name, value in (("--frames", request.frames), ("--height", request.height), ("--width", request.width),
                         ("--steps", request.steps)):
         if value is not None and value < 1:
