@@ -124,6 +124,35 @@ def test_a_size_or_step_count_below_one_is_a_one_line_error(tiny_wan, tmp_path, 
     assert not out.parent.exists() or not any(out.parent.iterdir())
 
 
+class _Vae(torch.nn.Module):
+    def decode(self, x):
+        return x + 1
+
+
+def test_the_decode_wrapper_restores_exactly_what_the_instance_held():
+    """detach() puts back an instance's own `decode` (another wrapper, a hook) and removes only its own."""
+    from types import SimpleNamespace
+
+    from dit_accel.pipelines.stages import StageTimer
+
+    hooked, plain = _Vae(), _Vae()
+    seen = []
+
+    def earlier_wrapper(x):  # set on the instance before the timer, e.g. by another tool
+        seen.append(x)
+        return _Vae.decode(hooked, x)
+
+    hooked.decode = earlier_wrapper
+    for vae in (hooked, plain):
+        timer = StageTimer(SimpleNamespace(vae=vae), torch.device("cpu"), steps_from_callback=False)
+        with timer:
+            assert vae.decode is not earlier_wrapper and vae.decode(1) == 2
+        assert timer.times.vae_decode_ms > 0
+    assert seen == [1]  # the timer's wrapper called the earlier one
+    assert vars(hooked)["decode"] is earlier_wrapper
+    assert "decode" not in vars(plain) and plain.decode.__func__ is _Vae.decode
+
+
 def _broken_copies(tiny_wan: Path, root: Path) -> dict[str, tuple[Path, str]]:
     """Bad pipeline folders and the words their error must contain."""
     no_index = root / "no_index"

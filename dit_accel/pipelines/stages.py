@@ -25,6 +25,7 @@ import torch
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 TRANSFORMERS = ("transformer", "transformer_2", "transformer_ref")
 DECODERS = {"vae": "vae_decode", "audio_vae": "audio_decode"}
+_ABSENT = object()  # "the instance had no attribute of that name"
 
 
 @dataclass
@@ -67,7 +68,7 @@ class StageTimer:
         self.steps_from_callback = steps_from_callback
         self.times = StageTimes()
         self._handles: list[Any] = []
-        self._restore: list[tuple[Any, str]] = []
+        self._restore: list[tuple[Any, str, Any]] = []  # (owner, method, its instance attribute or _ABSENT)
         self._depth: dict[str, int] = {}
         self._started: dict[str, float] = {}
         self._step_start: float | None = None
@@ -120,8 +121,8 @@ class StageTimer:
                 if ms is not None:
                     done(ms)
 
+        self._restore.append((owner, method, vars(owner).get(method, _ABSENT)))
         setattr(owner, method, wrapped)
-        self._restore.append((owner, method))
 
     def attach(self) -> "StageTimer":
         for name in TEXT_ENCODERS:
@@ -145,11 +146,13 @@ class StageTimer:
     def detach(self) -> None:
         for handle in self._handles:
             handle.remove()
-        for owner, method in self._restore:
-            try:
-                delattr(owner, method)  # the instance attribute goes; the class method shows again
-            except AttributeError:
-                pass
+        for owner, method, before in reversed(self._restore):
+            # Exactly what the instance held before: its own attribute (another wrapper, a hook) put
+            # back, or none, so the class method shows again.
+            if before is _ABSENT:
+                vars(owner).pop(method, None)
+            else:
+                vars(owner)[method] = before
         self._handles.clear()
         self._restore.clear()
 
