@@ -9,7 +9,6 @@ sub-folder per component it lists.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,7 +84,6 @@ def quiet_library_progress() -> None:
 
 def load_pipeline(folder: PipelineFolder, *, device: torch.device, dtype: torch.dtype):
     """The pipeline on `device` in `dtype`, read from the local folder only (never a hub)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     quiet_library_progress()
     from diffusers import DiffusionPipeline
 
