@@ -14,6 +14,11 @@ from .errors import UserError
 SUPPORTED_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+def param_bytes(module: nn.Module) -> int:
+    """Bytes of the module's parameters, in the dtypes they are held in."""
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
 @dataclass
 class LoadedBlock:
     block: nn.Module
@@ -24,7 +29,7 @@ class LoadedBlock:
 
     @property
     def param_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.block.parameters())
+        return param_bytes(self.block)
 
     def as_dict(self) -> dict:
         return {"index": self.index, "synthetic": self.synthetic, "source": self.source,

@@ -160,3 +160,23 @@ def test_trace_writes_a_chrome_trace_with_the_named_ranges(tmp_path):
     trace = json.loads((out / "trace_native.json").read_text())
     names = {event.get("name") for event in trace["traceEvents"]}
     assert {"dit-accel/attention core", "dit-accel/ffn", "dit-accel/qkv projection"} <= names
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seq-len", "0"], "--seq-len must be at least 1"),
+    (["--validate", "-2"], "--validate must be at least 0"),
+    (["--frames", "1", "--height", "16", "--width", "16"], "a 16x16 video gives no tokens"),
+    (["--frames", "0", "--height", "64", "--width", "64"], "--frames must be at least 1"),
+])
+def test_bad_numbers_are_one_line_errors(tmp_path, args, message):
+    result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", "--runs", "1", *args,
+                                       "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and message in result.output and result.output.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_shortest_h3_sequence_runs(tmp_path):
+    result = run_cli("profile-block", "--device", "cpu", "--seq-len", "1", "--runs", "1", "--warmup", "0",
+                     "--out", tmp_path / "one")
+    assert result.exit_code == 0, result.output

@@ -1,6 +1,7 @@
 """The profiler's attribution on the CPU: ranges, categories and exact op bytes of a real H3 block."""
 import pytest
 import torch
+from attention_doubles import fake_backend  # noqa: F401 (fixture)
 
 from dit_accel.adapters import adapter_for_preset
 from dit_accel.block_loader import synthetic_block
@@ -123,3 +124,14 @@ def test_gpu_work_is_attributed_through_the_runtime_call_that_launched_it():
     assert records[("vectorized_elementwise_kernel<AddFunctor>", "body")].category == "modulation-elementwise"
     assert records[("vectorized_gather_kernel", "body")].bytes_est == 3e5  # counted at the op the pass saw
     assert sum(r.time_us for r in records.values()) == 520.0  # each piece of work counted once
+
+
+def test_validate_runs_every_chained_block_on_the_chosen_backend(small_h3, fake_backend):
+    from dit_accel.profiling.validate import validate_chain
+
+    adapter, block, _, inputs = small_h3
+    validation = validate_chain(adapter, block, inputs, 4, attention="fake", device=torch.device("cpu"),
+                                dtype=torch.float32, block_ms=1.0, activation_bytes=0, warmup=1, runs=2)
+    assert validation.chained_blocks == validation.distinct_blocks == 4
+    assert len(fake_backend.calls) == 4 * (1 + 2)  # every block of every run, warm-up included
+    assert not any("_attention_backend" in vars(m.processor) for m in block.modules() if hasattr(m, "processor"))

@@ -6,9 +6,8 @@ module beside this one and registering it in `adapters/__init__.py`.
 """
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -22,16 +21,20 @@ class Workload:
     """The input one block sees: `batch` sequences of `seq_len` rows each.
 
     `rows` splits the sequence by modality (e.g. video / audio / text) and `source` says how it was
-    chosen (from --seq-len or from a video size), so reports can state it.
+    chosen (from --seq-len or from a video size), so reports can state it. `video_grid` is the
+    (frames, height, width) patch grid of the video rows when a video size gave it; RoPE positions
+    follow it (a --seq-len workload lays its rows on the family's reference frame instead).
     """
 
     seq_len: int
     batch: int
     rows: dict[str, int]
     source: str
+    video_grid: tuple[int, int, int] | None = None
 
     def as_dict(self) -> dict:
-        return {"seq_len": self.seq_len, "batch": self.batch, "rows": dict(self.rows), "source": self.source}
+        return {"seq_len": self.seq_len, "batch": self.batch, "rows": dict(self.rows), "source": self.source,
+                "video_grid": list(self.video_grid) if self.video_grid else None}
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class AttentionCall:
 
     @property
     def flops(self) -> float:
-        """QK^T and PV: 2 GEMMs of 2*q*kv*d multiply-adds each (softmax not counted)."""
+        """QK^T and PV: two GEMMs of q*kv*d multiply-adds (2*q*kv*d FLOPs) each; softmax not counted."""
         return 4.0 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
 
 
@@ -72,7 +75,6 @@ class BlockAdapter(ABC):
     display_name: ClassVar[str]
     transformer_class_names: ClassVar[tuple[str, ...]]  # diffusers `_class_name` values of this family
     block_key_template: ClassVar[str]  # checkpoint key prefix of block i, e.g. "transformer_blocks.{index}."
-    layers_config_key: ClassVar[str] = "num_layers"
     presets: ClassVar[dict[str, dict[str, Any]]]  # name -> full transformer config; the first is the default
     default_seq_len: ClassVar[int]
     module_ranges: ClassVar[tuple[ModuleRange, ...]]
@@ -86,7 +88,12 @@ class BlockAdapter(ABC):
     # --- the model -------------------------------------------------------------------------------
     @property
     def num_blocks(self) -> int:
-        return int(self.config[self.layers_config_key])
+        return int(self.config["num_layers"])
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the residual stream (the rows the block reads and writes)."""
+        return int(self.config["hidden_size"])
 
     def block_prefix(self, index: int) -> str:
         return self.block_key_template.format(index=index)
@@ -157,10 +164,8 @@ class BlockAdapter(ABC):
         return {"family": self.family, "preset": self.preset, "num_blocks": self.num_blocks, "config": self.config}
 
 
-def split_rows(seq_len: int, fractions: dict[str, float], remainder: str) -> dict[str, int]:
-    """Split `seq_len` rows by `fractions`; `remainder` gets what the others leave (at least one row)."""
-    rows = {name: int(math.floor(seq_len * share)) for name, share in fractions.items()}
-    rows[remainder] = seq_len - sum(rows.values())
-    if rows[remainder] < 1:
-        raise UserError(f"--seq-len {seq_len} is too short for this model's packing; use at least {len(rows)}")
-    return rows
+def check_video_rows(video_rows: int, height: int, width: int, pixels_per_row: int) -> None:
+    """A video workload must give at least one row: `pixels_per_row` is the VAE stride times the patch."""
+    if video_rows < 1:
+        raise UserError(f"a {height}x{width} video gives no tokens: height and width must be at least "
+                        f"{pixels_per_row} pixels")

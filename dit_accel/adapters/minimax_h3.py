@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from diffusers.models.transformers import transformer_minimax_h3 as h3
 
-from .base import AttentionCall, BlockAdapter, ModuleRange, Workload
+from .base import AttentionCall, BlockAdapter, ModuleRange, Workload, check_video_rows
 
 _H3_MODULE = h3.__name__
 TAG_VIDEO, TAG_TEXT, TAG_AUDIO = 0, 1, 2  # `token_tags` values (diffusers' MiniMax-H3 docstring)
@@ -69,22 +69,26 @@ class MiniMaxH3Adapter(BlockAdapter):
 
     # --- workload --------------------------------------------------------------------------------
     def workload_from_seq_len(self, seq_len: int, batch: int) -> Workload:
-        text = min(DEFAULT_TEXT_ROWS, max(1, seq_len // 16))
+        text = min(DEFAULT_TEXT_ROWS, seq_len // 16)  # no text rows in very short sequences
         audio = int((seq_len - text) * AUDIO_ROWS_PER_VIDEO_ROW / (1 + AUDIO_ROWS_PER_VIDEO_ROW))
         rows = {"video": seq_len - text - audio, "audio": audio, "text": text}
         return Workload(seq_len, batch, rows, f"--seq-len {seq_len} (video/audio/text rows in the seeds' ratio)")
 
     def workload_from_video(self, frames: int, height: int, width: int, batch: int) -> Workload:
         pt, ph, pw = self.config["patch_size"]
-        latent_frames = (frames - 1) // VAE_TEMPORAL + 1
-        video = (latent_frames // pt) * (height // VAE_SPATIAL // ph) * (width // VAE_SPATIAL // pw)
+        grid = ((frames - 1) // VAE_TEMPORAL // pt + 1, height // VAE_SPATIAL // ph, width // VAE_SPATIAL // pw)
+        video = grid[0] * grid[1] * grid[2]
+        check_video_rows(video, height, width, VAE_SPATIAL * ph)
         audio = round(video * AUDIO_ROWS_PER_VIDEO_ROW)
         rows = {"video": video, "audio": audio, "text": DEFAULT_TEXT_ROWS}
         return Workload(sum(rows.values()), batch, rows,
-                        f"{frames} frames {height}x{width} (audio rows assumed in the seeds' ratio)")
+                        f"{frames} frames {height}x{width} (audio rows assumed in the seeds' ratio)", grid)
 
     def _grid(self, workload: Workload) -> tuple[int, int, int]:
-        """(frames, height, width) of the video rows' RoPE grid: a 22 x 40 latent frame as at 704x1280."""
+        """(frames, height, width) of the video rows' RoPE grid: the video's own, or for --seq-len
+        workloads a 22 x 40 patch frame as at 704x1280."""
+        if workload.video_grid:
+            return workload.video_grid
         video = workload.rows["video"]
         width = min(40, video)
         height = min(22, -(-video // width))

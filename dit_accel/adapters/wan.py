@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from diffusers.models.transformers import transformer_wan as wan
 
-from .base import AttentionCall, BlockAdapter, ModuleRange, Workload
+from .base import AttentionCall, BlockAdapter, ModuleRange, Workload, check_video_rows
 
 _WAN_MODULE = wan.__name__
 
@@ -24,7 +24,7 @@ WAN21_14B_CONFIG = {
 }
 TEXT_ROWS = 512  # Wan pads its umT5 text context to 512 rows
 VAE_SPATIAL, VAE_TEMPORAL = 8, 4
-GRID_HEIGHT, GRID_WIDTH = 45, 80  # patch grid of a 720x1280 latent frame, used for --seq-len workloads
+GRID_HEIGHT, GRID_WIDTH = 45, 80  # patch grid of a 720x1280 frame, for --seq-len workloads
 
 
 class WanAdapter(BlockAdapter):
@@ -50,14 +50,14 @@ class WanAdapter(BlockAdapter):
         return wan.WanTransformer3DModel
 
     @property
-    def dim(self) -> int:
+    def hidden_size(self) -> int:  # Wan's config has no hidden_size: the width is heads x head dim
         return self.config["num_attention_heads"] * self.config["attention_head_dim"]
 
     def build_block(self) -> torch.nn.Module:
         c = self.config
         with torch.device("meta"):
             return wan.WanTransformerBlock(
-                dim=self.dim, ffn_dim=c["ffn_dim"], num_heads=c["num_attention_heads"], qk_norm=c["qk_norm"],
+                dim=self.hidden_size, ffn_dim=c["ffn_dim"], num_heads=c["num_attention_heads"], qk_norm=c["qk_norm"],
                 cross_attn_norm=c["cross_attn_norm"], eps=c["eps"], added_kv_proj_dim=c["added_kv_proj_dim"],
             )
 
@@ -66,16 +66,20 @@ class WanAdapter(BlockAdapter):
 
     def workload_from_video(self, frames: int, height: int, width: int, batch: int) -> Workload:
         pt, ph, pw = self.config["patch_size"]
-        latent_frames = (frames - 1) // VAE_TEMPORAL + 1
-        video = (latent_frames // pt) * (height // VAE_SPATIAL // ph) * (width // VAE_SPATIAL // pw)
-        return Workload(video, batch, {"video": video, "text context": TEXT_ROWS}, f"{frames} frames {height}x{width}")
+        grid = ((frames - 1) // VAE_TEMPORAL // pt + 1, height // VAE_SPATIAL // ph, width // VAE_SPATIAL // pw)
+        video = grid[0] * grid[1] * grid[2]
+        check_video_rows(video, height, width, VAE_SPATIAL * ph)
+        return Workload(video, batch, {"video": video, "text context": TEXT_ROWS}, f"{frames} frames {height}x{width}",
+                        grid)
 
-    def _rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [1, S, 1, head_dim] for rows laid out frame by frame on a 45 x 80 patch grid."""
+    def _rope(self, workload: Workload, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [1, S, 1, head_dim] for the rows laid out frame by frame on the video's patch grid
+        (for --seq-len workloads, a 45 x 80 grid as at 720x1280)."""
         rope = wan.WanRotaryPosEmbed(self.config["attention_head_dim"], self.config["patch_size"],
                                      self.config["rope_max_seq_len"])
-        row = torch.arange(seq_len)
-        positions = (row // (GRID_HEIGHT * GRID_WIDTH), (row // GRID_WIDTH) % GRID_HEIGHT, row % GRID_WIDTH)
+        _, grid_height, grid_width = workload.video_grid or (None, GRID_HEIGHT, GRID_WIDTH)
+        row = torch.arange(workload.seq_len)
+        positions = (row // (grid_height * grid_width), (row // grid_width) % grid_height, row % grid_width)
         sizes = [rope.t_dim, rope.h_dim, rope.w_dim]
         cos = torch.cat([f[p] for f, p in zip(rope.freqs_cos.split(sizes, dim=1), positions)], dim=-1)
         sin = torch.cat([f[p] for f, p in zip(rope.freqs_sin.split(sizes, dim=1), positions)], dim=-1)
@@ -87,10 +91,10 @@ class WanAdapter(BlockAdapter):
             return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
 
         return {
-            "hidden_states": randn(workload.batch, workload.seq_len, self.dim),
-            "encoder_hidden_states": randn(workload.batch, TEXT_ROWS, self.dim),
-            "temb": randn(workload.batch, 6, self.dim),
-            "rotary_emb": self._rope(workload.seq_len, device),
+            "hidden_states": randn(workload.batch, workload.seq_len, self.hidden_size),
+            "encoder_hidden_states": randn(workload.batch, TEXT_ROWS, self.hidden_size),
+            "temb": randn(workload.batch, 6, self.hidden_size),
+            "rotary_emb": self._rope(workload, device),
         }
 
     def attention_calls(self, workload: Workload) -> list[AttentionCall]:

@@ -85,16 +85,16 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
     video = (frames, height, width)
     if any(v is not None for v in video) and (None in video or seq_len is not None):
         raise UserError("give the workload either as --seq-len or as all of --frames, --height and --width")
-    for name, value in (("--batch", batch), ("--runs", runs), ("--steps", steps), ("--guidance-passes", guidance_passes)):
-        if value < 1:
-            raise UserError(f"{name} must be at least 1, got {value}")
-    if seq_len is not None and seq_len < 1:
-        raise UserError(f"--seq-len must be at least 1, got {seq_len}")
+    for name, value, least in (("--batch", batch, 1), ("--runs", runs, 1), ("--steps", steps, 1),
+                               ("--guidance-passes", guidance_passes, 1), ("--seq-len", seq_len, 1),
+                               ("--frames", frames, 1), ("--height", height, 1), ("--width", width, 1),
+                               ("--warmup", warmup, 0), ("--validate", validate_blocks, 0)):
+        if value is not None and value < least:
+            raise UserError(f"{name} must be at least {least}, got {value}")
     backends = [b.strip() for b in compare_attn.split(",") if b.strip()] if compare_attn else [attn]
     device = pick_device(device_name)
     dtype = parse_dtype(dtype_name or ("bf16" if device.type == "cuda" else "fp32"))
-    if memory_budget:
-        apply_memory_budget(device, parse_bytes(memory_budget))
+    budget_bytes = parse_bytes(memory_budget) if memory_budget else None
 
     adapter = _adapter(model, preset, checkpoint)
     scaled_down = device.type == "cpu" and checkpoint is None
@@ -107,14 +107,19 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
         workload = adapter.workload_from_seq_len(seq_len or default_len, batch)
 
     final_dir = out or DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", adapter.family)
+    # Measured (once per device) before the budget applies: the measurement itself takes ~4 GiB.
+    ceilings, ceilings_cached = device_ceilings(device, dtype, refresh=refresh_ceilings)
+    if budget_bytes:
+        apply_memory_budget(device, budget_bytes)
     try:
         with staged_run_dir(final_dir) as run_dir:
             report = _profile(adapter, checkpoint, block_index, workload, dtype, device, backends, warmup, runs,
                               steps, guidance_passes, outside_ms, validate_blocks, memory_budget, trace, seed,
-                              refresh_ceilings, scaled_down, run_dir)
+                              ceilings, ceilings_cached, scaled_down, run_dir)
     except torch.OutOfMemoryError as exc:
         budget = f"the {memory_budget} budget" if memory_budget else "this GPU's memory"
-        raise UserError(f"the {adapter.display_name} block at S={workload.seq_len} (batch {workload.batch}) does not "
+        raise UserError(f"out of memory: the {adapter.display_name} block at S={workload.seq_len} (batch "
+                        f"{workload.batch}) with its profiling{' and --validate' if validate_blocks else ''} does not "
                         f"fit in {budget}; lower --seq-len or --batch, or raise --memory-budget") from exc
     traces = "".join(f", trace_{name}.json" for name in backends) if trace else ""
     console.print(f"\nwrote {final_dir}/: report.json, ops.csv, breakdown.png{traces}")
@@ -122,9 +127,8 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
 
 
 def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends, warmup, runs, steps,
-             guidance_passes, outside_ms, validate_blocks, memory_budget, trace, seed, refresh_ceilings,
+             guidance_passes, outside_ms, validate_blocks, memory_budget, trace, seed, ceilings, ceilings_cached,
              scaled_down, run_dir: Path) -> dict:
-    ceilings, ceilings_cached = device_ceilings(device, dtype, refresh=refresh_ceilings)
     if checkpoint is not None:
         loaded: LoadedBlock = load_block_from_checkpoint(adapter, checkpoint, block_index, device, dtype)
     else:
@@ -162,9 +166,9 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
     if validate_blocks:
         first = results[0]
         activation_bytes = (first.profile.peak_memory_bytes or 0) - first.profile.weights_bytes
-        with use_attention_backend(loaded.block, first.backend):
-            validation = validate_chain(adapter, loaded.block, inputs, validate_blocks, device=device, dtype=dtype,
-                                        block_ms=first.block_ms, activation_bytes=max(0, activation_bytes))
+        validation = validate_chain(adapter, loaded.block, inputs, validate_blocks, attention=first.backend,
+                                    device=device, dtype=dtype, block_ms=first.block_ms,
+                                    activation_bytes=max(0, activation_bytes))
 
     info = DeviceInfo.of(device)
     peak = results[0].profile.peak_memory_bytes
@@ -185,7 +189,7 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
         s = loaded.stats
         header["load"] = f"{s.bytes_read / 1e9:.3f} GB in {s.seconds:.2f} s ({s.gbps:.2f} GB/s) from {', '.join(s.shards)}"
     if scaled_down:
-        header["NOTE"] = (f"no GPU: scaled-down {adapter.display_name} block (hidden {adapter.config.get('hidden_size', '')}, "
+        header["NOTE"] = (f"no GPU: scaled-down {adapter.display_name} block (hidden {adapter.hidden_size}, "
                           f"{adapter.config['num_attention_heads']} heads) at S={workload.seq_len}; run on a GPU for real numbers")
     report = {
         "dit_accel_version": __version__, "command": " ".join(["dit-accel", *sys.argv[1:]]),

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..adapters import BlockAdapter
-from ..attention.backends import get_backend
+from ..attention.backends import BackendCannotServe, get_backend
 from ..bench_attention import reference_attention, rel_rms_err
 from .classify import ATTENTION_RANGE
 from .ranges import wrapped_functions
@@ -44,10 +44,18 @@ def capture_attention_inputs(block: nn.Module, inputs: dict[str, Any],
 
 
 def attention_errors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     backend_names: list[str]) -> tuple[dict[str, float], str]:
+                     backend_names: list[str]) -> tuple[dict[str, float | None], str]:
     """Relative RMS error of each backend on (q, k, v) against a reference; and which reference:
-    float64 on the CPU, float32 (no TF32) on a GPU, where float64 at block sizes takes minutes."""
+    float64 on the CPU, float32 (no TF32) on a GPU, where float64 at block sizes takes minutes.
+
+    A backend that cannot take these tensors (its calls fell back inside the block) gets None.
+    """
     dtype = torch.float32 if q.is_cuda else torch.float64
     reference = reference_attention(q, k, v, dtype)
-    errors = {name: rel_rms_err(get_backend(name).run(q, k, v), reference) for name in backend_names}
+    errors: dict[str, float | None] = {}
+    for name in backend_names:
+        try:
+            errors[name] = rel_rms_err(get_backend(name).run(q, k, v), reference)
+        except BackendCannotServe:
+            errors[name] = None
     return errors, str(dtype).replace("torch.", "")

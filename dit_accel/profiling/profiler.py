@@ -13,6 +13,7 @@ from torch import nn
 from torch.autograd import DeviceType
 
 from ..adapters import BlockAdapter, Workload
+from ..block_loader import param_bytes
 from ..timing import TimingStats, time_region
 from .classify import CATEGORIES, classify
 from .op_bytes import count_op_bytes
@@ -176,5 +177,4 @@ def profile_block(block: nn.Module, inputs: dict[str, Any], adapter: BlockAdapte
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
     kernels = _collect(prof, profiled_runs, device.type, adapter.body_label, op_bytes)
-    weights = sum(p.numel() * p.element_size() for p in block.parameters())
-    return BlockProfile(timing, kernels, peak, weights, profiled_runs, device.type, trace_path)
+    return BlockProfile(timing, kernels, peak, param_bytes(block), profiled_runs, device.type, trace_path)

@@ -6,7 +6,8 @@ from typing import Any
 import torch
 
 from ..adapters import BlockAdapter
-from ..block_loader import synthetic_block
+from ..attention.routing import use_attention_backend
+from ..block_loader import param_bytes, synthetic_block
 from ..extrapolate import Validation
 from ..timing import time_region
 
@@ -26,17 +27,17 @@ def distinct_blocks_that_fit(n: int, block_bytes: int, activation_bytes: int, de
 
 
 def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: dict[str, Any], n: int, *,
-                   device: torch.device, dtype: torch.dtype, block_ms: float, activation_bytes: int,
-                   warmup: int = 1, runs: int = 3) -> Validation:
-    """Time `n` blocks run one after another on `inputs`; each block's output feeds the next.
+                   attention: str, device: torch.device, dtype: torch.dtype, block_ms: float,
+                   activation_bytes: int, warmup: int = 1, runs: int = 3) -> Validation:
+    """Time `n` blocks run one after another on `inputs`, all on attention backend `attention`;
+    each block's output feeds the next.
 
     `first_block` is the profiled block; the others get fresh synthetic weights (speed does not depend
     on the values, as long as they are not zeros). When fewer than `n` fit, they are cycled through.
     """
-    block_bytes = sum(p.numel() * p.element_size() for p in first_block.parameters())
-    distinct = distinct_blocks_that_fit(n, block_bytes, activation_bytes, device)
-    blocks = [first_block] + [synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=i).block
-                              for i in range(1, distinct)]
+    distinct = distinct_blocks_that_fit(n, param_bytes(first_block), activation_bytes, device)
+    blocks = torch.nn.ModuleList([first_block] + [
+        synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=i).block for i in range(1, distinct)])
     hidden = inputs["hidden_states"]
     rest = {k: v for k, v in inputs.items() if k != "hidden_states"}
 
@@ -47,6 +48,7 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
                 x = blocks[i % distinct](hidden_states=x, **rest)
         return x
 
-    timing = time_region(chain, device=device, warmup=warmup, runs=runs)
+    with use_attention_backend(blocks, attention):
+        timing = time_region(chain, device=device, warmup=warmup, runs=runs)
     del blocks
     return Validation(n, distinct, timing.median_ms, n * block_ms)
