@@ -71,6 +71,7 @@ def test_options_override_the_tiny_defaults(tiny_wan, tmp_path):
     result = _invoke("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--frames", "5", "--height", "32",
                      "--width", "48", "--steps", "2", "--guidance", "1.0", "--no-warmup")
     assert result.exit_code == 0, result.output
+    assert "5 frames of 32x48 " in result.output  # height x width, as everywhere else
     frames = _read_video(out / "video.mp4")
     assert len(frames) == 5 and frames[0].shape == (32, 48, 3)
     stages = json.loads((out / "report.json").read_text())["runs"][0]["stages"]

@@ -198,7 +198,7 @@ def _generate(folder, request: Request, device, dtype, attention, compare, warmu
     header = {"pipeline": f"{folder.class_name} from {folder.path}",
               "device": info.name + (f" (sm_{info.capability.replace('.', '')})" if info.capability else ""),
               "dtype": str(dtype).replace("torch.", ""),
-              "video": f"{runs[0].frames.shape[0]} frames of {runs[0].frames.shape[2]}x{runs[0].frames.shape[1]} "
+              "video": f"{runs[0].frames.shape[0]} frames of {runs[0].frames.shape[1]}x{runs[0].frames.shape[2]} "
                        f"at {runs[0].fps:g} fps, {request.steps} steps, seed {request.seed}"}
     if device.type == "cpu":
         header["NOTE"] = "CPU run: the timings say nothing about a GPU"

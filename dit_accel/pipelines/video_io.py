@@ -34,7 +34,8 @@ def write_mp4(path: Path, frames, fps: float) -> dict:
         raise UserError("writing MP4 needs imageio and imageio-ffmpeg: pip install 'dit-accel[generate]'") from exc
     array = to_uint8_frames(frames)
     if array.shape[1] % 2 or array.shape[2] % 2:
-        raise UserError(f"frames of {array.shape[2]}x{array.shape[1]} cannot be written as H.264; use even sizes")
+        raise UserError(f"frames of {array.shape[1]}x{array.shape[2]} (height x width) cannot be written as H.264; "
+                        f"use even sizes")
     with imageio.get_writer(str(path), format="FFMPEG", mode="I", fps=fps, codec="libx264", quality=8,
                             pixelformat="yuv420p", macro_block_size=1, ffmpeg_log_level="error") as writer:
         for frame in array:
