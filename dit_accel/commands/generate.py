@@ -20,7 +20,7 @@ from ..pipelines.loading import inspect_pipeline_folder, load_pipeline
 from ..pipelines.quality import compare_videos
 from ..pipelines.running import ATTENTION_CHOICES, Request, RunResult, check_attention, run_once, warm_up
 from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
-from ..pipelines.video_io import write_mp4, write_wav
+from ..pipelines.video_io import write_mp4
 from ..report_io import console, write_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
 
@@ -189,10 +189,6 @@ def _generate(folder, request: Request, device, dtype, attention, compare, warmu
         name = "video.mp4" if len(runs) == 1 else f"video_{run.attention}.mp4"
         videos.append(write_mp4(run_dir / name, run.frames, run.fps))
         files.append(name)
-        if run.audio is not None:
-            wav = "audio.wav" if len(runs) == 1 else f"audio_{run.attention}.wav"
-            videos[-1]["audio"] = write_wav(run_dir / wav, run.audio, run.audio_sample_rate)
-            files.append(wav)
 
     info = DeviceInfo.of(device)
     header = {"pipeline": f"{folder.class_name} from {folder.path}",

@@ -6,5 +6,5 @@ and frame quality metrics. One concern per module:
   tiny.py        the registry `make-tiny-pipeline` reads, and the defaults file it writes
   loading.py     checking and opening a local pipeline folder
   stages.py      per-stage timing from hooks          running.py  one call with an attention choice
-  video_io.py    MP4 and WAV writing                   quality.py  per-frame PSNR and SSIM
+  video_io.py    MP4 writing                           quality.py  per-frame PSNR and SSIM
 """

@@ -2,8 +2,8 @@
 
 The call is built from what the pipeline's `__call__` accepts (a DiffusionPipeline: prompt,
 num_frames, height, width, num_inference_steps, guidance_scale, generator, output_type="np",
-callback_on_step_end), so any text-to-video DiffusionPipeline of diffusers runs unchanged. Modular
-pipelines (MiniMax-H3) take their own inputs and return named outputs.
+callback_on_step_end), so any text-to-video DiffusionPipeline of diffusers runs unchanged. Only the
+video frames are kept (modular pipelines, e.g. MiniMax-H3, are refused when the folder is inspected).
 
 Attention: "bf16" leaves the pipeline's own attention alone; "fp8" patches it with
 `dit_accel.patching.patch_attention(pipe, "fp8")` for the duration of the call and undoes it after.
@@ -21,7 +21,7 @@ from ..errors import UserError
 from .stages import StageTimer, StageTimes
 
 ATTENTION_CHOICES = ("bf16", "fp8")
-DEFAULT_FPS = 16  # Wan's; a pipeline with an `fps` attribute (MiniMax-H3: 24) says its own
+DEFAULT_FPS = 16  # Wan's; a pipeline with an `fps` attribute says its own
 
 
 @dataclass(frozen=True)
@@ -44,15 +44,12 @@ class RunResult:
     frames: np.ndarray  # [F, H, W, 3] float in [0, 1]
     fps: float
     times: StageTimes
-    audio: np.ndarray | None = None
-    audio_sample_rate: int | None = None
     attention_summary: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"attention": self.attention, "frames": int(self.frames.shape[0]),
                 "height": int(self.frames.shape[1]), "width": int(self.frames.shape[2]), "fps": self.fps,
-                "stages": self.times.as_dict(), "attention_patch": self.attention_summary,
-                "audio_sample_rate": self.audio_sample_rate}
+                "stages": self.times.as_dict(), "attention_patch": self.attention_summary}
 
 
 def check_attention(attention: str, device: torch.device) -> None:
@@ -128,9 +125,8 @@ def run_once(pipe: Any, request: Request, *, device: torch.device, attention: st
     finally:
         if patch is not None:
             patch.unpatch()
-    frames, audio, sample_rate = _frames_of(output), None, None
     fps = float(getattr(pipe, "fps", None) or DEFAULT_FPS)
-    return RunResult(attention, frames, fps, timer.times, audio, sample_rate, summary)
+    return RunResult(attention, _frames_of(output), fps, timer.times, summary)
 
 
 def warm_up(pipe: Any, request: Request, *, device: torch.device, attention: str) -> None:

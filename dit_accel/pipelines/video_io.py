@@ -1,7 +1,6 @@
-"""Writing what a pipeline returns: frames as an H.264 MP4 (imageio + its bundled ffmpeg), audio as WAV."""
+"""Writing what a pipeline returns: frames as an H.264 MP4 (imageio + its bundled ffmpeg)."""
 from __future__ import annotations
 
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -43,21 +42,3 @@ def write_mp4(path: Path, frames, fps: float) -> dict:
     return {"file": path.name, "frames": int(array.shape[0]), "height": int(array.shape[1]),
             "width": int(array.shape[2]), "fps": fps, "bytes": path.stat().st_size}
 
-
-def write_wav(path: Path, audio, sample_rate: int) -> dict:
-    """16-bit PCM WAV from float samples in [-1, 1], laid out [samples], [channels, samples] or [samples, channels]."""
-    array = np.asarray(audio, dtype=np.float32)
-    while array.ndim > 2 and array.shape[0] == 1:
-        array = array[0]
-    if array.ndim == 1:
-        array = array[:, None]
-    elif array.shape[0] < array.shape[1]:  # [channels, samples]
-        array = array.T
-    pcm = (np.clip(array, -1.0, 1.0) * 32767.0).round().astype("<i2")
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(pcm.shape[1])
-        out.setsampwidth(2)
-        out.setframerate(int(sample_rate))
-        out.writeframes(pcm.tobytes())
-    return {"file": path.name, "channels": int(pcm.shape[1]), "samples": int(pcm.shape[0]),
-            "sample_rate": int(sample_rate), "seconds": pcm.shape[0] / sample_rate}
