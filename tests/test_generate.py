@@ -103,6 +103,23 @@ def test_compare_reports_quality_and_speedup(tiny_wan, tmp_path, monkeypatch):
         assert len(_read_video(out / name)) == WAN_DEFAULTS["frames"]
 
 
+def test_the_quality_table_says_when_identical_frames_are_left_out_of_the_psnr_mean():
+    import numpy as np
+    from rich.console import Console
+
+    from dit_accel.commands.generate import _quality_table
+    from dit_accel.pipelines.quality import compare_videos
+
+    reference = np.random.default_rng(0).random((3, 16, 16, 3))
+    video = reference.copy()
+    video[1] += 0.1  # PSNR 20 dB; frames 0 and 2 identical
+    console = Console(width=120)
+    with console.capture() as captured:
+        console.print(_quality_table(compare_videos(video, reference), "bf16", "fp8"))
+    mean_row = next(line for line in captured.get().splitlines() if "mean" in line)
+    assert "20.00 (2 identical, not counted)" in mean_row
+
+
 def test_fp8_on_the_cpu_is_one_line_and_writes_nothing(tiny_wan, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

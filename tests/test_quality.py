@@ -31,7 +31,26 @@ def test_identical_frames():
     assert psnr_per_frame(video, video) == [math.inf] * 3
     assert ssim_per_frame(video, video) == pytest.approx([1.0] * 3, abs=1e-12)
     summary = compare_videos(video, video)
-    assert summary["psnr_db_mean"] == math.inf and summary["ssim_min"] == pytest.approx(1.0)
+    assert summary["psnr_db_mean"] == math.inf and summary["identical_frames"] == 3
+    assert summary["ssim_min"] == pytest.approx(1.0)
+
+
+def test_psnr_mean_is_over_the_frames_that_differ():
+    rng = np.random.default_rng(4)
+    reference = rng.random((4, 16, 16, 3))
+    video = reference.copy()
+    video[1] += 0.1  # MSE 0.01: 20 dB
+    video[3, ::2] += 0.1  # MSE 0.005: about 23.01 dB
+    psnr = psnr_per_frame(video, reference)
+    assert psnr[0] == psnr[2] == math.inf
+    summary = compare_videos(video, reference)
+    assert summary["identical_frames"] == 2
+    assert summary["psnr_db_mean"] == pytest.approx((psnr[1] + psnr[3]) / 2, rel=1e-12)
+    assert summary["psnr_db_mean"] == pytest.approx((20 + 10 * math.log10(200)) / 2, rel=1e-9)
+    assert summary["psnr_db_min"] == pytest.approx(20, rel=1e-9)
+    assert summary["ssim_mean"] == pytest.approx(sum(summary["ssim_per_frame"]) / 4)
+    # No frame identical: the plain mean.
+    assert compare_videos(video[[1, 3]], reference[[1, 3]])["identical_frames"] == 0
 
 
 def test_psnr_of_known_noise():

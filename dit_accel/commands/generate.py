@@ -113,8 +113,11 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
         table.add_row(str(i), "inf" if math.isinf(psnr[i]) else f"{psnr[i]:.2f}", f"{ssim[i]:.4f}")
     if len(psnr) > MAX_FRAMES_LISTED:
         table.add_row("...", f"({len(psnr) - MAX_FRAMES_LISTED} more in report.json)", "")
-    mean = quality["psnr_db_mean"]
-    table.add_row("mean", "inf" if math.isinf(mean) else f"{mean:.2f}", f"{quality['ssim_mean']:.4f}")
+    mean, identical = quality["psnr_db_mean"], quality["identical_frames"]
+    mean_psnr = "inf" if math.isinf(mean) else f"{mean:.2f}"
+    if identical and not math.isinf(mean):
+        mean_psnr += f" ({identical} identical, not counted)"
+    table.add_row("mean", mean_psnr, f"{quality['ssim_mean']:.4f}")
     table.add_row("min", "inf" if math.isinf(quality["psnr_db_min"]) else f"{quality['psnr_db_min']:.2f}",
                   f"{quality['ssim_min']:.4f}")
     return table

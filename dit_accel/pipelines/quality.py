@@ -77,12 +77,18 @@ def ssim_per_frame(video, reference, *, window: int = SSIM_WINDOW, sigma: float 
 
 
 def compare_videos(video, reference) -> dict:
-    """Per-frame PSNR (dB) and SSIM plus their means and minima, for a report."""
+    """Per-frame PSNR (dB) and SSIM plus their means and minima, for a report.
+
+    A frame equal to its reference has an infinite PSNR, which would swamp a mean: `psnr_db_mean` is
+    the mean over the frames that differ, `identical_frames` counts the others, and when every frame
+    is identical the mean is inf. The SSIM mean is over all frames (1.0 for an identical one).
+    """
     psnr = psnr_per_frame(video, reference)
     ssim = ssim_per_frame(video, reference)
-    finite = [p for p in psnr if math.isfinite(p)]
+    differing = [p for p in psnr if math.isfinite(p)]
     return {
         "psnr_db_per_frame": psnr, "ssim_per_frame": ssim,
-        "psnr_db_mean": (sum(finite) / len(finite)) if len(finite) == len(psnr) else math.inf,
+        "psnr_db_mean": sum(differing) / len(differing) if differing else math.inf,
+        "identical_frames": len(psnr) - len(differing),
         "psnr_db_min": min(psnr), "ssim_mean": sum(ssim) / len(ssim), "ssim_min": min(ssim),
     }
