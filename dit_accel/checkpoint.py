@@ -24,7 +24,6 @@ CONFIG_NAME = "config.json"
 class CheckpointLayout:
     """Where a transformer's tensors live: key -> shard path (one entry per key)."""
 
-    folder: Path
     key_to_file: dict[str, Path]
 
     def keys_with_prefix(self, prefix: str) -> list[str]:
@@ -71,13 +70,13 @@ def read_layout(folder: Path) -> CheckpointLayout:
             weight_map = json.loads(indexes[0].read_text())["weight_map"]
         except (OSError, ValueError, KeyError) as exc:
             raise UserError(f"{indexes[0]} is not a safetensors index ({exc}); re-download it") from exc
-        return CheckpointLayout(folder, {key: folder / name for key, name in weight_map.items()})
+        return CheckpointLayout({key: folder / name for key, name in weight_map.items()})
     files = sorted(folder.glob("*.safetensors"))
     if len(files) != 1:
         found = "no" if not files else f"{len(files)} un-indexed"
         raise UserError(f"{folder} has {found} safetensors files and no index; expected one file or an index.json")
     with _open_shard(files[0], "cpu") as f:
-        return CheckpointLayout(folder, {key: files[0] for key in f.keys()})
+        return CheckpointLayout({key: files[0] for key in f.keys()})
 
 
 def _open_shard(path: Path, device: str):

@@ -50,6 +50,11 @@ class DeviceInfo:
             return cls(props.name, "cuda", f"{props.major}.{props.minor}", props.total_memory / 2**30, torch.__version__)
         return cls(f"CPU ({os.cpu_count()} threads)", "cpu", None, None, torch.__version__)
 
+    @property
+    def label(self) -> str:
+        """'NVIDIA H200 (sm_90)', or the CPU's name."""
+        return f"{self.name} (sm_{self.capability.replace('.', '')})" if self.capability else self.name
+
     def as_dict(self) -> dict:
         return asdict(self)
 
@@ -106,7 +111,7 @@ def measure_ceilings(device: torch.device, dtype: torch.dtype) -> Ceilings:
     A ceiling is what the device can do, so each is the fastest of its runs: other work on the
     machine can only slow a run down.
     """
-    # On a GPU: 2 GiB copied, far past any L2; on a CPU: sizes that take a few seconds.
+    # On a GPU: 2^29 elements (1 GiB in bf16) copied, far past any L2; on a CPU: a few seconds' worth.
     n, copy_elems = (8192, 2**30) if device.type == "cuda" else (2048, 2**26)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -12,6 +13,11 @@ from rich.console import Console
 
 # Wide enough for the tables when output goes to a file or a pipe (rich would assume 80 columns).
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
+
+
+def command_line() -> str:
+    """The command as the user typed it, for reports: `dit-accel profile-block --seq-len 4096`."""
+    return shlex.join(["dit-accel", *sys.argv[1:]])
 
 
 def _jsonable(value: Any) -> Any:

@@ -22,6 +22,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $work/NA
 
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >>"$work/install.log" 2>&1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >>"$work/install.log" 2>&1 \
   || { echo "install failed"; cat "$work/install.log"; }

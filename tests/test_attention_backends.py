@@ -11,7 +11,6 @@ from dit_accel.errors import UserError
 
 CPU = torch.device("cpu")
 ALL_NAMES = ["native", "flash", "cudnn", "efficient", "math", "fa4", "fp8", "fp8-v1", "cudnn-fp8"]
-no_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def fp64_attention(q, k, v):
@@ -69,7 +68,6 @@ def test_cpu_backends_match_fp64_reference_in_bshd_layout(name):
 
 
 @pytest.mark.gpu
-@no_gpu
 @pytest.mark.parametrize("name", ALL_NAMES)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gpu_backends_match_fp64_reference(name, head_dim):

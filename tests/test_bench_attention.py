@@ -18,7 +18,6 @@ from dit_accel.cli import main
 from dit_accel.errors import UserError
 
 CPU = torch.device("cpu")
-no_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def test_shapes_parse_self_and_cross_attention():
@@ -128,7 +127,6 @@ def test_bad_input_is_one_line_exit_2_and_leaves_no_folder(tmp_path, args, messa
 
 
 @pytest.mark.gpu
-@no_gpu
 def test_gpu_run_small_shape_every_backend(tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(main, ["bench-attention", "--shapes", "1x8x2048x128", "--out", str(out)])

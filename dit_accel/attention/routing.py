@@ -177,7 +177,6 @@ class AttentionBackendSwap:
     router_modules: the model files whose dispatch global this swap holds a router on.
     """
 
-    backend_name: str
     previous: list[tuple[Any, Any]]
     routed: RoutedBackend | None
     router_modules: list[ModuleType]
@@ -237,7 +236,7 @@ def set_attention_backend_by_name(module: nn.Module, name: str, *, exclude: tupl
     previous = [(processor, processor.__dict__.get("_attention_backend", _UNSET)) for processor in processors]
     for processor in processors:
         processor._attention_backend = value
-    return AttentionBackendSwap(name, previous, value if backend.routed else None, router_modules)
+    return AttentionBackendSwap(previous, value if backend.routed else None, router_modules)
 
 
 def restore_attention_backend(swap: AttentionBackendSwap) -> None:

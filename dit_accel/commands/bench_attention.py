@@ -1,8 +1,6 @@
 """`dit-accel bench-attention`: the attention backends side by side on the same tensors."""
 from __future__ import annotations
 
-import shlex
-import sys
 from pathlib import Path
 
 import click
@@ -13,7 +11,7 @@ from ..attention.backends import BACKENDS, get_backend
 from ..bench_attention import (BASELINE_BACKEND, CPU_DEFAULT_SHAPE, GPU_DEFAULT_SHAPE, BenchRow, bench_shape,
                                parse_shapes, plot_tflops)
 from ..device import DeviceInfo, pick_device
-from ..report_io import console, write_csv, write_json
+from ..report_io import command_line, console, write_csv, write_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -61,7 +59,7 @@ def bench_attention(shapes_text, backends_text, dtype_name, outliers, warmup, ru
             rows += bench_shape(shape, backends, dtype=DTYPES[dtype_name], device=device, outliers=outliers,
                                 warmup=warmup, runs=runs, seed=seed)
         write_json(staging / "report.json", {
-            "command_line": shlex.join(["dit-accel", *sys.argv[1:]]),
+            "command_line": command_line(),
             "device": device_info.as_dict(),
             "cpu_run_not_representative": is_cpu_run,
             "settings": {"shapes": [s.label for s in shapes], "backends": [b.name for b in backends], "dtype": dtype_name,
@@ -83,7 +81,7 @@ def _title(info: DeviceInfo, dtype_name: str, outliers: bool, is_cpu_run: bool) 
     inputs = f"{dtype_name}, N(0,1)" + (" + 0.1% outliers x50" if outliers else "")
     if is_cpu_run:
         return f"Attention on the CPU ({info.name}), {inputs}: scaled-down CPU run, NOT representative of GPU speed"
-    return f"Attention on {info.name} (sm_{info.capability.replace('.', '')}), {inputs}"
+    return f"Attention on {info.label}, {inputs}"
 
 
 def _number(value: float | None, fmt: str, scale: float = 1.0, suffix: str = "") -> str:

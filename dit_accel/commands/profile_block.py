@@ -1,7 +1,6 @@
 """`dit-accel profile-block`: one DiT block streamed onto the GPU, profiled, extrapolated to the model."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -10,6 +9,7 @@ import torch
 from .. import __version__
 from ..adapters import ADAPTERS, DEFAULT_FAMILY, BlockAdapter, adapter_for_config, adapter_for_preset, read_transformer_config
 from ..attention.routing import use_attention_backend
+from ..bench_attention import rel_rms_err
 from ..block_loader import LoadedBlock, load_block_from_checkpoint, parse_dtype, synthetic_block
 from ..checkpoint import CONFIG_NAME, transformer_folder
 from ..device import DeviceInfo, apply_memory_budget, device_ceilings, parse_bytes, pick_device
@@ -19,7 +19,7 @@ from ..profiling.attention_error import attention_errors, capture_attention_inpu
 from ..profiling.profiler import profile_block as run_profile
 from ..profiling.report import BackendRun, render, write_files
 from ..profiling.validate import validate_chain
-from ..report_io import console
+from ..report_io import command_line, console
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
 
 
@@ -35,8 +35,7 @@ def _adapter(model: str | None, preset: str | None, checkpoint: Path | None) -> 
 
 def _output_error(output: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
     out, ref = output.double().flatten(), reference.double().flatten()
-    return {"rel_l2": ((out - ref).norm() / ref.norm()).item(),
-            "cosine": torch.nn.functional.cosine_similarity(out, ref, dim=0).item()}
+    return {"rel_l2": rel_rms_err(out, ref), "cosine": torch.nn.functional.cosine_similarity(out, ref, dim=0).item()}
 
 
 @click.command("profile-block")
@@ -179,7 +178,7 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
         "workload": f"batch {workload.batch} x S={workload.seq_len} rows "
                     f"({', '.join(f'{k} {v}' for k, v in workload.rows.items())}); {workload.source}",
         "dtype": str(dtype).replace("torch.", ""),
-        "device": f"{info.name}" + (f" (sm_{info.capability.replace('.', '')})" if info.capability else ""),
+        "device": info.label,
         "block time": ", ".join(f"{r.backend} {r.block_ms:.2f} ms (median of {r.profile.timing.runs})" for r in results),
         "peak memory": f"{peak / 2**30:.2f} GiB" if peak is not None else "n/a on the CPU",
     }
@@ -192,7 +191,7 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
         header["NOTE"] = (f"no GPU: scaled-down {adapter.display_name} block (hidden {adapter.hidden_size}, "
                           f"{adapter.config['num_attention_heads']} heads) at S={workload.seq_len}; run on a GPU for real numbers")
     report = {
-        "dit_accel_version": __version__, "command": " ".join(["dit-accel", *sys.argv[1:]]),
+        "dit_accel_version": __version__, "command": command_line(),
         "run_kind": "gpu" if device.type == "cuda" else ("cpu-scaled-down" if scaled_down else "cpu"),
         "header": header, "device": info.as_dict(), "ceilings": {**ceilings.as_dict(), "from_cache": ceilings_cached},
         "model": adapter.describe(), "block": loaded.as_dict(), "workload": workload.as_dict(),

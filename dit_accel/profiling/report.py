@@ -40,10 +40,8 @@ class BackendRun:
     def category_rows(self, ceilings: Ceilings) -> dict[str, dict[str, Any]]:
         """Per category: time per block, share of the block, and the achieved rate against a ceiling."""
         work_flops = {"attention": self.attention_flops, "gemm": self.linear_flops}
-        # Profiled times can add up to more than the timed block (profiler overhead on the CPU): scale
-        # them down to the block, so the rows add up to it; on a GPU the rest is gaps between kernels.
         kernel_total_ms = self.profile.kernel_time_us / 1e3
-        scale = min(1.0, self.block_ms / kernel_total_ms) if kernel_total_ms else 0.0
+        scale = self._profiled_to_block()
         rows: dict[str, dict[str, Any]] = {}
         for category, sums in self.profile.by_category().items():
             kernel_ms = scale * sums["time_us"] / 1e3
@@ -66,9 +64,15 @@ class BackendRun:
                 if category != "attention" and category not in GAPS_LABEL.values()]
         return sorted(rows, key=lambda row: -row["ms"])[:count]
 
-    def module_rows(self) -> dict[str, dict[str, float]]:
+    def _profiled_to_block(self) -> float:
+        """Factor from profiled time to block time. Profiled times can add up to more than the timed
+        block (profiler overhead on the CPU): they are scaled down so the rows add up to it; when they
+        add up to less (a GPU), the rest is shown as gaps."""
         kernel_total_ms = self.profile.kernel_time_us / 1e3
-        scale = min(1.0, self.block_ms / kernel_total_ms) if kernel_total_ms else 0.0
+        return min(1.0, self.block_ms / kernel_total_ms) if kernel_total_ms else 0.0
+
+    def module_rows(self) -> dict[str, dict[str, float]]:
+        scale = self._profiled_to_block()
         return {label: {"ms": scale * s["time_us"] / 1e3, "share_pct": 100 * scale * s["time_us"] / 1e3 / self.block_ms}
                 for label, s in self.profile.by_range().items()}
 
