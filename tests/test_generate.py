@@ -9,6 +9,7 @@ from pathlib import Path
 import imageio.v2 as imageio
 import pytest
 import torch
+from attention_doubles import fake_backend  # noqa: F401 (fixture)
 from click.testing import CliRunner
 
 from dit_accel.cli import main
@@ -78,24 +79,34 @@ def test_options_override_the_tiny_defaults(tiny_wan, tmp_path):
     assert stages["transformer_calls_per_step"] == [1, 1]  # guidance 1: no unconditional pass
 
 
-def test_compare_reports_quality_and_speedup(tiny_wan, tmp_path, monkeypatch):
-    """The FP8 kernel needs a GPU; here `fp8` is served by torch's math SDPA through the real patching
-    seam, which exercises the whole --compare path (two runs, same seed, PSNR/SSIM, speed-up)."""
+def test_compare_reports_quality_and_speedup(tiny_wan, tmp_path, monkeypatch, fake_backend):
+    """The --compare path on the CPU: two runs with the same seed, PSNR/SSIM, speed-up, two videos.
+
+    The FP8 kernel needs a GPU, so `fp8` is served here by the routed test backend `fake` (it records
+    each call and answers with torch SDPA) through the real patching seam. What this proves: the fp8
+    run's attention went through the patch (calls served and recorded), the bf16 run was not patched,
+    and the comparison is reported. It says nothing about the FP8 kernel's accuracy: the fake computes
+    what native attention computes, so the videos are expected to be (nearly) identical."""
     import dit_accel.patching as patching
     from dit_accel.commands import generate as generate_command
 
     real_patch = patching.patch_attention
     monkeypatch.setattr(generate_command, "check_attention", lambda attention, device: None)
-    monkeypatch.setattr(patching, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "math", **kw))
+    monkeypatch.setattr(patching, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
     out = tmp_path / "run"
     result = _invoke("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--compare", "bf16", "--no-warmup")
     assert result.exit_code == 0, result.output
     assert "PSNR" in result.output and "speed-up" in result.output
     report = json.loads((out / "report.json").read_text())
-    assert [run["attention"] for run in report["runs"]] == ["bf16", "fp8"]
+    bf16_run, fp8_run = report["runs"]
+    assert [bf16_run["attention"], fp8_run["attention"]] == ["bf16", "fp8"]
+    # Every attention call of the fp8 run (and none of the bf16 run: no warm-up) reached the fake.
+    assert bf16_run["attention_patch"] == {}
+    assert fp8_run["attention_patch"]["backend"] == "fake" and fp8_run["attention_patch"]["fallback_calls"] == {}
+    assert fp8_run["attention_patch"]["served_calls"] > 0
+    assert len(fake_backend.calls) == fp8_run["attention_patch"]["served_calls"]
     comparison = report["comparison"]
     assert len(comparison["psnr_db_per_frame"]) == len(comparison["ssim_per_frame"]) == WAN_DEFAULTS["frames"]
-    # Same seed, attention that differs only in rounding: nearly the same video.
     assert comparison["ssim_min"] > 0.9
     assert comparison["psnr_db_min"] is None or comparison["psnr_db_min"] > 30  # None: identical (inf)
     assert comparison["denoise_speedup"] > 0
