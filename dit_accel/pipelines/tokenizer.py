@@ -25,23 +25,18 @@ def word_vocab(size: int) -> dict[str, int]:
     return {token: index for index, token in enumerate(tokens)}
 
 
-def build_word_tokenizer(vocab_size: int, *, model_max_length: int = 512, pad_token: str = PAD,
-                         eos_token: str = EOS, unk_token: str = UNK, vocab: dict[str, int] | None = None):
-    """A `PreTrainedTokenizerFast` over a word-level vocabulary: lower-cases, splits on white space and
-    punctuation, appends `eos_token`. Save it with `save_pretrained`; it loads back with no network."""
+def build_word_tokenizer(vocab_size: int, *, model_max_length: int = 512):
+    """A `PreTrainedTokenizerFast` over `word_vocab(vocab_size)`: lower-cases, splits on white space and
+    punctuation, appends `</s>`. Save it with `save_pretrained`; it loads back with no network."""
     from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
-    vocab = dict(vocab) if vocab is not None else word_vocab(vocab_size)
-    for special in (pad_token, eos_token, unk_token):
-        vocab.setdefault(special, len(vocab))
-    if max(vocab.values()) >= vocab_size:
-        raise ValueError(f"vocabulary ids reach {max(vocab.values())}, past the encoder's {vocab_size} embeddings")
-    core = Tokenizer(WordLevel(vocab, unk_token=unk_token))
+    vocab = word_vocab(vocab_size)  # ids 0 .. vocab_size - 1, the special tokens first
+    core = Tokenizer(WordLevel(vocab, unk_token=UNK))
     core.normalizer = normalizers.Lowercase()
     core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
-    core.post_processor = processors.TemplateProcessing(single=f"$A {eos_token}", pair=f"$A {eos_token} $B {eos_token}",
-                                                        special_tokens=[(eos_token, vocab[eos_token])])
-    return PreTrainedTokenizerFast(tokenizer_object=core, model_max_length=model_max_length, pad_token=pad_token,
-                                   eos_token=eos_token, unk_token=unk_token, padding_side="right")
+    core.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}",
+                                                        special_tokens=[(EOS, vocab[EOS])])
+    return PreTrainedTokenizerFast(tokenizer_object=core, model_max_length=model_max_length, pad_token=PAD,
+                                   eos_token=EOS, unk_token=UNK, padding_side="right")
