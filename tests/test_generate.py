@@ -15,7 +15,6 @@ from click.testing import CliRunner
 from dit_accel.cli import main
 from dit_accel.pipelines.tiny_wan import DEFAULTS as WAN_DEFAULTS
 
-requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def _invoke(*args: str):
@@ -221,7 +220,6 @@ def test_make_tiny_pipeline_refuses_a_non_empty_folder(tmp_path):
     assert result.exit_code == 2 and "not an empty folder" in result.output
 
 
-@requires_gpu
 @pytest.mark.gpu
 def test_generate_on_the_gpu_in_bf16_and_fp8(tiny_wan, tmp_path):
     """On an sm_89+ GPU: the tiny pipeline in bf16 against fp8 attention (the real kernel)."""

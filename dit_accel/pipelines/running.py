@@ -66,10 +66,8 @@ def check_attention(attention: str, device: torch.device) -> None:
 def _patch(pipe: Any, attention: str):
     if attention == "bf16":
         return None
-    try:
-        from ..patching import patch_attention
-    except ImportError as exc:
-        raise UserError("--attn fp8 needs dit_accel.patching, which this build does not have yet; use --attn bf16") from exc
+    from ..patching import patch_attention
+
     return patch_attention(pipe, backend=attention)
 
 
