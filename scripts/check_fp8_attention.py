@@ -10,7 +10,6 @@ import argparse
 import glob
 import importlib.util
 import json
-import math
 import os
 import subprocess
 import sys
@@ -54,8 +53,8 @@ def main():
     import torch
     fa = import_kernels()
     from dit_accel.kernels.fp8_attention.emulation import (
-        emulate_fp8_attention, reference_attention, rel_rms_error)
-    from dit_accel.kernels.fp8_attention.prep import prep_reference, prep_triton
+        emulate_fp8_attention, random_qkv, reference_attention, rel_rms_error)
+    from dit_accel.kernels.fp8_attention.prep import prep_reference
 
     report = {"device": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
               "torch": torch.__version__, "compile": [], "correctness": [], "timing": []}
@@ -81,12 +80,6 @@ def main():
             report["compile"].append({"ptx": ptx, "error": str(e)})
 
     # ---------------------------------------------------------------- correctness
-    def inputs(b, sq, skv, h, d, outliers, seed):
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        xs = [torch.randn(b, s, h, d, device="cuda", generator=g) for s in (sq, skv, skv)]
-        if outliers:
-            xs = [torch.where(torch.rand(x.shape, device="cuda", generator=g) < 1e-3, x * 50, x) for x in xs]
-        return [x.to(torch.bfloat16) for x in xs]
 
     cases = [(b, s, s, d, o) for s in (1, 17, 127, 128, 1000, 4096, 30272) for d in (64, 128)
              for b in (1, 2) for o in (False, True) if not (s == 30272 and b == 2)]
@@ -98,7 +91,7 @@ def main():
             row["skipped"] = "time budget"
             continue
         try:
-            q, k, v = inputs(b, sq, skv, 4, d, outliers, seed=i)
+            q, k, v = random_qkv(b, sq, skv, 4, d, outliers, seed=i)
             rows = None if sq <= 1024 else torch.randperm(sq, device="cuda")[:512].sort().values
             row["rows_checked"] = "all" if rows is None else "512 random query rows (fp64 ref + emulation)"
             packed = fa.prep_fp8_attention(q, k, v)
@@ -142,7 +135,7 @@ def main():
     b, h, s, d = 1, 56, 30272, 128
     flop = 4 * b * h * s * s * d
     try:
-        q, k, v = inputs(b, s, s, h, d, False, seed=123)
+        q, k, v = random_qkv(b, s, s, h, d, False, seed=123)
         packed = fa.prep_fp8_attention(q, k, v)
         out = torch.empty_like(q)
         from torch.nn.attention import SDPBackend, sdpa_kernel

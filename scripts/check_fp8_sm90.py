@@ -42,7 +42,7 @@ def main():
     import_kernels()
     from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention, cute_arguments
     from dit_accel.kernels.fp8_attention.emulation import (
-        emulate_fp8_attention, reference_attention, reference_lse, rel_rms_error)
+        emulate_fp8_attention, random_qkv, reference_attention, reference_lse, rel_rms_error)
     from dit_accel.kernels.fp8_attention import interface
     from dit_accel.kernels.fp8_attention.prep import prep_triton
 
@@ -81,16 +81,10 @@ def main():
                              packed.head_dim ** -0.5, packed.seqlen_kv,
                              torch.cuda.current_stream().cuda_stream))
 
-    def inputs(b, sq, skv, h, d, outliers, seed):
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        xs = [torch.randn(b, s, h, d, device="cuda", generator=g) for s in (sq, skv, skv)]
-        if outliers:
-            xs = [torch.where(torch.rand(x.shape, device="cuda", generator=g) < 1e-3, x * 50, x) for x in xs]
-        return [x.to(torch.bfloat16) for x in xs]
 
     if args.sanitize:
         for d in (64, 128):
-            q, k, v = inputs(2, 300, 200, 2, d, True, d)
+            q, k, v = random_qkv(2, 300, 200, 2, d, True, d)
             packed = prep_triton(q, k, v)
             out = torch.full_like(q, float("nan"))
             lse = torch.empty(2, 2, 300, device="cuda")
@@ -102,7 +96,7 @@ def main():
         return
 
     if args.profile:
-        q, k, v = inputs(1, 8192, 8192, 56, 128, False, 0)
+        q, k, v = random_qkv(1, 8192, 8192, 56, 128, False, 0)
         packed = prep_triton(q, k, v)
         out = torch.empty_like(q)
         for variant in variants:
@@ -131,7 +125,7 @@ def main():
             row["skipped"] = "time budget"
             continue
         try:
-            q, k, v = inputs(b, sq, skv, 3, d, outliers, seed=1000 + i)
+            q, k, v = random_qkv(b, sq, skv, 3, d, outliers, seed=1000 + i)
             rows = None if sq <= 1024 else torch.randperm(sq, device="cuda")[:256].sort().values
             packed = prep_triton(q, k, v)
             out = torch.full_like(q, float("nan"))
@@ -180,7 +174,7 @@ def main():
     b, h, s, d = 1, 56, 30272, 128
     flop = 4 * b * h * s * s * d
     try:
-        q, k, v = inputs(b, s, s, h, d, False, seed=123)
+        q, k, v = random_qkv(b, s, s, h, d, False, seed=123)
         packed = prep_triton(q, k, v)
         out = torch.empty_like(q)
         from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -1,5 +1,6 @@
 """float64 references for checking the kernel.
 
+`random_qkv`: fresh test inputs, N(0,1) or with 0.1% outliers of 50x (FP8's hard case).
 `reference_attention`: plain softmax(Q K^T * scale) V in float64 (the truth).
 `emulate_fp8_attention`: the kernel's scheme with every rounding it does and nothing else:
 per-(b, h) e4m3 Q, K, V (prep's `quantize`), online softmax over 32-key strips, p rounded
@@ -13,6 +14,20 @@ import torch
 
 from .kernel_mma_sync import KEYS, P_SCALE
 from .prep import FP8, check_inputs_finite, head_amax, quantize, scales_from_amax
+
+
+OUTLIER_FRACTION, OUTLIER_FACTOR = 1e-3, 50.0
+
+
+def random_qkv(b, sq, skv, h, d, outliers=False, seed=0, *, device="cuda", dtype=torch.bfloat16):
+    """q [b, sq, h, d], k and v [b, skv, h, d] from N(0,1), drawn from `seed`; with `outliers`, 0.1%
+    of the elements of each are scaled by 50."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    xs = [torch.randn(b, s, h, d, device=device, generator=g) for s in (sq, skv, skv)]
+    if outliers:
+        xs = [torch.where(torch.rand(x.shape, device=device, generator=g) < OUTLIER_FRACTION, x * OUTLIER_FACTOR, x)
+              for x in xs]
+    return [x.to(dtype) for x in xs]
 
 
 def reference_attention(q, k, v, scale=None, rows=None):

@@ -8,17 +8,10 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
 
 from dit_accel.kernels.fp8_attention import fp8_attention, fp8_attention_packed, prep_fp8_attention  # noqa: E402
 from dit_accel.kernels.fp8_attention.emulation import (  # noqa: E402
-    emulate_fp8_attention, reference_attention, reference_lse, rel_rms_error)
+    emulate_fp8_attention, random_qkv, reference_attention, reference_lse, rel_rms_error)
 from dit_accel.kernels.fp8_attention.prep import prep_reference, prep_triton  # noqa: E402
 
 
-def inputs(b, sq, skv, h, d, outliers=False, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    make = lambda s: torch.randn(b, s, h, d, device="cuda", generator=g)
-    xs = [make(sq), make(skv), make(skv)]
-    if outliers:  # 0.1% of elements scaled by 50
-        xs = [torch.where(torch.rand(x.shape, device="cuda", generator=g) < 1e-3, x * 50, x) for x in xs]
-    return [x.to(torch.bfloat16) for x in xs]
 
 
 @pytest.mark.parametrize("outliers", [False, True])
@@ -26,7 +19,7 @@ def inputs(b, sq, skv, h, d, outliers=False, seed=0):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("sq, skv", [(1, 1), (17, 17), (127, 127), (128, 128), (1000, 1000), (1000, 512), (17, 512)])
 def test_kernel_matches_emulation(sq, skv, d, b, outliers):
-    q, k, v = inputs(b, sq, skv, 3, d, outliers)
+    q, k, v = random_qkv(b, sq, skv, 3, d, outliers)
     packed = prep_fp8_attention(q, k, v)
     out = torch.full((b, sq, 3, d), float("nan"), dtype=torch.bfloat16, device="cuda")
     out, lse = fp8_attention_packed(packed, return_lse=True, out=out, kernel="mma_sync")  # v1; sm90 has its own file
@@ -43,14 +36,14 @@ def test_kernel_matches_emulation(sq, skv, d, b, outliers):
 
 
 def test_public_entry_point_and_scale():
-    q, k, v = inputs(2, 300, 300, 4, 128)
+    q, k, v = random_qkv(2, 300, 300, 4, 128)
     out = fp8_attention(q, k, v, scale=0.05)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert rel_rms_error(out, reference_attention(q, k, v, scale=0.05)) < 0.08
 
 
 def test_triton_prep_matches_reference_bitwise():
-    q, k, v = inputs(2, 333, 77, 3, 128, outliers=True)
+    q, k, v = random_qkv(2, 333, 77, 3, 128, outliers=True)
     q = q.transpose(1, 2).contiguous().transpose(1, 2)  # a non-contiguous [B, S, H, D] view
     a, r = prep_triton(q, k, v), prep_reference(q, k, v)
     for name in ("q", "k", "v"):

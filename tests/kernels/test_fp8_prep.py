@@ -105,3 +105,17 @@ def test_interface_errors(change, message):
     q, k, v = (change(x) for x in qkv())
     with pytest.raises(Fp8AttentionUnsupported, match=message):
         fp8_attention(q, k, v)
+
+
+def test_random_qkv_is_seeded_and_scales_a_thousandth_by_fifty():
+    from dit_accel.kernels.fp8_attention.emulation import random_qkv
+
+    q, k, v = random_qkv(2, 300, 200, 3, 64, True, seed=7, device="cpu", dtype=torch.float32)
+    assert q.shape == (2, 300, 3, 64) and k.shape == v.shape == (2, 200, 3, 64)
+    again = random_qkv(2, 300, 200, 3, 64, True, seed=7, device="cpu", dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), again))
+    plain = random_qkv(2, 300, 200, 3, 64, False, seed=7, device="cpu", dtype=torch.float32)
+    scaled = (q != plain[0]).float().mean().item()
+    assert 0.0005 < scaled < 0.002  # 0.1% of the elements, each exactly 50x the N(0,1) draw
+    changed = q != plain[0]
+    assert torch.allclose(q[changed], 50 * plain[0][changed])

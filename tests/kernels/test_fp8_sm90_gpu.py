@@ -8,24 +8,18 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
     pytest.skip("needs an sm_90 GPU", allow_module_level=True)
 
 from dit_accel.kernels.fp8_attention.emulation import (  # noqa: E402
-    emulate_fp8_attention, reference_attention, rel_rms_error)
+    emulate_fp8_attention, random_qkv, reference_attention, rel_rms_error)
 from dit_accel.kernels.fp8_attention.interface import (  # noqa: E402
     fp8_attention_packed, prep_fp8_attention)
 
 
-def inputs(b, sq, skv, h, d, outliers, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    xs = [torch.randn(b, s, h, d, device="cuda", generator=g) for s in (sq, skv, skv)]
-    if outliers:
-        xs = [torch.where(torch.rand(x.shape, device="cuda", generator=g) < 1e-3, x * 50, x) for x in xs]
-    return [x.to(torch.bfloat16) for x in xs]
 
 
 @pytest.mark.parametrize("b,sq,skv,d,outliers", [
     (1, 1, 1, 64, False), (2, 17, 17, 128, True), (1, 127, 127, 64, True), (2, 128, 128, 128, False),
     (1, 1000, 1000, 128, True), (2, 1000, 512, 64, True), (1, 4096, 4096, 128, False)])
 def test_sm90_matches_emulation(b, sq, skv, d, outliers):
-    q, k, v = inputs(b, sq, skv, 3, d, outliers, seed=sq + d)
+    q, k, v = random_qkv(b, sq, skv, 3, d, outliers, seed=sq + d)
     packed = prep_fp8_attention(q, k, v)
     out = torch.full_like(q, float("nan"))
     out, lse = fp8_attention_packed(packed, return_lse=True, out=out, kernel="sm90")
