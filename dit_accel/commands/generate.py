@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import click
@@ -21,7 +20,7 @@ from ..pipelines.quality import compare_videos
 from ..pipelines.running import ATTENTION_CHOICES, Request, RunResult, check_attention, run_once, warm_up
 from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
 from ..pipelines.video_io import write_mp4
-from ..report_io import console, write_json
+from ..report_io import command_line, console, write_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
 
 DEFAULT_PROMPT = "a red fox running through fresh snow at sunset, wide shot"
@@ -195,7 +194,7 @@ def _generate(folder, request: Request, device, dtype, attention, compare, warmu
 
     info = DeviceInfo.of(device)
     header = {"pipeline": f"{folder.class_name} from {folder.path}",
-              "device": info.name + (f" (sm_{info.capability.replace('.', '')})" if info.capability else ""),
+              "device": info.label,
               "dtype": str(dtype).replace("torch.", ""),
               "video": f"{runs[0].frames.shape[0]} frames of {runs[0].frames.shape[1]}x{runs[0].frames.shape[2]} "
                        f"at {runs[0].fps:g} fps, {request.steps} steps, seed {request.seed}"}
@@ -219,7 +218,7 @@ def _generate(folder, request: Request, device, dtype, attention, compare, warmu
         console.print(f"speed-up of {candidate.attention} over {reference.attention}: denoising "
                       f"{comparison['denoise_speedup']:.2f}x, whole call {comparison['total_speedup']:.2f}x")
 
-    report = {"dit_accel_version": __version__, "command": " ".join(["dit-accel", *sys.argv[1:]]),
+    report = {"dit_accel_version": __version__, "command": command_line(),
               "run_kind": "gpu" if device.type == "cuda" else "cpu", "header": header,
               "pipeline": {"class": folder.class_name, "path": str(folder.path),
                            "components": {k: list(v) for k, v in folder.components.items()}},

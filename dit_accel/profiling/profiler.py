@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.autograd import DeviceType
 
-from ..adapters import BlockAdapter, Workload
+from ..adapters import BlockAdapter
 from ..block_loader import param_bytes
 from ..timing import TimingStats, time_region
 from .classify import CATEGORIES, classify

@@ -50,5 +50,4 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
 
     with use_attention_backend(blocks, attention):
         timing = time_region(chain, device=device, warmup=warmup, runs=runs)
-    del blocks
     return Validation(n, distinct, timing.median_ms, n * block_ms)
