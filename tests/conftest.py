@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from attention_doubles import fake_backend  # noqa: F401 (a fixture, shared by every test module)
 from safetensors.torch import save_file
 
 # MiniMax-H3's public checkpoint index (66.28 GB in 14 shards), copied from shared/h3/.

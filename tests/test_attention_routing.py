@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from diffusers.models.attention_dispatch import AttentionBackendName
 from diffusers.models.transformers import transformer_minimax_h3, transformer_wan
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed, MiniMaxH3TransformerBlock
 from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
-from attention_doubles import RecordingSdpa, fake_backend  # noqa: F401 (fixture)
+from attention_doubles import RecordingSdpa
 
 from dit_accel.attention import backends, routing
 from dit_accel.attention.backends import AttentionBackend, BackendCannotServe

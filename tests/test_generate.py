@@ -9,7 +9,6 @@ from pathlib import Path
 import imageio.v2 as imageio
 import pytest
 import torch
-from attention_doubles import fake_backend  # noqa: F401 (fixture)
 from click.testing import CliRunner
 
 from dit_accel.cli import main

@@ -6,7 +6,6 @@ import types
 
 import pytest
 import torch
-from attention_doubles import fake_backend  # noqa: F401 (fixture)
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Transformer3DModel
 from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
 

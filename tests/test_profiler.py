@@ -1,7 +1,6 @@
 """The profiler's attribution on the CPU: ranges, categories and exact op bytes of a real H3 block."""
 import pytest
 import torch
-from attention_doubles import fake_backend  # noqa: F401 (fixture)
 
 from dit_accel.adapters import adapter_for_preset
 from dit_accel.block_loader import synthetic_block
