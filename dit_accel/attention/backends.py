@@ -203,8 +203,7 @@ def _fp8_backend(name: str, kernel: str, description: str) -> "AttentionBackend"
                       _needs_module("dit_accel.kernels.fp8_attention", "pip install -e .[kernels]"),
                       _needs_module("cutlass.cute", "pip install nvidia-cutlass-dsl")),
         routed=True,
-        phases=TwoPhases(prepare=functools.partial(_fp8_prepare, kernel=kernel), kernel=_fp8_kernel),
-        capture_safe=False)  # prep reads its amax vector on the host to reject inf/NaN
+        phases=TwoPhases(prepare=functools.partial(_fp8_prepare, kernel=kernel), kernel=_fp8_kernel))
 
 
 # --- cuDNN FP8 through the cudnn frontend (benchmark only) --------------------------------------

@@ -5,10 +5,9 @@ from .interface import (
     fp8_attention_packed,
     prep_fp8_attention,
 )
-from .prep import Fp8AttentionNonFinite, PackedQKV, prep_reference
+from .prep import PackedQKV, prep_reference
 
 __all__ = [
-    "Fp8AttentionNonFinite",
     "Fp8AttentionUnsupported",
     "PackedQKV",
     "fp8_attention",

@@ -13,7 +13,7 @@ import math
 import torch
 
 from .kernel_mma_sync import KEYS, P_SCALE
-from .prep import FP8, check_inputs_finite, head_amax, quantize, scales_from_amax
+from .prep import FP8, head_amax, quantize, scales_from_amax
 
 
 OUTLIER_FRACTION, OUTLIER_FACTOR = 1e-3, 50.0
@@ -57,7 +57,6 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     b, sq, h, d = q.shape
     amax = torch.stack([head_amax(x) for x in (q, k, v)])
-    check_inputs_finite(amax)
     descale, quant = scales_from_amax(amax)
     # e4m3 codes as float64, [B, H, S, D]
     qc, kc, vc = (quantize(x, quant[i]).double().transpose(1, 2) for i, x in enumerate((q, k, v)))

@@ -119,8 +119,8 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
                   return_lse: bool = False, kernel: str = "auto"):
     """softmax(q k^T * scale) v with FP8 (e4m3) Q, K, V, P; q, k, v [B, S, H, D] on CUDA.
 
-    scale defaults to 1/sqrt(D). Raises Fp8AttentionUnsupported for inputs it cannot take and
-    prep.Fp8AttentionNonFinite for inf/NaN inputs.
+    scale defaults to 1/sqrt(D). Raises Fp8AttentionUnsupported for inputs it cannot take; a
+    (batch, head) whose q, k or v holds inf or NaN comes out NaN, as in torch's attention.
     """
     packed = prep_fp8_attention(q, k, v)
     return fp8_attention_packed(packed, out_dtype=q.dtype, scale=scale, return_lse=return_lse,

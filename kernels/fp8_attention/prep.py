@@ -10,8 +10,10 @@ Contract (the kernel relies on every line):
   ``x ~= code * descale``. Codes are round-to-nearest-even of x * (448 / amax), clamped to
   +-448, so |code| <= 448 and no e4m3 value saturates to NaN.
 
-Non-finite inputs raise `Fp8AttentionNonFinite`: the amax of a head holding inf or NaN is inf
-or NaN, so one look at the [3, B*H] amax vector catches them (one host sync, a few bytes).
+Non-finite inputs give NaN heads, as in torch's attention: the amax of a head holding inf or
+NaN is inf or NaN, and that head's descale is set to NaN, which the kernel multiplies into
+every output of the head (Q or K: the logits; V: the output scale). No host sync: prep and
+kernel stay asynchronous and can be captured in a CUDA graph.
 
 Two implementations of the same contract: `prep_reference` (torch, any device, the spec) and
 `prep_triton` (CUDA, two Triton kernels: amax, then quantize + pack). The GPU check compares
@@ -25,10 +27,6 @@ from .kernel_mma_sync import KEYS, Q_ROWS
 
 E4M3_MAX = 448.0
 FP8 = torch.float8_e4m3fn
-
-
-class Fp8AttentionNonFinite(ValueError):
-    """An input of fp8_attention holds inf or NaN; FP8 scales cannot represent it."""
 
 
 @dataclass
@@ -65,21 +63,13 @@ def key_order(positions: torch.Tensor) -> torch.Tensor:
     return group + 8 * (element // 2) + 2 * lane + element % 2
 
 
-def check_inputs_finite(amax: torch.Tensor) -> None:
-    """amax: [3, B*H] of |Q|, |K|, |V| (NaN or inf if any input element was)."""
-    bad = ~torch.isfinite(amax)
-    if bool(bad.any()):
-        names = [name for name, row in zip("qkv", bad) if bool(row.any())]
-        raise Fp8AttentionNonFinite(
-            f"fp8_attention: {', '.join(names)} contain inf or NaN; FP8 attention needs finite inputs"
-        )
-
-
 def scales_from_amax(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(descale, quant_scale), both fp32 like amax: descale = amax / 448, quant = 448 / amax;
-    an all-zero head gets 1 and 1 (its codes are 0 either way)."""
+    """(descale, quant), both fp32 like amax: descale = amax / 448, quant = 448 / amax; an
+    all-zero head gets 1 and 1 (its codes are 0 either way); a head holding inf or NaN gets a
+    NaN descale, so its output is NaN."""
     nonzero = amax > 0
     descale = torch.where(nonzero, amax / E4M3_MAX, torch.ones_like(amax))
+    descale = torch.where(torch.isfinite(amax), descale, torch.full_like(amax, float("nan")))
     quant = torch.where(nonzero, E4M3_MAX / amax, torch.ones_like(amax))
     return descale, quant
 
@@ -101,7 +91,6 @@ def prep_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> PackedQ
     b, sq, h, d = q.shape
     skv = k.shape[1]
     amax = torch.stack([head_amax(x) for x in (q, k, v)])
-    check_inputs_finite(amax)
     descale, quant = scales_from_amax(amax)
 
     def rows(x, s_pad, quant_row):  # [B, S, H, D] -> [B*H, S_pad, D] codes, zero padded
@@ -132,7 +121,6 @@ def prep_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> PackedQKV:
     amax = torch.zeros(3, b * h, dtype=torch.float32, device=q.device)
     for i, x in enumerate((q, k, v)):
         tk.launch_amax(x, amax[i])
-    check_inputs_finite(amax)
     descale, quant = scales_from_amax(amax)
     sq_pad, skv_pad = round_up(sq, Q_ROWS), round_up(skv, KEYS)
     out_q = torch.empty(b * h, sq_pad, d, dtype=FP8, device=q.device)

@@ -49,3 +49,29 @@ def test_triton_prep_matches_reference_bitwise():
     for name in ("q", "k", "v"):
         assert torch.equal(getattr(a, name).view(torch.uint8), getattr(r, name).view(torch.uint8)), name
     assert torch.equal(a.descale, r.descale)
+
+
+@pytest.mark.parametrize("kernel", ["mma_sync", "auto"])
+@pytest.mark.parametrize("tensor", [0, 1, 2])
+def test_non_finite_input_gives_a_nan_head(kernel, tensor):
+    """inf/NaN in q, k or v: that (batch, head) comes out NaN, every other head is unchanged,
+    and nothing synchronises with the host on the way."""
+    inputs = list(random_qkv(2, 300, 200, 3, 128))
+    clean = fp8_attention(*inputs, kernel=kernel)
+    inputs[tensor][1, 7, 2, 5] = float("inf") if tensor != 1 else float("nan")
+    out = fp8_attention(*inputs, kernel=kernel)
+    assert torch.isnan(out[1, :, 2]).all()
+    out[1, :, 2] = clean[1, :, 2]
+    assert torch.equal(out, clean)
+
+
+def test_fp8_attention_replays_in_a_cuda_graph():
+    q, k, v = random_qkv(1, 1000, 1000, 4, 128)
+    eager = fp8_attention(q, k, v)  # also compiles the plan outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fp8_attention(q, k, v)
+    q.copy_(q.flip(1))
+    graph.replay()
+    torch.testing.assert_close(captured, fp8_attention(q, k, v), rtol=0, atol=0)
+    assert not torch.equal(captured, eager)
