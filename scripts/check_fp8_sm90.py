@@ -4,15 +4,18 @@ correctness matrix, timings at the H3 shape beside v1 and torch SDPA (cuDNN / fl
     python scripts/check_fp8_sm90.py --out $OUT [--budget-s 300] [--variants 128x2,128x3,192x2]
     python scripts/check_fp8_sm90.py --out $OUT --sanitize   # tiny shape, for compute-sanitizer
 
-Variant "NxS" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation; a
-trailing "s" = single-level (P.V accumulated by the tensor core across all blocks). The first variant is the one
-checked for correctness; every variant is timed. Writes $OUT/check_fp8_sm90.json, prints a
+Variant "NxS[s][eK]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
+(each block's P.V added to O in fp32 by the FMA units); "s" = single-level (P.V accumulated by
+the tensor core across all blocks); "eK" = the exp2s of K n8 tiles per row on the FMA pipe. kernels/NOTES.md lists the
+variants measured. The first variant is the one checked for
+correctness; every variant is timed. Writes $OUT/check_fp8_sm90.json, prints a
 table last.
 """
 import argparse
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,7 +28,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--budget-s", type=float, default=300.0)
-    parser.add_argument("--variants", default="128x2,128x2s,128x3,192x2")
+    parser.add_argument("--variants", default="128x2,128x2e2,128x2s,192x2s")
     parser.add_argument("--sanitize", action="store_true")
     parser.add_argument("--no-v1", action="store_true")
     parser.add_argument("--profile", action="store_true", help="B1 H56 S8192 D128, each variant once (for ncu)")
@@ -46,19 +49,26 @@ def main():
     from dit_accel.kernels.fp8_attention import interface
     from dit_accel.kernels.fp8_attention.prep import prep_triton
 
-    variants = [(int(v.split("x")[0]), int(v.split("x")[1].rstrip("s")), not v.endswith("s"))
-                for v in args.variants.split(",")]
+    def parse(name):  # "128x2se2" -> (128, 2, False, 2)
+        m = re.fullmatch(r"(\d+)x(\d+)(s?)(?:e(\d+))?", name)
+        if not m:
+            parser.error(f"bad variant {name!r}; NxS[s][eK], e.g. 128x2 or 192x2s")
+        return int(m[1]), int(m[2]), not m[3], int(m[4] or 0)
+
+    variants = [parse(v) for v in args.variants.split(",")]
+    label = lambda v: "%dx%d" % v[:2] + ("" if v[2] else "s") + (f"e{v[3]}" if v[3] else "")
     report = {"device": torch.cuda.get_device_name(), "variants": args.variants,
               "compile": [], "correctness": [], "timing": []}
     kernels = {}
 
-    def get(d, with_lse, tile_n, stages, two_level):
-        key = (d, with_lse, tile_n, stages, two_level)
+    def get(d, with_lse, tile_n, stages, two_level, fma_exp2_tiles):
+        key = (d, with_lse, tile_n, stages, two_level, fma_exp2_tiles)
         if key not in kernels:
             t0 = time.time()
             kernels[key] = compile_fp8_attention(d, torch.bfloat16, with_lse, kernel="sm90",
                                                  tile_n=tile_n, num_stages=stages,
-                                                 two_level_pv=two_level)
+                                                 two_level_pv=two_level,
+                                                 fma_exp2_tiles=fma_exp2_tiles)
             entry = {"key": key, "compile_s": round(time.time() - t0, 2)}
             # The dump's file name is truncated, so variants share it: ptxas it right away.
             dumped = sorted(glob.glob(os.path.join(ptx_dir, "*.ptx")), key=os.path.getmtime)
@@ -111,6 +121,21 @@ def main():
                 get(d, True, *variant)
             except Exception as e:  # noqa: BLE001
                 report["compile"].append({"key": (d, True, *variant), "error": f"{type(e).__name__}: {e}"[:3000]})
+
+    # ---------------------------------------------------------------- quick check of every variant
+    q, k, v = random_qkv(2, 1000, 700, 3, 128, True, seed=7)
+    packed = prep_triton(q, k, v)
+    emu = emulate_fp8_attention(q, k, v, block_keys=variants[0][0], reverse=True)
+    report["quick_check"] = {}
+    for variant in variants:
+        out = torch.full_like(q, float("nan"))
+        try:
+            run(packed, out, None, variant)
+            torch.cuda.synchronize()
+            report["quick_check"][label(variant)] = round(100 * rel_rms_error(out, emu), 3)
+        except Exception as e:  # noqa: BLE001
+            report["quick_check"][label(variant)] = f"{type(e).__name__}: {e}"[:300]
+    print("quick check, % rel RMS vs emulation (B2 Sq1000 Skv700 D128, outliers):", report["quick_check"])
 
     # ---------------------------------------------------------------- correctness (first variant)
     main_variant = variants[0]
@@ -194,7 +219,7 @@ def main():
 
         timed = [("prep alone", lambda: prep_triton(q, k, v))]
         for variant in variants:
-            name = "%dx%d" % variant[:2] + ("" if variant[2] else "s")
+            name = label(variant)
             timed += [(f"sm90 {name} kernel", lambda variant=variant: run(packed, out, None, variant)),
                       (f"sm90 {name} prep+kernel", prep_and(variant))]
         if not args.no_v1:
@@ -223,7 +248,7 @@ def main():
     # ---------------------------------------------------------------- table
     for c in report["compile"]:
         print("compile:", json.dumps(c)[:1500])
-    print(f"\ncorrectness of sm90 {main_variant} (emulation: {main_variant[0]}-key blocks, last to first)")
+    print(f"\ncorrectness of sm90 {label(main_variant)} (emulation: {main_variant[0]}-key blocks, last to first)")
     print(f"{'B':>2} {'Sq':>6} {'Skv':>6} {'D':>4} {'outl':>5} {'vs fp64 %':>9} {'emu %':>7} {'vs emu %':>8} {'lse err/|lse|':>17} {'written':>7} ok")
     for r in report["correctness"]:
         if "error" in r or "skipped" in r:

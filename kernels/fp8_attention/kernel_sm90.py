@@ -21,6 +21,14 @@ CTA = 128 query rows of one (batch, head), 3 warpgroups (384 threads):
   warpgroups also take turns at issuing their GEMMs (ping-pong through two named barriers),
   so one warpgroup's softmax overlaps the other's GEMMs.
 
+Where the time goes (ncu, kernels/NOTES.md): each SM sub-partition holds one warp of each
+consumer warpgroup, and the one in its softmax issues with little instruction-level
+parallelism (stalls on fixed-latency dependencies and the MUFU queue): the softmax region is
+~half of a consumer warp's time, the tensor pipe ~45% busy. Moving exp2s to the FMA pipe,
+rotating the loop so the exp2s cannot wait for P.V, batching both rows' reductions and
+dropping the ping-pong did not help; 192-key blocks did (+13%) but only with single-level
+accumulation, which the long-sequence numerics rule out (see two_level_pv).
+
 Numerics (as v1): raw e4m3 products accumulate in fp32; the descales, softmax scale and log2(e)
 fold into one factor so p = 2^(s * scale - m + 8) is one FFMA and one EX2. The +8 stores P as
 p * 256 in e4m3 (p <= 1 against the running max, so codes <= 256 < 448, never saturated); the
@@ -33,10 +41,13 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
 TILE_M = 128  # query rows per CTA: 2 consumer warpgroups x 64 rows
+DEFAULT_TILE_N = 128  # keys per block (kernels/NOTES.md: 128 to 224 measured)
 WG_THREADS = 128
 NUM_CONSUMER_WG = 2
 NUM_THREADS = WG_THREADS * (1 + NUM_CONSUMER_WG)
@@ -46,6 +57,11 @@ LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 # Named barrier ids: 0 is __syncthreads; 1 and 2 are "consumer warpgroup 1 / 2 may issue".
 SCHED_BARRIER_BASE = 1
+# exp2 on the FMA pipe: x + 1.5 * 2^23 rounds x to the nearest integer j (kept in the low
+# mantissa bits), f = x - j in [-0.5, 0.5], 2^f by a degree-2 polynomial (minimax relative
+# error 1.7e-3, far below e4m3's 2^-4 rounding of P), then j is added to the exponent field.
+ROUND_TO_INT = 1.5 * 2**23
+EXP2_POLY = (1.0004431009292603, 0.7034448981285095, 0.23842675983905792)
 
 
 def kmajor_smem_layout(dtype, rows: int, cols: int, stages: int):
@@ -54,6 +70,28 @@ def kmajor_smem_layout(dtype, rows: int, cols: int, stages: int):
     atom = warpgroup.make_smem_layout_atom(
         sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype)
     return cute.tile_to_shape(atom, (rows, cols, stages), (0, 1, 2))
+
+
+@dsl_user_op
+def add_to_exponent(rounded: Float32, mantissa: Float32, *, loc=None, ip=None) -> Float32:
+    """Float with the bits (bits(rounded) << 23) + bits(mantissa): 2^j * mantissa, where j is
+    the integer held in the low bits of `rounded` (one LEA on the ALU pipe)."""
+    return Float32(llvm.inline_asm(
+        T.f32(), [Float32(rounded).ir_value(loc=loc, ip=ip), Float32(mantissa).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 j, m, e;\n\tmov.b32 j, $1;\n\tmov.b32 m, $2;\n\t"
+        "shl.b32 e, j, 23;\n\tadd.s32 e, e, m;\n\tmov.b32 $0, e;\n\t}",
+        "=f,f,f", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@cute.jit
+def exp2_on_fma(x: Float32) -> Float32:
+    """2^x for x <= 127 without the MUFU unit (3 FADD, 2 FFMA, FMNMX, LEA); x below -126
+    (masked keys are -inf) gives ~0."""
+    x = cute.arch.fmax(x, Float32(-126.0))
+    rounded = x + ROUND_TO_INT
+    frac = x - (rounded - ROUND_TO_INT)
+    mantissa = (EXP2_POLY[2] * frac + EXP2_POLY[1]) * frac + EXP2_POLY[0]
+    return add_to_exponent(rounded, mantissa)
 
 
 @cute.jit
@@ -75,7 +113,8 @@ def wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.
 class Fp8AttentionSm90:
     """Non-causal FP8 attention forward on sm_90a; one compile per (head_dim, out dtype, LSE)."""
 
-    def __init__(self, head_dim: int, tile_n: int = 128, num_stages: int = 2, two_level_pv: bool = True):
+    def __init__(self, head_dim: int, tile_n: int = DEFAULT_TILE_N, num_stages: int = 2,
+                 two_level_pv: bool = True, fma_exp2_tiles: int = 0):
         if head_dim not in (64, 128):
             raise ValueError(f"head_dim must be 64 or 128, got {head_dim}")
         if tile_n % 32 != 0:
@@ -86,8 +125,17 @@ class Fp8AttentionSm90:
         # Hopper's FP8 wgmma keeps only ~14 mantissa bits in its internal accumulation, so O
         # accumulated by the tensor core over 30k keys drifts (measured: 1.5% vs the emulation
         # at S=30272, against 0.3-0.6% at S<=4096). two_level_pv: each block's P.V goes into a
-        # zero-initialised accumulator and is added to O in fp32 by the FMA units.
+        # zero-initialised accumulator and is added to O in fp32 by the FMA units. On the H3
+        # block's own q, k, v (profile-block --compare-attn) single-level accumulation gave 18%
+        # attention error against 0.34% two-level: keep two_level_pv on for real activations.
         self.two_level_pv = two_level_pv
+        # The MUFU unit does 16 exp2/clk/SM, which at D=128 is as busy as the FP8 tensor core;
+        # the exp2s of the first fma_exp2_tiles n8 tiles of each row (2 of the row's 2*N/8
+        # values per thread each) run as a polynomial on the FMA pipe instead (FA4's trick).
+        # Measured: no gain here (kernels/NOTES.md), so off by default.
+        if not 0 <= fma_exp2_tiles <= tile_n // 8:
+            raise ValueError(f"fma_exp2_tiles must be in 0..{tile_n // 8}")
+        self.fma_exp2_tiles = fma_exp2_tiles
 
     @cute.jit
     def __call__(
@@ -395,16 +443,28 @@ class Fp8AttentionSm90:
                 row_scale[r] = Float32(0.0)
             else:
                 row_scale[r] = cute.math.exp2(row_max[r] - new_max, fastmath=True)
-            bias = P_SCALE_LOG2 - new_max
-            p = cute.math.exp2(raw * qk_scale_log2 + bias, fastmath=True)
-            scores[r, None].store(p)
-            block_sum = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            self.exp2_row(scores, r, qk_scale_log2, P_SCALE_LOG2 - new_max)
+            block_sum = scores[r, None].load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             if const_expr(is_first):
                 row_sum[r] = block_sum
             else:
                 row_sum[r] = row_sum[r] * row_scale[r] + block_sum
             row_max[r] = new_max
         return row_scale
+
+    @cute.jit
+    def exp2_row(self, scores: cute.Tensor, r: cutlass.Constexpr, qk_scale_log2: Float32, bias: Float32):
+        """scores[r, :] = 2^(scores * qk_scale_log2 + bias), the first fma_exp2_tiles n8 tiles on
+        the FMA pipe, the rest on the MUFU."""
+        if const_expr(self.fma_exp2_tiles == 0):
+            scores[r, None].store(cute.math.exp2(scores[r, None].load() * qk_scale_log2 + bias, fastmath=True))
+        else:
+            for i in cutlass.range_constexpr(cute.size(scores, mode=[1])):
+                x = scores[r, i] * qk_scale_log2 + bias
+                if const_expr(i < 2 * self.fma_exp2_tiles):  # (c, j) with j < tiles
+                    scores[r, i] = exp2_on_fma(x)
+                else:
+                    scores[r, i] = cute.math.exp2(x, fastmath=True)
 
     @cute.jit
     def rescale_rows(self, acc_O: cute.Tensor, acc_PV: cute.Tensor, row_scale: cute.Tensor):

@@ -3,7 +3,9 @@
 One subprocess, because CuTe DSL reads CUTE_DSL_ARCH when it initialises. Counts the wgmma
 instructions in the PTX: per key block, S = Q K^T is D/32 m64nNk32 wgmmas and P.V is N/32
 m64nDk32 wgmmas (RS: P from registers); the first block and the steady-state loop body each
-hold one S, and the loop body and the last block each hold one P.V.
+hold one S, and the loop body and the last block each hold one P.V. With fma_exp2_tiles, that
+many n8 tiles of each row take the polynomial exp2 (its round-to-integer constant 1.5 * 2^23
+appears once per value) and the rest stay on ex2.approx.
 """
 import json
 import os
@@ -19,14 +21,15 @@ import glob, json, os, torch
 from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
 dump = os.environ["CUTE_DSL_DUMP_DIR"]
 done = []
-for head_dim, with_lse, tile_n, two_level in [(64, False, 128, True), (128, True, 128, True),
-                                              (128, False, 128, False)]:
+for head_dim, with_lse, tile_n, two_level, tiles in [(64, False, 128, True, 0), (128, True, 128, True, 0),
+                                                     (128, False, 192, False, 0), (128, False, 128, True, 2)]:
     for f in glob.glob(os.path.join(dump, "*.ptx")):
         os.remove(f)
     compile_fp8_attention(head_dim, torch.bfloat16, with_lse, kernel="sm90", tile_n=tile_n,
-                          two_level_pv=two_level)
+                          two_level_pv=two_level, fma_exp2_tiles=tiles)
     ptx = open(glob.glob(os.path.join(dump, "*.ptx"))[0]).read()
-    done.append({"head_dim": head_dim, "tile_n": tile_n,
+    done.append({"head_dim": head_dim, "tile_n": tile_n, "fma_exp2_tiles": tiles,
+                 "poly_exp2": ptx.count("0f4B400000"), "ex2": ptx.count("ex2.approx"),
                  "qk": ptx.count(f"wgmma.mma_async.sync.aligned.m64n{tile_n}k32.f32.e4m3.e4m3"),
                  "pv": ptx.count(f"wgmma.mma_async.sync.aligned.m64n{head_dim}k32.f32.e4m3.e4m3"),
                  "tma": ptx.count("cp.async.bulk.tensor"), "setmaxnreg": ptx.count("setmaxnreg"),
@@ -41,7 +44,7 @@ def test_sm90_compiles(tmp_path):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     variants = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(variants) == 3
+    assert len(variants) == 4
     for v in variants:
         d, n = v["head_dim"], v["tile_n"]
         if d == n:  # QK^T and P.V wgmmas have the same shape
@@ -51,3 +54,10 @@ def test_sm90_compiles(tmp_path):
         assert v["tma"] >= 3 and v["setmaxnreg"] == 2, v
         # P: N/32 k-blocks x 8 pairs per thread, in the first block and in the loop body
         assert v["cvt_e4m3x2"] == 2 * (n // 32) * 8, v
+        # Per thread and softmax (first block, loop body): 2 rows x n/4 values, 4 per FMA tile,
+        # plus the loop's 2 row-rescale factors. (With FMA tiles, LLVM duplicates a few of the
+        # first block's ex2 across its key-tail mask branches, so only the poly count is exact.)
+        tiles = v["fma_exp2_tiles"]
+        assert v["poly_exp2"] == 2 * 4 * tiles, v
+        if tiles == 0:
+            assert v["ex2"] == 2 * (2 * n // 4) + 2, v

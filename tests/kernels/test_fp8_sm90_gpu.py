@@ -1,5 +1,5 @@
 """GPU checks of the Hopper FP8 attention kernel against the float64 emulation of its scheme
-(128-key blocks, last to first) and the fp64 reference. Skipped without an sm_90 GPU."""
+(key blocks of DEFAULT_TILE_N, last to first) and the fp64 reference. Skipped without an sm_90 GPU."""
 import pytest
 import torch
 
@@ -11,6 +11,7 @@ from dit_accel.kernels.fp8_attention.emulation import (  # noqa: E402
     emulate_fp8_attention, random_qkv, reference_attention, rel_rms_error)
 from dit_accel.kernels.fp8_attention.interface import (  # noqa: E402
     fp8_attention_packed, prep_fp8_attention)
+from dit_accel.kernels.fp8_attention.kernel_sm90 import DEFAULT_TILE_N  # noqa: E402
 
 
 
@@ -24,8 +25,27 @@ def test_sm90_matches_emulation(b, sq, skv, d, outliers):
     out = torch.full_like(q, float("nan"))
     out, lse = fp8_attention_packed(packed, return_lse=True, out=out, kernel="sm90")
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
-    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=128, reverse=True)
+    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=DEFAULT_TILE_N, reverse=True)
     ref = reference_attention(q, k, v)
     assert rel_rms_error(out, emu) < 0.01
     assert rel_rms_error(out, ref) < rel_rms_error(emu, ref) + 0.005
     assert float((lse.double() - emu_lse).abs().max() / emu_lse.abs().max().clamp_min(1.0)) < 2e-3
+
+
+@pytest.mark.parametrize("fma_exp2_tiles", [1, 4])
+def test_exp2_on_the_fma_pipe_matches_emulation(fma_exp2_tiles):
+    """Part of each row's exp2 as a polynomial (relative error 1.7e-3, below e4m3's rounding of
+    P): same error budget as the MUFU-only kernel."""
+    from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention, cute_arguments
+
+    q, k, v = random_qkv(2, 1000, 700, 3, 128, True, seed=fma_exp2_tiles)
+    packed = prep_fp8_attention(q, k, v)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.empty(2, 3, 1000, device="cuda")
+    kernel = compile_fp8_attention(128, torch.bfloat16, True, kernel="sm90", fma_exp2_tiles=fma_exp2_tiles)
+    kernel(*cute_arguments(packed.q, packed.k, packed.v, packed.descale, out, lse, 128 ** -0.5,
+                           packed.seqlen_kv, torch.cuda.current_stream().cuda_stream))
+    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=DEFAULT_TILE_N, reverse=True)
+    assert torch.isfinite(out).all()
+    assert rel_rms_error(out, emu) < 0.01
+    assert float((lse.double() - emu_lse).abs().max() / emu_lse.abs().max()) < 2e-3
