@@ -3,6 +3,10 @@ denoising pass; passes per step (classifier-free guidance); steps per video."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .offload import StreamedRun
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class Validation:
     distinct_blocks: int  # blocks held in memory; fewer than chained when they do not all fit
     measured_ms: float
     extrapolated_ms: float
+    streamed: StreamedRun | None = None  # --offload stream: the blocks came from host memory
 
     @property
     def ratio(self) -> float:
@@ -64,4 +69,5 @@ class Validation:
         return 100.0 * (self.ratio - 1.0)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "ratio": self.ratio, "error_pct": self.error_pct}
+        return {**{k: v for k, v in asdict(self).items() if k != "streamed"}, "ratio": self.ratio,
+                "error_pct": self.error_pct, "streamed": self.streamed.as_dict() if self.streamed else None}

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import imageio.v2 as imageio
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -241,3 +242,26 @@ def test_tiny_h3_is_not_built_yet_and_says_so(tmp_path):
     result = CliRunner().invoke(main, ["make-tiny-pipeline", "h3", str(tmp_path / "h3")])
     assert result.exit_code == 2 and result.output.startswith("error: the tiny MiniMax-H3 pipeline is not built yet")
     assert not (tmp_path / "h3").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_offload_stream_on_the_cpu_is_one_line_and_writes_nothing(tiny_wan, tmp_path):
+    result = _invoke("generate", "--pipeline", str(tiny_wan), "--offload", "stream", "--out", str(tmp_path / "r"))
+    assert result.exit_code == 2 and result.output.startswith("error: --offload stream")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.gpu
+def test_generate_with_streamed_transformer_matches_resident(tiny_wan, tmp_path):
+    """--offload stream: same seed, same video as the resident run; the report gives the streamed bytes."""
+    resident, streamed = tmp_path / "resident", tmp_path / "streamed"
+    for out, offload in ((resident, "resident"), (streamed, "stream")):
+        result = _invoke("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--device", "cuda",
+                         "--dtype", "bf16", "--offload", offload)
+        assert result.exit_code == 0, result.output
+    report = json.loads((streamed / "report.json").read_text())
+    assert report["offload"] == "stream"
+    assert report["streaming"]["streamed_bytes_per_pass"] > 0 and report["streaming"]["h2d_gbps"] > 1
+    a, b = _read_video(resident / "video.mp4"), _read_video(streamed / "video.mp4")
+    assert len(a) == len(b)
+    assert max(float(np.abs(x.astype(np.float32) - y.astype(np.float32)).mean()) for x, y in zip(a, b)) < 1.0

@@ -15,7 +15,8 @@ from .. import __version__
 from ..block_loader import parse_dtype
 from ..device import DeviceInfo, pick_device
 from ..errors import UserError
-from ..pipelines.loading import inspect_pipeline_folder, load_pipeline
+from ..offload import OFFLOAD_CHOICES, check_offload, host_to_device_gbps
+from ..pipelines.loading import inspect_pipeline_folder, load_pipeline, streamed_bytes
 from ..pipelines.quality import compare_videos
 from ..pipelines.running import ATTENTION_CHOICES, Request, RunResult, check_attention, run_once, warm_up
 from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
@@ -141,10 +142,13 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
 @click.option("--dtype", "dtype_name", default=None, help="bf16, fp16 or fp32 (default bf16 on a GPU, fp32 on the CPU).")
 @click.option("--warmup/--no-warmup", default=True, show_default=True,
               help="An untimed 1-step call per attention first (kernel compiles stay out of the timings).")
+@click.option("--offload", type=click.Choice(OFFLOAD_CHOICES), default="resident", show_default=True,
+              help="stream: the transformer stays in pinned host memory and streams onto the GPU one block at a "
+                   "time, the next block prefetched on a side stream (for GPUs smaller than the model).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run folder (default outputs/generate_<pipeline>_<time>/).")
 def generate(pipeline_dir, attn, compare, prompt, frames, height, width, steps, seed, guidance, device_name,
-             dtype_name, warmup, out):
+             dtype_name, warmup, offload, out):
     """Run a whole diffusers pipeline from a local folder: stage timings, the video (MP4), report.json."""
     attention = attn or ("fp8" if compare else "bf16")
     if compare and attention == compare:
@@ -167,11 +171,12 @@ def generate(pipeline_dir, attn, compare, prompt, frames, height, width, steps, 
     dtype = parse_dtype(dtype_name or ("bf16" if device.type == "cuda" else "fp32"))
     for name in {attention, compare} - {None}:
         check_attention(name, device)
+    check_offload(offload, device)
 
     final_dir = out or DEFAULT_OUTPUT_ROOT / default_run_name("generate", folder.name)
     try:
         with staged_run_dir(final_dir) as run_dir:
-            report = _generate(folder, request, device, dtype, attention, compare, warmup, run_dir)
+            report = _generate(folder, request, device, dtype, attention, compare, warmup, offload, run_dir)
     except torch.OutOfMemoryError as exc:
         raise UserError(f"the pipeline in {folder.path} does not fit in this GPU's memory at "
                         f"{request.frames} frames of {request.height}x{request.width}; lower them") from exc
@@ -179,9 +184,9 @@ def generate(pipeline_dir, attn, compare, prompt, frames, height, width, steps, 
     return report
 
 
-def _generate(folder, request: Request, device, dtype, attention, compare, warmup, run_dir: Path) -> dict:
+def _generate(folder, request: Request, device, dtype, attention, compare, warmup, offload, run_dir: Path) -> dict:
     with console.status(f"loading {folder.class_name} from {folder.path}"):
-        pipe = load_pipeline(folder, device=device, dtype=dtype)
+        pipe = load_pipeline(folder, device=device, dtype=dtype, offload=offload)
     order = [compare, attention] if compare else [attention]  # the reference first
     runs = [_run(pipe, request, device, name, warmup) for name in order]
 
@@ -198,6 +203,13 @@ def _generate(folder, request: Request, device, dtype, attention, compare, warmu
               "dtype": str(dtype).replace("torch.", ""),
               "video": f"{runs[0].frames.shape[0]} frames of {runs[0].frames.shape[1]}x{runs[0].frames.shape[2]} "
                        f"at {runs[0].fps:g} fps, {request.steps} steps, seed {request.seed}"}
+    streaming = None
+    if offload == "stream":
+        nbytes, gbps = streamed_bytes(pipe), host_to_device_gbps(device)
+        streaming = {"streamed_bytes_per_pass": nbytes, "h2d_gbps": gbps, "transfer_ms_per_pass": nbytes / gbps / 1e6}
+        header["offload"] = (f"stream: {nbytes / 1e9:.2f} GB of transformer weights per pass from pinned host memory, "
+                             f"{streaming['transfer_ms_per_pass']:.1f} ms of copies at {gbps:.1f} GB/s, prefetched one "
+                             f"block ahead (profile-block --validate N --offload stream measures how much is hidden)")
     if device.type == "cpu":
         header["NOTE"] = "CPU run: the timings say nothing about a GPU"
     for key, value in header.items():
@@ -223,7 +235,8 @@ def _generate(folder, request: Request, device, dtype, attention, compare, warmu
               "pipeline": {"class": folder.class_name, "path": str(folder.path),
                            "components": {k: list(v) for k, v in folder.components.items()}},
               "device": info.as_dict(), "dtype": header["dtype"], "request": request.as_dict(),
-              "warmup": warmup, "runs": [run.as_dict() for run in runs], "outputs": videos,
+              "warmup": warmup, "offload": offload, "streaming": streaming,
+              "runs": [run.as_dict() for run in runs], "outputs": videos,
               "comparison": comparison, "files": [*files, "report.json"]}
     write_json(run_dir / "report.json", report)
     return report

@@ -15,6 +15,7 @@ from ..checkpoint import CONFIG_NAME, transformer_folder
 from ..device import DeviceInfo, apply_memory_budget, device_ceilings, parse_bytes, pick_device
 from ..errors import UserError
 from ..extrapolate import Extrapolation
+from ..offload import OFFLOAD_CHOICES, check_offload
 from ..profiling.attention_error import attention_errors, capture_attention_inputs
 from ..profiling.profiler import profile_block as run_profile
 from ..profiling.report import BackendRun, render, write_files
@@ -65,6 +66,9 @@ def _output_error(output: torch.Tensor, reference: torch.Tensor) -> dict[str, fl
               help="Time per pass outside the block stack (embeddings, refiner, heads), if you measured it.")
 @click.option("--validate", "validate_blocks", type=int, default=0,
               help="Chain N real blocks (synthetic weights) and compare with N x the block.")
+@click.option("--offload", type=click.Choice(OFFLOAD_CHOICES), default="resident", show_default=True,
+              help="stream: the --validate chain's blocks live in pinned host memory and stream onto the GPU "
+                   "one at a time, prefetched on a side stream (a whole model on a small card).")
 @click.option("--memory-budget", default=None, help="Cap GPU memory, e.g. 16GiB, to reproduce a smaller card.")
 @click.option("--trace/--no-trace", default=False,
               help="Also write a Chrome trace of the profiled runs (trace_<backend>.json).")
@@ -74,8 +78,8 @@ def _output_error(output: torch.Tensor, reference: torch.Tensor) -> dict[str, fl
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run folder (default outputs/profile-block_<model>_<time>/).")
 def profile_block(model, preset, checkpoint, block_index, seq_len, frames, height, width, batch, dtype_name, attn,
-                  compare_attn, warmup, runs, steps, guidance_passes, outside_ms, validate_blocks, memory_budget,
-                  trace, device_name, seed, refresh_ceilings, out):
+                  compare_attn, warmup, runs, steps, guidance_passes, outside_ms, validate_blocks, offload,
+                  memory_budget, trace, device_name, seed, refresh_ceilings, out):
     """Profile ONE transformer block: per-op and per-module time, memory, and the whole-model extrapolation.
 
     With no options: the MiniMax-H3 block at S=30272 in bf16 on the GPU, synthetic weights. Without a GPU:
@@ -93,6 +97,10 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
     backends = [b.strip() for b in compare_attn.split(",") if b.strip()] if compare_attn else [attn]
     device = pick_device(device_name)
     dtype = parse_dtype(dtype_name or ("bf16" if device.type == "cuda" else "fp32"))
+    if offload == "stream" and not validate_blocks:
+        raise UserError("--offload stream streams the blocks of the --validate chain; add --validate N "
+                        "(--validate 50: the whole H3 block stack)")
+    check_offload(offload, device)
     budget_bytes = parse_bytes(memory_budget) if memory_budget else None
 
     adapter = _adapter(model, preset, checkpoint)
@@ -113,8 +121,8 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
     try:
         with staged_run_dir(final_dir) as run_dir:
             report = _profile(adapter, checkpoint, block_index, workload, dtype, device, backends, warmup, runs,
-                              steps, guidance_passes, outside_ms, validate_blocks, memory_budget, trace, seed,
-                              ceilings, ceilings_cached, scaled_down, run_dir)
+                              steps, guidance_passes, outside_ms, validate_blocks, offload, memory_budget, trace,
+                              seed, ceilings, ceilings_cached, scaled_down, run_dir)
     except torch.OutOfMemoryError as exc:
         budget = f"the {memory_budget} budget" if memory_budget else "this GPU's memory"
         raise UserError(f"out of memory: the {adapter.display_name} block at S={workload.seq_len} (batch "
@@ -126,8 +134,8 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
 
 
 def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends, warmup, runs, steps,
-             guidance_passes, outside_ms, validate_blocks, memory_budget, trace, seed, ceilings, ceilings_cached,
-             scaled_down, run_dir: Path) -> dict:
+             guidance_passes, outside_ms, validate_blocks, offload, memory_budget, trace, seed, ceilings,
+             ceilings_cached, scaled_down, run_dir: Path) -> dict:
     if checkpoint is not None:
         loaded: LoadedBlock = load_block_from_checkpoint(adapter, checkpoint, block_index, device, dtype)
     else:
@@ -167,7 +175,7 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
         activation_bytes = (first.profile.peak_memory_bytes or 0) - first.profile.weights_bytes
         validation = validate_chain(adapter, loaded.block, inputs, validate_blocks, attention=first.backend,
                                     device=device, dtype=dtype, block_ms=first.block_ms,
-                                    activation_bytes=max(0, activation_bytes))
+                                    activation_bytes=max(0, activation_bytes), offload=offload)
 
     info = DeviceInfo.of(device)
     peak = results[0].profile.peak_memory_bytes
@@ -184,6 +192,8 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
     }
     if memory_budget:
         header["memory budget"] = memory_budget
+    if offload == "stream":
+        header["offload"] = "stream: the --validate chain's blocks from pinned host memory, one block ahead"
     if loaded.stats:
         s = loaded.stats
         header["load"] = f"{s.bytes_read / 1e9:.3f} GB in {s.seconds:.2f} s ({s.gbps:.2f} GB/s) from {', '.join(s.shards)}"
@@ -195,7 +205,7 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
         "run_kind": "gpu" if device.type == "cuda" else ("cpu-scaled-down" if scaled_down else "cpu"),
         "header": header, "device": info.as_dict(), "ceilings": {**ceilings.as_dict(), "from_cache": ceilings_cached},
         "model": adapter.describe(), "block": loaded.as_dict(), "workload": workload.as_dict(),
-        "dtype": header["dtype"], "memory_budget": memory_budget,
+        "dtype": header["dtype"], "memory_budget": memory_budget, "offload": offload,
         "attention_reference": attention_reference,
         "runs": [r.as_dict(ceilings) for r in results],
         "validation": validation.as_dict() if validation else None,

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
+from ..offload import stream_blocks
 
 MODEL_INDEX = "model_index.json"
 
@@ -73,6 +74,16 @@ def inspect_pipeline_folder(path: Path) -> PipelineFolder:
     return PipelineFolder(path, class_name, components)
 
 
+STREAMED_COMPONENTS = ("transformer", "transformer_2")  # what --offload stream keeps off the GPU
+
+
+def streamed_bytes(pipe) -> int:
+    """Weight bytes that --offload stream copies to the GPU per denoising pass."""
+    return sum(p.numel() * p.element_size() for name, component in pipe.components.items()
+               if name in STREAMED_COMPONENTS and isinstance(component, torch.nn.Module)
+               for p in component.parameters())
+
+
 def quiet_library_progress() -> None:
     """Silence diffusers' and transformers' own loading/saving bars; generate draws its own."""
     from diffusers.utils import logging as diffusers_logging
@@ -82,8 +93,11 @@ def quiet_library_progress() -> None:
     transformers_logging.disable_progress_bar()
 
 
-def load_pipeline(folder: PipelineFolder, *, device: torch.device, dtype: torch.dtype):
-    """The pipeline on `device` in `dtype`, read from the local folder only (never a hub)."""
+def load_pipeline(folder: PipelineFolder, *, device: torch.device, dtype: torch.dtype, offload: str = "resident"):
+    """The pipeline on `device` in `dtype`, read from the local folder only (never a hub).
+
+    offload "stream": the transformer(s) stay in pinned host memory and stream onto `device` one
+    block at a time (`offload.stream_blocks`); every other component goes to `device`."""
     quiet_library_progress()
     from diffusers import DiffusionPipeline
 
@@ -92,7 +106,15 @@ def load_pipeline(folder: PipelineFolder, *, device: torch.device, dtype: torch.
     except (OSError, ValueError, KeyError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"cannot load the pipeline in {folder.path}: {first_line}") from exc
-    pipe.to(device)
+    if offload == "stream":
+        for name, component in pipe.components.items():
+            if isinstance(component, torch.nn.Module):
+                if name in STREAMED_COMPONENTS:
+                    stream_blocks(component, device)
+                else:
+                    component.to(device)
+    else:
+        pipe.to(device)
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)  # generate draws its own bar over the steps
     return pipe

@@ -152,6 +152,8 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
         cycled = "" if v.distinct_blocks == v.chained_blocks else f" ({v.distinct_blocks} distinct blocks cycled: that many fit)"
         console.print(f"  validated: {v.chained_blocks} blocks chained{cycled}: measured {v.measured_ms:.1f} ms, "
                       f"extrapolated {v.extrapolated_ms:.1f} ms, ratio {v.ratio:.3f} ({v.error_pct:+.1f}%)")
+        if v.streamed:
+            console.print(f"  offload stream: {v.streamed.summary()}")
 
 
 def write_files(run_dir: Path, report: dict[str, Any], runs: list[BackendRun]) -> None:

@@ -1,14 +1,17 @@
-"""`--validate N`: chain N real blocks (synthetic weights) and time them, to check the extrapolation."""
+"""`--validate N`: chain N real blocks (synthetic weights) and time them, to check the extrapolation;
+with `--offload stream`, the N blocks live in host memory and stream onto the GPU."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..adapters import BlockAdapter
 from ..attention.routing import use_attention_backend
 from ..block_loader import param_bytes, synthetic_block
 from ..extrapolate import Validation
+from ..offload import StreamedRun, host_to_device_gbps, pin_to_host, stream_blocks
 from ..timing import time_region
 
 # Activation headroom kept free when deciding how many distinct blocks fit: the single-block peak
@@ -26,28 +29,57 @@ def distinct_blocks_that_fit(n: int, block_bytes: int, activation_bytes: int, de
     return max(1, min(n, int(room // block_bytes)))
 
 
+class BlockChain(nn.Module):
+    """Blocks run one after another, each one's output feeding the next (a transformer's block stack)."""
+
+    def __init__(self, blocks: list[nn.Module]):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, hidden_states: torch.Tensor, n: int | None = None, **rest: Any) -> torch.Tensor:
+        """Runs `n` blocks (default: all), cycling through the held ones when n is larger."""
+        for i in range(len(self.blocks) if n is None else n):
+            hidden_states = self.blocks[i % len(self.blocks)](hidden_states=hidden_states, **rest)
+        return hidden_states
+
+
 def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: dict[str, Any], n: int, *,
                    attention: str, device: torch.device, dtype: torch.dtype, block_ms: float,
-                   activation_bytes: int, warmup: int = 1, runs: int = 3) -> Validation:
-    """Time `n` blocks run one after another on `inputs`, all on attention backend `attention`;
-    each block's output feeds the next.
+                   activation_bytes: int, offload: str = "resident", warmup: int = 1, runs: int = 3) -> Validation:
+    """Time `n` blocks run one after another on `inputs`, all on attention backend `attention`.
 
-    `first_block` is the profiled block; the others get fresh synthetic weights (speed does not depend
-    on the values, as long as they are not zeros). When fewer than `n` fit, they are cycled through.
+    resident: `first_block` (the profiled one) and fresh synthetic blocks (speed does not depend on
+    the values, as long as they are not zeros) held on the device; when fewer than `n` fit, they
+    are cycled through. stream: `n` fresh synthetic blocks, each built on the device and moved to
+    pinned host memory, streamed back one block at a time (`offload.stream_blocks`); the report
+    compares the streamed pass with n x the resident block and says how much copying was hidden.
     """
-    distinct = distinct_blocks_that_fit(n, param_bytes(first_block), activation_bytes, device)
-    blocks = torch.nn.ModuleList([first_block] + [
-        synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=i).block for i in range(1, distinct)])
     hidden = inputs["hidden_states"]
     rest = {k: v for k, v in inputs.items() if k != "hidden_states"}
+    streamed_bytes = 0
+    if offload == "stream":
+        blocks = []
+        for i in range(n):  # one block on the device at a time while building
+            block = synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=i).block
+            pin_to_host(block, pin=device.type == "cuda")
+            blocks.append(block)
+        chain = BlockChain(blocks)
+        streamed_bytes = stream_blocks(chain, device)
+        distinct = n
+    else:
+        distinct = distinct_blocks_that_fit(n, param_bytes(first_block), activation_bytes, device)
+        chain = BlockChain([first_block] + [
+            synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=i).block for i in range(1, distinct)])
 
-    def chain():
+    def run_chain():
         with torch.no_grad():
-            x = hidden
-            for i in range(n):
-                x = blocks[i % distinct](hidden_states=x, **rest)
-        return x
+            return chain(hidden, n=n, **rest)
 
-    with use_attention_backend(blocks, attention):
-        timing = time_region(chain, device=device, warmup=warmup, runs=runs)
-    return Validation(n, distinct, timing.median_ms, n * block_ms)
+    with use_attention_backend(chain, attention):
+        # The first streamed pass teaches diffusers the block order it prefetches in: warm up once more.
+        timing = time_region(run_chain, device=device, warmup=warmup + (offload == "stream"), runs=runs)
+    streamed = None
+    if offload == "stream":
+        streamed = StreamedRun(streamed_bytes, host_to_device_gbps(device), timing.median_ms, n * block_ms,
+                               f"{n} x the profiled block")
+    return Validation(n, distinct, timing.median_ms, n * block_ms, streamed)

@@ -1,0 +1,94 @@
+"""`--offload stream`: the streaming engine on the CPU (diffusers' group offloading hooks, no side
+stream), the hidden-transfer arithmetic, and the profile-block wiring; the H3-sized run is a GPU test."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dit_accel.adapters import adapter_for_preset
+from dit_accel.block_loader import synthetic_block
+from dit_accel.cli import main
+from dit_accel.offload import StreamedRun, pin_to_host, stream_blocks
+from dit_accel.profiling.validate import BlockChain
+
+
+def tiny_h3_chain(n=3):
+    adapter = adapter_for_preset("minimax-h3")
+    adapter = type(adapter)(adapter.scaled_down_config(), preset=adapter.preset)
+    device = torch.device("cpu")
+    blocks = [synthetic_block(adapter, i, device, torch.float32, seed=i).block for i in range(n)]
+    workload = adapter.workload_from_seq_len(adapter.scaled_down_seq_len, 1)
+    inputs = adapter.make_inputs(workload, device, torch.float32, torch.Generator().manual_seed(0))
+    return BlockChain(blocks), inputs
+
+
+def test_streamed_chain_gives_the_resident_output():
+    chain, inputs = tiny_h3_chain()
+    with torch.no_grad():
+        resident = chain(**inputs)
+    nbytes = sum(p.numel() * p.element_size() for p in chain.parameters())
+    assert stream_blocks(chain, torch.device("cpu")) == nbytes
+    hooked = [m for m in chain.blocks if getattr(m, "_diffusers_hook", None) is not None]
+    assert len(hooked) == len(chain.blocks)  # one offload group per block
+    with torch.no_grad():
+        assert torch.equal(chain(**inputs), resident)
+        assert torch.equal(chain(**inputs, n=5), chain(**inputs, n=5))  # cycling through held blocks
+
+
+def test_pin_to_host_moves_every_tensor_and_counts_bytes():
+    block = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
+    expected = sum(t.numel() * t.element_size() for t in [*block.parameters(), *block.buffers()])
+    assert pin_to_host(block, pin=False) == expected
+    assert all(t.device.type == "cpu" for t in [*block.parameters(), *block.buffers()])
+
+
+@pytest.mark.parametrize("streamed_ms, hidden", [(100.0, 1.0), (110.0, 0.5), (120.0, 0.0), (150.0, 0.0), (90.0, 1.0)])
+def test_hidden_fraction(streamed_ms, hidden):
+    run = StreamedRun(streamed_bytes=int(20e9), h2d_gbps=1000.0, streamed_ms=streamed_ms, resident_ms=100.0,
+                      resident_source="test")
+    assert run.transfer_ms == pytest.approx(20.0)
+    assert run.hidden_fraction == pytest.approx(hidden)
+    assert run.as_dict()["hidden_fraction"] == pytest.approx(hidden)
+    assert "% of the transfer hidden" in run.summary()
+
+
+def test_offload_stream_needs_the_validate_chain(tmp_path):
+    result = CliRunner().invoke(main, ["profile-block", "--seq-len", "64", "--offload", "stream",
+                                       "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert "add --validate N" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_offload_stream_needs_a_gpu(tmp_path):
+    result = CliRunner().invoke(main, ["profile-block", "--seq-len", "64", "--validate", "2", "--offload", "stream",
+                                       "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert "needs a CUDA device" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.gpu
+def test_streamed_h3_chain_under_a_small_budget(tmp_path):
+    """Eight full-size H3 blocks (10 GB) streamed under a 6 GiB cap: they could not be resident."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    out = tmp_path / "stream"
+    try:
+        result = CliRunner().invoke(main, ["profile-block", "--seq-len", "4096", "--runs", "2", "--warmup", "1",
+                                           "--validate", "8", "--offload", "stream", "--memory-budget", "6GiB",
+                                           "--out", str(out)], catch_exceptions=False)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    streamed = report["validation"]["streamed"]
+    assert report["offload"] == "stream" and report["validation"]["distinct_blocks"] == 8
+    assert streamed["streamed_bytes"] > 8 * 1.2e9
+    assert 0.0 <= streamed["hidden_fraction"] <= 1.0 and streamed["h2d_gbps"] > 5
+    assert "offload stream: streamed" in result.output
