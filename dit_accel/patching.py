@@ -10,8 +10,10 @@ original backend (e.g. the first and the last), denoising steps to keep on it (a
         video = pipe(prompt, callback_on_step_end=patch.step_callback).frames
     print(patch.summary())
 
-Calls the backend cannot serve (masks, unsupported head dims, autograd, CUDA-graph capture for the
-FP8 kernel, context-parallel calls) go to diffusers' default backend and are counted by reason.
+Calls the backend cannot serve (masks, unsupported head dims, autograd, ring attention) go to
+diffusers' default backend and are counted by reason. Under diffusers' Ulysses context parallelism
+(`model.enable_parallelism(...)` before patching) diffusers does the all-to-alls and each rank runs
+the patched backend on its heads; the FP8 kernel is also safe inside CUDA-graph capture.
 """
 from __future__ import annotations
 

@@ -177,3 +177,59 @@ def test_benchmark_only_backend_is_refused(monkeypatch):
 def test_module_without_attention_is_a_user_error():
     with pytest.raises(UserError, match="no diffusers attention processors"):
         set_attention_backend_by_name(torch.nn.Linear(4, 4), "native")
+
+
+def _context_parallel(ring: int, ulysses: int):
+    from diffusers import ContextParallelConfig, ParallelConfig
+
+    return ParallelConfig(context_parallel_config=ContextParallelConfig(ring_degree=ring, ulysses_degree=ulysses))
+
+
+def _set_parallel_config(block, config):
+    for processor in processors(block):
+        processor._parallel_config = config
+
+
+@torch.no_grad()
+def test_ulysses_calls_go_through_diffusers_templated_attention_with_our_kernel(fake_backend, monkeypatch):
+    """Under Ulysses, diffusers' own context-parallel engine does the all-to-alls; the local
+    attention it runs on each rank is the routed backend (stood in for here: one process)."""
+    import diffusers.models.attention_dispatch as dispatch
+
+    engine_calls = []
+
+    def templated(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, *,
+                  forward_op, backward_op, _parallel_config):
+        engine_calls.append(_parallel_config)
+        return forward_op(None, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+                          _parallel_config=_parallel_config)
+
+    monkeypatch.setattr(dispatch, "_templated_context_parallel_attention", templated)
+    block, inputs = h3_block_and_inputs()
+    reference = block(*inputs)
+    config = _context_parallel(ring=1, ulysses=2)
+    _set_parallel_config(block, config)
+    with use_attention_backend(block, "fake") as routed:
+        out = block(*inputs)
+    assert engine_calls == [config] and routed.served_calls == 1 and routed.fallback_total == 0
+    assert len(fake_backend.calls) == 1
+    torch.testing.assert_close(out, reference)
+
+
+@torch.no_grad()
+def test_ring_attention_falls_back_to_diffusers_with_its_config_and_is_counted(fake_backend):
+    routed = routing.RoutedBackend(backends.get_backend("fake"))
+    seen = []
+
+    def diffusers_dispatch(**arguments):
+        seen.append((arguments["backend"], arguments["parallel_config"]))
+        return torch.zeros_like(arguments["query"])
+
+    q = torch.randn(1, 4, 2, 8)
+    ring = _context_parallel(ring=2, ulysses=1)
+    out = routed.dispatch({"query": q, "key": q, "value": q, "attn_mask": None, "dropout_p": 0.0, "is_causal": False,
+                           "scale": None, "parallel_config": ring}, diffusers_dispatch)
+    assert torch.equal(out, torch.zeros_like(q)) and fake_backend.calls == []
+    assert seen == [(None, ring)]  # diffusers' default backend runs the ring, with the caller's config
+    assert routed.served_calls == 0 and list(routed.fallback_calls.values()) == [1]
+    assert next(iter(routed.fallback_calls)).startswith("ring")

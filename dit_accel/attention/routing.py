@@ -16,9 +16,12 @@ Custom backends (`routed`: fa4, our fp8): the enum is closed, so the processors 
 `RoutedBackend` object instead, and the `dispatch_attention_fn` global of each processor's model
 file is replaced by a router. The router forwards every call unchanged unless its `backend` is a
 `RoutedBackend`; then it runs our kernel when the call is servable (no attn_mask, no dropout, not
-causal, no GQA, no extra attention_kwargs, no parallel_config, no autograd, and the backend does
+causal, no GQA, no extra attention_kwargs, no ring attention, no autograd, and the backend does
 not raise `BackendCannotServe` for the head dim/dtype) and otherwise calls the original dispatch
-with `backend=None`, i.e. diffusers' default. Each `RoutedBackend` counts calls served and calls
+with `backend=None`, i.e. diffusers' default. Under diffusers' Ulysses context parallelism
+(`parallel_config` with a Ulysses degree, no ring) the call goes through diffusers' own templated
+context-parallel attention (its all-to-alls) with our kernel as the local attention op, so each
+rank runs our kernel on its share of the heads over the whole sequence. Each `RoutedBackend` counts calls served and calls
 fallen back, by reason, so a run can prove its attention went where it was meant to.
 
 Why this seam: it needs no edit of diffusers or of the model, covers every attention call a
@@ -81,7 +84,10 @@ class RoutedBackend:
             reason = "CUDA graph capture (this backend syncs the host)"
         if reason is None:
             try:
-                out = self.backend.run(arguments["query"], arguments["key"], arguments["value"], arguments["scale"])
+                if arguments.get("parallel_config") is not None:
+                    out = _ulysses_attention(self.backend, arguments)
+                else:
+                    out = self.backend.run(arguments["query"], arguments["key"], arguments["value"], arguments["scale"])
             except BackendCannotServe as exc:
                 reason = str(exc)
             else:
@@ -103,11 +109,28 @@ def _unservable_reason(arguments: dict[str, Any]) -> str | None:
         return "grouped-query attention"
     if arguments.get("attention_kwargs"):
         return "attention_kwargs given"
-    if arguments.get("parallel_config") is not None:
-        return "parallel_config set"
+    parallel = arguments.get("parallel_config")
+    if parallel is not None:
+        cp = getattr(parallel, "context_parallel_config", None)
+        if cp is None or cp.ring_degree > 1 or cp.ulysses_degree < 2:
+            return "ring or non-Ulysses context parallelism (needs an LSE merge we do not serve)"
     if torch.is_grad_enabled() and any(arguments[name].requires_grad for name in ("query", "key", "value")):
         return "autograd needed"
     return None
+
+
+def _ulysses_attention(backend: AttentionBackend, arguments: dict[str, Any]) -> torch.Tensor:
+    """Ulysses attention by diffusers' own engine (all-to-all of heads and sequence, then back),
+    with `backend` as the attention each rank runs on its heads over the whole sequence."""
+    from diffusers.models.attention_dispatch import _templated_context_parallel_attention
+
+    def local_attention(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                        enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None):
+        return backend.run(query, key, value, scale)
+
+    return _templated_context_parallel_attention(
+        arguments["query"], arguments["key"], arguments["value"], None, 0.0, False, arguments["scale"], False, False,
+        forward_op=local_attention, backward_op=None, _parallel_config=arguments["parallel_config"])
 
 
 # --- the router, one per model file -------------------------------------------------------------

@@ -2,8 +2,10 @@
 `dit-accel make-tiny-pipeline` (a tiny random pipeline built offline, for tests and first runs)."""
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
+import tempfile
 from pathlib import Path
 
 import click
@@ -17,6 +19,7 @@ from ..device import DeviceInfo, pick_device
 from ..errors import UserError
 from ..offload import OFFLOAD_CHOICES, check_offload, host_to_device_gbps
 from ..pipelines.loading import inspect_pipeline_folder, load_pipeline, streamed_bytes
+from ..pipelines.parallel import apply_ulysses, start_ulysses, stop_ulysses
 from ..pipelines.quality import compare_videos
 from ..pipelines.running import ATTENTION_CHOICES, Request, RunResult, check_attention, run_once, warm_up
 from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
@@ -145,10 +148,13 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
 @click.option("--offload", type=click.Choice(OFFLOAD_CHOICES), default="resident", show_default=True,
               help="stream: the transformer stays in pinned host memory and streams onto the GPU one block at a "
                    "time, the next block prefetched on a side stream (for GPUs smaller than the model).")
+@click.option("--ulysses", type=int, default=1, show_default=True,
+              help="Split the transformer's sequence over N GPUs with diffusers' Ulysses context parallelism; "
+                   "start with torchrun --nproc-per-node N -m dit_accel generate ... --ulysses N.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run folder (default outputs/generate_<pipeline>_<time>/).")
 def generate(pipeline_dir, attn, compare, prompt, frames, height, width, steps, seed, guidance, device_name,
-             dtype_name, warmup, offload, out):
+             dtype_name, warmup, offload, ulysses, out):
     """Run a whole diffusers pipeline from a local folder: stage timings, the video (MP4), report.json."""
     attention = attn or ("fp8" if compare else "bf16")
     if compare and attention == compare:
@@ -167,7 +173,15 @@ def generate(pipeline_dir, attn, compare, prompt, frames, height, width, steps, 
                         ("--steps", request.steps)):
         if value is not None and value < 1:
             raise UserError(f"{name} must be at least 1, got {value}")
-    device = pick_device(device_name)
+    if ulysses < 1:
+        raise UserError(f"--ulysses must be at least 1, got {ulysses}")
+    if ulysses > 1 and offload == "stream":
+        raise UserError("--ulysses and --offload stream do not combine: the GPUs share the model, so stream on one "
+                        "GPU or split over several")
+    group = start_ulysses(ulysses) if ulysses > 1 else None
+    device = group.device if group else pick_device(device_name)
+    if group and not group.is_main:
+        console.quiet = True  # rank 0 speaks and writes for all
     dtype = parse_dtype(dtype_name or ("bf16" if device.type == "cuda" else "fp32"))
     for name in {attention, compare} - {None}:
         check_attention(name, device)
@@ -175,18 +189,31 @@ def generate(pipeline_dir, attn, compare, prompt, frames, height, width, steps, 
 
     final_dir = out or DEFAULT_OUTPUT_ROOT / default_run_name("generate", folder.name)
     try:
-        with staged_run_dir(final_dir) as run_dir:
-            report = _generate(folder, request, device, dtype, attention, compare, warmup, offload, run_dir)
+        with (staged_run_dir(final_dir) if group is None or group.is_main else _scratch_dir()) as run_dir:
+            report = _generate(folder, request, device, dtype, attention, compare, warmup, offload, group, run_dir)
     except torch.OutOfMemoryError as exc:
         raise UserError(f"the pipeline in {folder.path} does not fit in this GPU's memory at "
                         f"{request.frames} frames of {request.height}x{request.width}; lower them") from exc
+    finally:
+        if group:
+            stop_ulysses()
     console.print(f"\nwrote {final_dir}/: {', '.join(report['files'])}")
     return report
 
 
-def _generate(folder, request: Request, device, dtype, attention, compare, warmup, offload, run_dir: Path) -> dict:
+@contextlib.contextmanager
+def _scratch_dir():
+    """Where a rank other than 0 writes its (identical) outputs, deleted afterwards."""
+    with tempfile.TemporaryDirectory(prefix="dit-accel-rank-") as scratch:
+        yield Path(scratch)
+
+
+def _generate(folder, request: Request, device, dtype, attention, compare, warmup, offload, group,
+              run_dir: Path) -> dict:
     with console.status(f"loading {folder.class_name} from {folder.path}"):
         pipe = load_pipeline(folder, device=device, dtype=dtype, offload=offload)
+        if group:
+            apply_ulysses(pipe, group.degree)
     order = [compare, attention] if compare else [attention]  # the reference first
     runs = [_run(pipe, request, device, name, warmup) for name in order]
 
@@ -210,6 +237,8 @@ def _generate(folder, request: Request, device, dtype, attention, compare, warmu
         header["offload"] = (f"stream: {nbytes / 1e9:.2f} GB of transformer weights per pass from pinned host memory, "
                              f"{streaming['transfer_ms_per_pass']:.1f} ms of copies at {gbps:.1f} GB/s, prefetched one "
                              f"block ahead (profile-block --validate N --offload stream measures how much is hidden)")
+    if group:
+        header["parallel"] = group.describe()
     if device.type == "cpu":
         header["NOTE"] = "CPU run: the timings say nothing about a GPU"
     for key, value in header.items():
@@ -236,6 +265,7 @@ def _generate(folder, request: Request, device, dtype, attention, compare, warmu
                            "components": {k: list(v) for k, v in folder.components.items()}},
               "device": info.as_dict(), "dtype": header["dtype"], "request": request.as_dict(),
               "warmup": warmup, "offload": offload, "streaming": streaming,
+              "ulysses_degree": group.degree if group else 1,
               "runs": [run.as_dict() for run in runs], "outputs": videos,
               "comparison": comparison, "files": [*files, "report.json"]}
     write_json(run_dir / "report.json", report)
