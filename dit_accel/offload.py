@@ -28,17 +28,46 @@ def check_offload(offload: str, device: torch.device) -> None:
                         "(leave it out on the CPU)")
 
 
+_ALIGN = 256  # bytes; every tensor of a packed module starts on this boundary
+
+
+@torch.no_grad()
+def pack_into_one_buffer(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Moves the tensors' data, in place, into views of one new CPU byte buffer of exactly their
+    size (each start aligned to 256 bytes) and returns the buffer."""
+    offsets, end = [], 0
+    for t in tensors:
+        offsets.append(end)
+        end += (t.numel() * t.element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
+    host = torch.empty(end, dtype=torch.uint8)
+    for tensor, offset in zip(tensors, offsets):
+        view = host[offset:offset + tensor.numel() * tensor.element_size()].view(tensor.dtype).view(tensor.shape)
+        view.copy_(tensor.data)
+        tensor.data = view
+    return host
+
+
 @torch.no_grad()
 def pin_to_host(module: nn.Module, pin: bool = True) -> int:
-    """Moves every parameter and buffer of `module` into CPU memory, in place, pinned (page-locked,
-    what asynchronous copies need) unless `pin` is False; returns their bytes."""
-    moved = 0
-    for tensor in [*module.parameters(), *module.buffers()]:
-        if tensor.device.type != "cpu" or (pin and not tensor.is_pinned()):
-            host = tensor.data.to("cpu")
-            tensor.data = host.pin_memory() if pin else host
-        moved += tensor.numel() * tensor.element_size()
-    return moved
+    """Moves every parameter and buffer of `module` to CPU memory, page-locked unless `pin` is False
+    (asynchronous copies need page-locked memory); returns their bytes.
+
+    Tensors not there yet are packed into one buffer of exactly their size and registered with
+    cudaHostRegister. Why not `Tensor.pin_memory()`: torch's pinned allocator rounds every
+    allocation up to a power of two, which costs the H3 block 1.88 GB of pinned memory for 1.29 GB
+    of weights (94 GB for the 50 blocks). Registered memory reports `is_pinned()`, so diffusers
+    uses it as it is, and a second call moves nothing.
+    """
+    everything = [*module.parameters(), *module.buffers()]
+    on_host = (lambda t: t.device.type == "cpu" and t.is_pinned()) if pin else (lambda t: t.device.type == "cpu")
+    to_move = [t for t in everything if not on_host(t)]
+    if to_move:
+        host = pack_into_one_buffer(to_move)
+        if pin:
+            torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.numel(), 0))
+        # The buffer lives as long as the module (a list: several calls may each pack a part).
+        vars(module).setdefault("_dit_accel_host_buffers", []).append(host)
+    return sum(t.numel() * t.element_size() for t in everything)
 
 
 def stream_blocks(model: nn.Module, device: torch.device) -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install the package, then check and time everything that needs the GPU.
-#   bash scripts/gpu_session.sh [STEP ...]     steps: env fp8 profile budget compare bench tests sweep
-#                                              sanitize generate (default: all)
+#   bash scripts/gpu_session.sh [STEP ...]     steps: env fp8 profile budget compare offload bench tests
+#                                              sweep sanitize generate (default: all)
 # Wheels carried in .whl/ (e.g. imageio-ffmpeg, which the GPU image lacks) are installed first.
 # Results go under $OUT (or ./gpu-results): one log per step and one archive, because the device
 # tool brings back at most 8 files.
@@ -10,7 +10,7 @@ out=${OUT:-gpu-results}
 work=/tmp/dit-accel-gpu
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$work/cache
-steps=${*:-env fp8 profile budget compare bench tests sweep sanitize generate}
+steps=${*:-env fp8 profile budget compare offload bench tests sweep sanitize generate}
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $work/NAME.log, report the status
   local name=$1 limit=$2; shift 2
@@ -31,6 +31,9 @@ step fp8 300 python3 scripts/check_fp8_attention.py --out "$work/fp8" --budget-s
 step profile 240 python3 -m dit_accel profile-block --validate 50 --out "$work/profile"
 step budget 120 python3 -m dit_accel profile-block --memory-budget 16GiB --runs 5 --out "$work/budget16"
 step compare 200 python3 -m dit_accel profile-block --compare-attn cudnn,fa4,fp8,fp8-v1 --out "$work/compare"
+# The whole H3 block stack (50 blocks, 64.5 GB): resident on the H200, then streamed under a 16 GiB cap.
+step offload 420 bash -c "python3 -m dit_accel profile-block --validate 50 --runs 3 --out $work/resident50 \
+  && python3 -m dit_accel profile-block --validate 50 --runs 3 --offload stream --memory-budget 16GiB --out $work/stream50"
 step bench 240 python3 -m dit_accel bench-attention --out "$work/bench"
 step tests 240 python3 -m pytest tests -q -m gpu -p no:cacheprovider
 sweep_shapes=$(for d in 128 64; do for s in 4096 8192 16384 30272 37710 75600; do printf '1x56x%sx%s,' $s $d; done; done)

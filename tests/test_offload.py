@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from dit_accel.adapters import adapter_for_preset
 from dit_accel.block_loader import synthetic_block
 from dit_accel.cli import main
-from dit_accel.offload import StreamedRun, pin_to_host, stream_blocks
+from dit_accel.offload import StreamedRun, pack_into_one_buffer, pin_to_host, stream_blocks
 from dit_accel.profiling.validate import BlockChain
 
 
@@ -92,3 +92,17 @@ def test_streamed_h3_chain_under_a_small_budget(tmp_path):
     assert streamed["streamed_bytes"] > 8 * 1.2e9
     assert 0.0 <= streamed["hidden_fraction"] <= 1.0 and streamed["h2d_gbps"] > 5
     assert "offload stream: streamed" in result.output
+
+
+def test_pack_into_one_buffer_keeps_values_and_aligns():
+    block = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3, bias=False).to(torch.bfloat16))
+    tensors = list(block.parameters())
+    before = [t.detach().clone() for t in tensors]
+    host = pack_into_one_buffer(tensors)
+    assert host.dtype == torch.uint8 and host.numel() == 3 * 256  # 140 B, 28 B, 42 B: each in a 256-byte slot
+    base = host.data_ptr()
+    assert [t.data_ptr() - base for t in tensors] == [0, 256, 512]
+    assert all(torch.equal(t, b) and t.dtype == b.dtype for t, b in zip(tensors, before))
+    with torch.no_grad():
+        out = block[1](block[0](torch.ones(1, 5)).to(torch.bfloat16))
+    assert out.shape == (1, 3)
