@@ -30,7 +30,7 @@ step env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton, cutlass, diff
 step fp8 300 python3 scripts/check_fp8_attention.py --out "$work/fp8" --budget-s 240
 step profile 240 python3 -m dit_accel profile-block --validate 50 --out "$work/profile"
 step budget 120 python3 -m dit_accel profile-block --memory-budget 16GiB --runs 5 --out "$work/budget16"
-step compare 200 python3 -m dit_accel profile-block --compare-attn cudnn,fa4,fp8,fp8-v1 --out "$work/compare"
+step compare 240 python3 -m dit_accel profile-block --compare-attn cudnn,fa4,fp8,fp8+rope,fp8-v1 --out "$work/compare"
 # The whole H3 block stack (50 blocks, 64.5 GB): resident on the H200, then streamed under a 16 GiB cap.
 step offload 420 bash -c "python3 -m dit_accel profile-block --validate 50 --runs 3 --out $work/resident50 \
   && python3 -m dit_accel profile-block --validate 50 --runs 3 --offload stream --memory-budget 16GiB --out $work/stream50"

@@ -179,3 +179,21 @@ def test_shortest_h3_sequence_runs(tmp_path):
     result = run_cli("profile-block", "--device", "cpu", "--seq-len", "1", "--runs", "1", "--warmup", "0",
                      "--out", tmp_path / "one")
     assert result.exit_code == 0, result.output
+
+
+def test_rope_option_runs_beside_the_plain_backend(tmp_path):
+    """`+rope` swaps in the fused RoPE for that run only; on the CPU it falls back to diffusers'
+    function, so the output is bit-identical and the rows differ only in their label."""
+    out = tmp_path / "rope"
+    result = run_cli("profile-block", *FAST, "--device", "cpu", "--compare-attn", "native,native+rope", "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert [r["backend"] for r in report["runs"]] == ["native", "native+rope"]
+    assert report["runs"][1]["output_vs_reference"]["rel_l2"] == 0.0
+    assert report["runs"][1]["attention_rel_err"] == report["runs"][0]["attention_rel_err"]
+
+
+def test_unknown_attention_option_is_one_line(tmp_path):
+    result = CliRunner().invoke(main, ["profile-block", *FAST, "--attn", "fp8+fast", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "the one option is +rope" in result.output
+    assert not (tmp_path / "r").exists()

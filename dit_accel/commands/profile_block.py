@@ -1,6 +1,7 @@
 """`dit-accel profile-block`: one DiT block streamed onto the GPU, profiled, extrapolated to the model."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
@@ -15,6 +16,7 @@ from ..checkpoint import CONFIG_NAME, transformer_folder
 from ..device import DeviceInfo, apply_memory_budget, device_ceilings, parse_bytes, pick_device
 from ..errors import UserError
 from ..extrapolate import Extrapolation
+from ..fused_rope import fused_rope
 from ..offload import OFFLOAD_CHOICES, check_offload
 from ..profiling.attention_error import attention_errors, capture_attention_inputs
 from ..profiling.profiler import profile_block as run_profile
@@ -55,8 +57,10 @@ def _output_error(output: torch.Tensor, reference: torch.Tensor) -> dict[str, fl
 @click.option("--dtype", "dtype_name", default=None,
               help="bf16, fp16 or fp32 (default: bf16 on a GPU; fp32 on the CPU, where bf16 matmuls are emulated).")
 @click.option("--attn", default="native", show_default=True,
-              help="Attention backend: native (diffusers default), flash, cudnn, efficient, math, fa4, fp8.")
-@click.option("--compare-attn", default=None, help="Comma-separated backends to run side by side, e.g. cudnn,fa4,fp8.")
+              help="Attention backend: native (diffusers default), flash, cudnn, efficient, math, fa4, fp8; "
+                   "add +rope for the fused RoPE kernel too (MiniMax-H3), e.g. fp8+rope.")
+@click.option("--compare-attn", default=None,
+              help="Comma-separated backends to run side by side, e.g. cudnn,fa4,fp8,fp8+rope.")
 @click.option("--warmup", type=int, default=3, show_default=True)
 @click.option("--runs", type=int, default=10, show_default=True, help="Timed runs; the median is reported.")
 @click.option("--steps", type=int, default=50, show_default=True, help="Denoising steps, for the extrapolation.")
@@ -94,7 +98,9 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
                                ("--warmup", warmup, 0), ("--validate", validate_blocks, 0)):
         if value is not None and value < least:
             raise UserError(f"{name} must be at least {least}, got {value}")
-    backends = [b.strip() for b in compare_attn.split(",") if b.strip()] if compare_attn else [attn]
+    backends = [b.strip() for b in compare_attn.split(",") if b.strip()] if compare_attn else [attn.strip()]
+    for spec in backends:
+        _attention_spec(spec)  # a bad "+option" is refused before anything runs
     device = pick_device(device_name)
     dtype = parse_dtype(dtype_name or ("bf16" if device.type == "cuda" else "fp32"))
     if offload == "stream" and not validate_blocks:
@@ -128,9 +134,21 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
         raise UserError(f"out of memory: the {adapter.display_name} block at S={workload.seq_len} (batch "
                         f"{workload.batch}) with its profiling{' and --validate' if validate_blocks else ''} does not "
                         f"fit in {budget}; lower --seq-len or --batch, or raise --memory-budget") from exc
-    traces = "".join(f", trace_{name}.json" for name in backends) if trace else ""
+    traces = "".join(f", {_trace_name(spec)}" for spec in backends) if trace else ""
     console.print(f"\nwrote {final_dir}/: report.json, ops.csv, breakdown.png{traces}")
     return report
+
+
+def _attention_spec(spec: str) -> tuple[str, bool]:
+    """"fp8+rope" -> ("fp8", True): the attention backend, and whether RoPE runs fused (`fused_rope`)."""
+    name, plus, option = spec.partition("+")
+    if plus and option != "rope":
+        raise UserError(f"unknown option '+{option}' in attention {spec!r}; the one option is +rope (fused RoPE)")
+    return name, bool(plus)
+
+
+def _trace_name(spec: str) -> str:
+    return f"trace_{spec.replace('+', '-')}.json"
 
 
 def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends, warmup, runs, steps,
@@ -148,10 +166,12 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
     outside_source = "stated with --outside-ms" if outside_ms is not None else "not measured: pass --outside-ms to add it"
     results: list[BackendRun] = []
     reference_output = None
-    for name in backends:
-        with use_attention_backend(loaded.block, name) as routed:
+    for spec in backends:
+        name, fuse_rope = _attention_spec(spec)
+        with use_attention_backend(loaded.block, name) as routed, \
+                (fused_rope(loaded.block) if fuse_rope else contextlib.nullcontext()):
             profile = run_profile(loaded.block, inputs, adapter, device=device, warmup=warmup, runs=runs,
-                                  trace_path=run_dir / f"trace_{name}.json" if trace else None)
+                                  trace_path=run_dir / _trace_name(spec) if trace else None)
             with torch.no_grad():
                 output = loaded.block(**inputs)
             if routed is not None and routed.fallback_total:
@@ -161,13 +181,14 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
         reference_output = output if reference_output is None else reference_output
         extrapolation = Extrapolation(adapter.num_blocks, profile.timing.median_ms, outside_ms or 0.0,
                                       outside_source, steps, guidance_passes)
-        results.append(BackendRun(name, profile, extrapolation, attention_flops, linear_flops, error))
+        results.append(BackendRun(spec, profile, extrapolation, attention_flops, linear_flops, error))
 
     attention_inputs = capture_attention_inputs(loaded.block, inputs, adapter)
-    attention_rel_err, attention_reference = attention_errors(*attention_inputs, backends)
+    attention_names = list(dict.fromkeys(_attention_spec(spec)[0] for spec in backends))
+    attention_rel_err, attention_reference = attention_errors(*attention_inputs, attention_names)
     del attention_inputs
     for run in results:
-        run.attention_rel_err = attention_rel_err[run.backend]
+        run.attention_rel_err = attention_rel_err[_attention_spec(run.backend)[0]]
 
     validation = None
     if validate_blocks:
