@@ -6,7 +6,7 @@ import types
 
 import pytest
 import torch
-from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Transformer3DModel
+from tiny_models import tiny_h3_transformer
 from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
 
 from dit_accel import patch_attention
@@ -19,22 +19,7 @@ H3_LAYERS, H3_REFINER_LAYERS, WAN_LAYERS = 4, 2, 3
 
 @pytest.fixture(scope="module")
 def tiny_h3():
-    torch.manual_seed(0)
-    model = MiniMaxH3Transformer3DModel(
-        num_attention_heads=2, attention_head_dim=32, hidden_size=48, num_layers=H3_LAYERS,
-        num_refiner_layers=H3_REFINER_LAYERS, ffn_dim=64, in_channels=4, audio_in_channels=4, text_dim=16,
-        freq_dim=16, time_embed_hidden_dim=32, time_embed_dim=24, rope_freq_dim=4).eval()
-    video, audio, text = 8, 2, 3
-    s = video + audio + text
-    inputs = dict(
-        hidden_states=torch.randn(1, video, 16), audio_hidden_states=torch.randn(1, audio, 4),
-        encoder_hidden_states=torch.randn(1, text, 16), timestep=torch.tensor([0.5]),
-        timestep_indices=torch.zeros(s, dtype=torch.long),
-        token_tags=torch.tensor([1] * text + [0] * video + [2] * audio),
-        position_ids=torch.stack([torch.arange(s), torch.arange(s) % 2, torch.arange(s) % 4], dim=1),
-        text_indices=torch.arange(text), video_indices=torch.arange(text, text + video),
-        audio_indices=torch.arange(text + video, s), return_dict=False)
-    return model, inputs
+    return tiny_h3_transformer(H3_LAYERS, H3_REFINER_LAYERS)
 
 
 @pytest.fixture(scope="module")
