@@ -200,7 +200,8 @@ def _broken_copies(tiny_wan: Path, root: Path) -> dict[str, tuple[Path, str]]:
     a_file.write_text("not a folder")
     return {"missing": (root / "does_not_exist", "does not exist"), "no index": (no_index, "no model_index.json"),
             "unknown class": (unknown, "NoSuchPipeline"), "missing component": (no_vae, "lacks the component folder(s) vae"),
-            "a file": (a_file, "is a file"), "modular": (modular, "does not run modular ones (MiniMax-H3) yet")}
+            "a file": (a_file, "is a file"),
+            "modular class in model_index.json": (modular, "rename the file to modular_model_index.json")}
 
 
 def test_bad_pipeline_folders_are_one_line_errors(tiny_wan, tmp_path):
@@ -236,12 +237,6 @@ def test_generate_on_the_gpu_in_bf16_and_fp8(tiny_wan, tmp_path):
     # Every attention call went to the FP8 kernel (the tiny pipeline's head dim, 64, is one it takes).
     assert fp8_run["attention_patch"]["served_calls"] > 0
     assert fp8_run["attention_patch"]["fallback_calls"] == {}
-
-
-def test_tiny_h3_is_not_built_yet_and_says_so(tmp_path):
-    result = CliRunner().invoke(main, ["make-tiny-pipeline", "h3", str(tmp_path / "h3")])
-    assert result.exit_code == 2 and result.output.startswith("error: the tiny MiniMax-H3 pipeline is not built yet")
-    assert not (tmp_path / "h3").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")

@@ -23,7 +23,7 @@ from ..pipelines.parallel import apply_ulysses, start_ulysses, stop_ulysses
 from ..pipelines.quality import compare_videos
 from ..pipelines.running import ATTENTION_CHOICES, Request, RunResult, check_attention, run_once, warm_up
 from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
-from ..pipelines.video_io import write_mp4
+from ..pipelines.video_io import write_mp4, write_wav
 from ..report_io import command_line, console, write_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
 
@@ -220,9 +220,14 @@ def _generate(folder, request: Request, device, dtype, attention, compare, warmu
     files: list[str] = []
     videos = []
     for run in runs:
-        name = "video.mp4" if len(runs) == 1 else f"video_{run.attention}.mp4"
-        videos.append(write_mp4(run_dir / name, run.frames, run.fps))
-        files.append(name)
+        suffix = "" if len(runs) == 1 else f"_{run.attention}"
+        sound = None  # a soundtrack (MiniMax-H3) is written as a WAV and muxed into the MP4
+        if run.audio is not None:
+            sound = write_wav(run_dir / f"audio{suffix}.wav", run.audio, run.sample_rate)
+        video = write_mp4(run_dir / f"video{suffix}.mp4", run.frames, run.fps,
+                          audio_path=None if sound is None else run_dir / sound["file"])
+        videos.append({**video, "audio": sound})
+        files += [video["file"]] + ([] if sound is None else [sound["file"]])
 
     info = DeviceInfo.of(device)
     header = {"pipeline": f"{folder.class_name} from {folder.path}",
@@ -230,6 +235,9 @@ def _generate(folder, request: Request, device, dtype, attention, compare, warmu
               "dtype": str(dtype).replace("torch.", ""),
               "video": f"{runs[0].frames.shape[0]} frames of {runs[0].frames.shape[1]}x{runs[0].frames.shape[2]} "
                        f"at {runs[0].fps:g} fps, {request.steps} steps, seed {request.seed}"}
+    if runs[0].audio is not None:
+        header["audio"] = (f"{runs[0].audio.shape[0]} channels at {runs[0].sample_rate} Hz, "
+                           f"{runs[0].audio.shape[1] / runs[0].sample_rate:.2f} s (WAV, and AAC in the MP4)")
     streaming = None
     if offload == "stream":
         nbytes, gbps = streamed_bytes(pipe), host_to_device_gbps(device)

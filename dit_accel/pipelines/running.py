@@ -1,9 +1,11 @@
 """One pipeline call with a chosen attention, timed per stage: what `generate` runs once or twice.
 
-The call is built from what the pipeline's `__call__` accepts (a DiffusionPipeline: prompt,
-num_frames, height, width, num_inference_steps, guidance_scale, generator, output_type="np",
-callback_on_step_end), so any text-to-video DiffusionPipeline of diffusers runs unchanged. Only the
-video frames are kept (modular pipelines, e.g. MiniMax-H3, are refused when the folder is inspected).
+A DiffusionPipeline's call is built from what its `__call__` accepts (prompt, num_frames, height,
+width, num_inference_steps, guidance_scale, generator, output_type="np", callback_on_step_end), so any
+text-to-video DiffusionPipeline of diffusers runs unchanged; its video frames are kept. A modular
+pipeline's `__call__` takes any keyword, so its inputs are spelled out: MiniMax-H3 (the only modular
+pipeline `loading.MODULAR_WORKFLOWS` lets through) gets its text-only inputs, and its video frames and
+stereo soundtrack are kept. `Request.steps` is the number of denoising steps that run in either case.
 
 Attention: "bf16" leaves the pipeline's own attention alone; "fp8" patches it with
 `dit_accel.patching.patch_attention(pipe, "fp8")` for the duration of the call and undoes it after.
@@ -45,11 +47,16 @@ class RunResult:
     fps: float
     times: StageTimes
     attention_summary: dict = field(default_factory=dict)
+    audio: np.ndarray | None = None  # [channels, samples] float in [-1, 1], from pipelines that make sound
+    sample_rate: int | None = None
 
     def as_dict(self) -> dict:
+        audio = None if self.audio is None else {
+            "channels": int(self.audio.shape[0]), "samples": int(self.audio.shape[1]), "sample_rate": self.sample_rate,
+            "seconds": self.audio.shape[1] / self.sample_rate}
         return {"attention": self.attention, "frames": int(self.frames.shape[0]),
                 "height": int(self.frames.shape[1]), "width": int(self.frames.shape[2]), "fps": self.fps,
-                "stages": self.times.as_dict(), "attention_patch": self.attention_summary}
+                "audio": audio, "stages": self.times.as_dict(), "attention_patch": self.attention_summary}
 
 
 def check_attention(attention: str, device: torch.device) -> None:
@@ -89,6 +96,40 @@ def _diffusion_call(pipe: Any, request: Request, generator: torch.Generator, ste
     return kwargs
 
 
+def _h3_call(request: Request, generator: torch.Generator) -> dict:
+    """MiniMax-H3's text-only inputs. It is guidance-distilled (no guidance scale, one transformer pass a
+    step), and its scheduler counts `num_inference_steps` as sigma grid points with the terminal 0
+    included, so `request.steps` denoising steps are `num_inference_steps = steps + 1`."""
+    if request.guidance is not None:
+        raise UserError("MiniMax-H3 is guidance-distilled and takes no guidance scale; drop --guidance")
+    wanted = {"prompt": request.prompt, "num_frames": request.frames, "height": request.height,
+              "width": request.width, "num_inference_steps": request.steps + 1, "generator": generator,
+              "output_type": "np"}
+    return {k: v for k, v in wanted.items() if v is not None}
+
+
+def _call_h3(pipe: Any, request: Request, generator: torch.Generator) -> dict:
+    try:
+        return pipe(**_h3_call(request, generator), output=["videos", "audio", "sampling_rate"])
+    except ValueError as exc:  # the pipeline's own checks of the request: duration, frame count, size multiple
+        reason = str(exc).strip().splitlines()[0].rstrip(".")
+        raise UserError(f"{type(pipe).__name__} refused the request: {reason}; change --frames, --height or "
+                        f"--width") from exc
+
+
+def _is_modular(pipe: Any) -> bool:
+    from diffusers import ModularPipeline
+
+    return isinstance(pipe, ModularPipeline)
+
+
+def _as_frames(frames: Any) -> np.ndarray:
+    array = np.asarray(frames[0] if isinstance(frames, list) else frames, dtype=np.float32)
+    if array.ndim == 5:
+        array = array[0]
+    return array
+
+
 def _frames_of(output: Any) -> np.ndarray:
     frames = getattr(output, "frames", None)
     if frames is None and isinstance(output, (tuple, list)):
@@ -96,10 +137,7 @@ def _frames_of(output: Any) -> np.ndarray:
     if frames is None:
         raise UserError(f"the pipeline returned {type(output).__name__} with no video frames; "
                         f"generate handles text-to-video pipelines")
-    array = np.asarray(frames[0] if isinstance(frames, list) else frames, dtype=np.float32)
-    if array.ndim == 5:
-        array = array[0]
-    return array
+    return _as_frames(frames)
 
 
 def run_once(pipe: Any, request: Request, *, device: torch.device, attention: str,
@@ -108,7 +146,8 @@ def run_once(pipe: Any, request: Request, *, device: torch.device, attention: st
     patch = _patch(pipe, attention)
     try:
         generator = torch.Generator(device=device).manual_seed(request.seed)
-        steps_from_callback = "callback_on_step_end" in _accepts(pipe)
+        modular = _is_modular(pipe)
+        steps_from_callback = not modular and "callback_on_step_end" in _accepts(pipe)
         timer = StageTimer(pipe, device, steps_from_callback=steps_from_callback, on_step=on_step)
 
         def step_callback(pipeline, step, timestep, callback_kwargs):
@@ -118,13 +157,20 @@ def run_once(pipe: Any, request: Request, *, device: torch.device, attention: st
             return callback_kwargs
 
         with torch.inference_mode(), timer:
-            output = pipe(**_diffusion_call(pipe, request, generator, step_callback))
+            if modular:
+                output = _call_h3(pipe, request, generator)
+            else:
+                output = pipe(**_diffusion_call(pipe, request, generator, step_callback))
         summary = patch.summary() if patch is not None else {}
     finally:
         if patch is not None:
             patch.unpatch()
     fps = float(getattr(pipe, "fps", None) or DEFAULT_FPS)
-    return RunResult(attention, _frames_of(output), fps, timer.times, summary)
+    if not modular:
+        return RunResult(attention, _frames_of(output), fps, timer.times, summary)
+    audio = output["audio"][0].float().cpu().numpy()  # [1, channels, samples] -> [channels, samples]
+    return RunResult(attention, _as_frames(output["videos"]), fps, timer.times, summary, audio=audio,
+                     sample_rate=int(output["sampling_rate"]))
 
 
 def warm_up(pipe: Any, request: Request, *, device: torch.device, attention: str) -> None:

@@ -10,7 +10,8 @@ Stages, in milliseconds:
   steps             one entry per denoising step. Where the pipeline calls `callback_on_step_end`
                     (DiffusionPipelines), a step runs from its first transformer call to its callback,
                     so it holds every guidance pass and the scheduler update; in pipelines without that
-                    callback a step is one transformer call.
+                    callback (modular ones: MiniMax-H3, guidance-distilled, one pass a step) a step is one
+                    transformer call, and the scheduler update falls under other_ms.
   vae_decode_ms     `vae.decode` (and `audio_decode_ms` for an audio VAE), summed.
   other_ms          the rest of the wall time of the call: latents, packing, post-processing.
 """
@@ -194,7 +195,8 @@ class StageTimer:
     def __enter__(self) -> "StageTimer":
         self.attach()
         self.times.steps_from = ("first transformer call to callback_on_step_end" if self.steps_from_callback
-                                 else "one transformer call per step")
+                                 else "one transformer call per step (no step callback: scheduler updates count "
+                                      "as other)")
         self._t0 = self._now()
         return self
 

@@ -3,6 +3,10 @@
 A tiny pipeline folder is an ordinary diffusers folder plus `dit_accel.json`, which holds the
 frames / height / width / steps that make `generate` finish in seconds on a CPU; `generate` reads
 it when present and the command line overrides it. Diffusers ignores the extra file.
+
+Every folder is built in a staging folder that is renamed into place (nothing half-written is left
+behind); a modular pipeline's index records the folder it was saved into, so it is pointed at the
+final folder before the rename.
 """
 from __future__ import annotations
 
@@ -23,9 +27,9 @@ def _wan(directory: Path, seed: int) -> dict:
 
 
 def _h3(directory: Path, seed: int) -> dict:
-    # Not built yet: MiniMax-H3 is a modular pipeline whose tiny set needs a Qwen3-VL conditioner of more than
-    # 50 layers, a Qwen3VLProcessor built in code and tiny video/audio VAEs; see README (generate) for the status.
-    raise UserError("the tiny MiniMax-H3 pipeline is not built yet; use `make-tiny-pipeline wan DIR` for now")
+    from .tiny_h3 import DEFAULTS, save_tiny_h3
+
+    return {**save_tiny_h3(directory, seed), "defaults": DEFAULTS}
 
 
 TINY_BUILDERS: dict[str, Callable[[Path, int], dict]] = {"wan": _wan, "h3": _h3}
@@ -38,14 +42,33 @@ def make_tiny_pipeline(family: str, directory: Path, seed: int = 0) -> dict:
     directory = Path(directory)
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise UserError(f"{directory} exists and is not an empty folder; pass a new folder")
-    from .loading import quiet_library_progress
+    from .loading import quiet_libraries
 
-    quiet_library_progress()
+    quiet_libraries()
     with staged_run_dir(directory) as staging:  # a failed build leaves nothing behind
         info = TINY_BUILDERS[family](staging, seed)
+        _point_modular_index_at(staging, directory)
         (staging / DEFAULTS_FILE).write_text(json.dumps({"family": family, "seed": seed, **info["defaults"]},
                                                         indent=2) + "\n")
     return info
+
+
+def _point_modular_index_at(saved_to: Path, final: Path) -> None:
+    """`ModularPipeline.save_pretrained` records the folder it saved into as every component's
+    `pretrained_model_name_or_path` in modular_model_index.json; the build saved into a staging folder
+    that is about to become `final`, so those entries are rewritten to `final` (absolute, as diffusers
+    writes them). A DiffusionPipeline folder has no such index and nothing to rewrite."""
+    from .loading import MODULAR_INDEX
+
+    index_path = saved_to / MODULAR_INDEX
+    if not index_path.is_file():
+        return
+    index = json.loads(index_path.read_text())
+    for entry in index.values():
+        spec = entry[2] if isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], dict) else {}
+        if spec.get("pretrained_model_name_or_path") == str(saved_to):
+            spec["pretrained_model_name_or_path"] = str(final.resolve())
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 def read_run_defaults(directory: Path) -> dict:
