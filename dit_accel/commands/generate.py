@@ -128,7 +128,8 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
 
 @click.command("generate")
 @click.option("--pipeline", "pipeline_dir", type=click.Path(path_type=Path), required=True,
-              help="Local diffusers pipeline folder (model_index.json); never fetched from a hub.")
+              help="Local diffusers pipeline folder (model_index.json, or modular_model_index.json for "
+                   "MiniMax-H3); never fetched from a hub.")
 @click.option("--attn", type=click.Choice(ATTENTION_CHOICES), default=None,
               help="bf16: the pipeline's own attention. fp8: our FP8 kernel patched in (sm_89+ GPUs). "
                    "Default bf16, or fp8 with --compare.")

@@ -3,8 +3,10 @@ and frame quality metrics. One concern per module:
 
   tokenizer.py   a word-level tokenizer built in code (tiny pipelines never reach a hub)
   tiny_wan.py    a tiny random WanPipeline
+  tiny_h3.py     a tiny random MiniMax-H3 modular pipeline (and its torchvision-free prompt processor)
   tiny.py        the registry `make-tiny-pipeline` reads, and the defaults file it writes
   loading.py     checking and opening a local pipeline folder
   stages.py      per-stage timing from hooks          running.py  one call with an attention choice
-  video_io.py    MP4 writing                           quality.py  per-frame PSNR and SSIM
+  video_io.py    MP4 (and WAV) writing                 quality.py  per-frame PSNR and SSIM
+  parallel.py    --ulysses: diffusers' context parallelism under torchrun
 """
