@@ -197,3 +197,12 @@ def test_unknown_attention_option_is_one_line(tmp_path):
     result = CliRunner().invoke(main, ["profile-block", *FAST, "--attn", "fp8+fast", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and "the one option is +rope" in result.output
     assert not (tmp_path / "r").exists()
+
+
+def test_rope_option_also_applies_to_the_validate_chain(tmp_path):
+    out = tmp_path / "rope-val"
+    result = run_cli("profile-block", *FAST, "--device", "cpu", "--attn", "native+rope", "--validate", "2",
+                     "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "2 blocks chained" in result.output
+    assert "RoPE call(s) of native+rope ran diffusers' own function" in result.output  # CPU tensors fall back

@@ -147,6 +147,11 @@ def _attention_spec(spec: str) -> tuple[str, bool]:
     return name, bool(plus)
 
 
+def _rope_swap(block, fuse: bool):
+    """The fused-RoPE swap as a context manager (its handle, to read the counts), or nothing."""
+    return fused_rope(block) if fuse else contextlib.nullcontext()
+
+
 def _trace_name(spec: str) -> str:
     return f"trace_{spec.replace('+', '-')}.json"
 
@@ -168,8 +173,7 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
     reference_output = None
     for spec in backends:
         name, fuse_rope = _attention_spec(spec)
-        with use_attention_backend(loaded.block, name) as routed, \
-                (fused_rope(loaded.block) if fuse_rope else contextlib.nullcontext()):
+        with use_attention_backend(loaded.block, name) as routed, _rope_swap(loaded.block, fuse_rope) as rope:
             profile = run_profile(loaded.block, inputs, adapter, device=device, warmup=warmup, runs=runs,
                                   trace_path=run_dir / _trace_name(spec) if trace else None)
             with torch.no_grad():
@@ -177,6 +181,9 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
             if routed is not None and routed.fallback_total:
                 console.print(f"[yellow]note: {routed.fallback_total} attention call(s) fell back from {name}: "
                               f"{dict(routed.fallback_calls)}[/yellow]")
+            if rope is not None and rope.fallback_calls:
+                console.print(f"[yellow]note: {sum(rope.fallback_calls.values())} RoPE call(s) of {spec} ran "
+                              f"diffusers' own function, not the fused kernel: {dict(rope.fallback_calls)}[/yellow]")
         error = None if reference_output is None else _output_error(output, reference_output)
         reference_output = output if reference_output is None else reference_output
         extrapolation = Extrapolation(adapter.num_blocks, profile.timing.median_ms, outside_ms or 0.0,
@@ -194,9 +201,11 @@ def _profile(adapter, checkpoint, block_index, workload, dtype, device, backends
     if validate_blocks:
         first = results[0]
         activation_bytes = (first.profile.peak_memory_bytes or 0) - first.profile.weights_bytes
-        validation = validate_chain(adapter, loaded.block, inputs, validate_blocks, attention=first.backend,
-                                    device=device, dtype=dtype, block_ms=first.block_ms,
-                                    activation_bytes=max(0, activation_bytes), offload=offload)
+        name, fuse_rope = _attention_spec(first.backend)
+        with _rope_swap(loaded.block, fuse_rope):  # the rotary global is per model file: covers the chain
+            validation = validate_chain(adapter, loaded.block, inputs, validate_blocks, attention=name,
+                                        device=device, dtype=dtype, block_ms=first.block_ms,
+                                        activation_bytes=max(0, activation_bytes), offload=offload)
 
     info = DeviceInfo.of(device)
     peak = results[0].profile.peak_memory_bytes
