@@ -24,6 +24,14 @@ def default_run_name(command: str, tag: str) -> str:
     return f"{command}_{tag}_{stamp}"
 
 
+def check_run_dir(final_dir: Path) -> None:
+    """UserError unless `final_dir` is absent or an empty folder (a run never overwrites)."""
+    final_dir = Path(final_dir)
+    if final_dir.exists() and (not final_dir.is_dir() or any(final_dir.iterdir())):
+        kind = "a file" if not final_dir.is_dir() else "a folder that is not empty"
+        raise UserError(f"{final_dir} is {kind}; pass --out a new folder (runs never overwrite)")
+
+
 @contextlib.contextmanager
 def staged_run_dir(final_dir: Path) -> Iterator[Path]:
     """Yield a staging folder; on success it becomes `final_dir`, on any exception it is removed.
@@ -32,9 +40,7 @@ def staged_run_dir(final_dir: Path) -> Iterator[Path]:
     (an `--out` pointing at `.` or at `outputs/` must not wipe them).
     """
     final_dir = Path(final_dir)
-    if final_dir.exists() and (not final_dir.is_dir() or any(final_dir.iterdir())):
-        kind = "a file" if not final_dir.is_dir() else "a folder that is not empty"
-        raise UserError(f"{final_dir} is {kind}; pass --out a new folder (runs never overwrite)")
+    check_run_dir(final_dir)
     try:
         final_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", suffix=".partial", dir=final_dir.parent))

@@ -32,6 +32,7 @@ def tiny_wan(tmp_path_factory) -> Path:
     (["--ulysses", "2"], "needs 2 processes, one per GPU: run `torchrun --nproc-per-node 2"),
     (["--ulysses", "0"], "--ulysses must be at least 1"),
     (["--ulysses", "2", "--offload", "stream"], "--ulysses and --offload stream do not combine"),
+    (["--ulysses", "2", "--device", "cuda:1"], "leave out --device"),
 ])
 def test_ulysses_refusals_are_one_line_and_write_nothing(tiny_wan, tmp_path, args, message, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -40,6 +41,17 @@ def test_ulysses_refusals_are_one_line_and_write_nothing(tiny_wan, tmp_path, arg
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: ") and message in result.output and result.output.count("\n") == 1
     assert not out.exists()
+
+
+def test_a_taken_output_folder_is_refused_before_the_ranks_start(tiny_wan, tmp_path, monkeypatch):
+    """Every rank checks --out before waiting for the others (only rank 0 writes), so no rank hangs."""
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as under torchrun, but the check comes first
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--out", str(taken), "--ulysses", "2"])
+    assert result.exit_code == 2 and "is a folder that is not empty" in result.output
+    assert [p.name for p in taken.iterdir()] == ["keep.txt"]
 
 
 def test_ulysses_degree_must_divide_the_heads(tiny_wan):

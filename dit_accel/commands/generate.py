@@ -19,13 +19,13 @@ from ..device import DeviceInfo, pick_device
 from ..errors import UserError
 from ..offload import OFFLOAD_CHOICES, check_offload, host_to_device_gbps
 from ..pipelines.loading import inspect_pipeline_folder, load_pipeline, streamed_bytes
-from ..pipelines.parallel import apply_ulysses, start_ulysses, stop_ulysses
+from ..pipelines.parallel import UNEVEN_SEQUENCE, apply_ulysses, start_ulysses, stop_ulysses
 from ..pipelines.quality import compare_videos
 from ..pipelines.running import ATTENTION_CHOICES, Request, RunResult, check_attention, run_once, warm_up
 from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
 from ..pipelines.video_io import write_mp4, write_wav
 from ..report_io import command_line, console, write_json
-from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
+from ..run_dir import DEFAULT_OUTPUT_ROOT, check_run_dir, default_run_name, staged_run_dir
 
 DEFAULT_PROMPT = "a red fox running through fresh snow at sunset, wide shot"
 MAX_STEPS_LISTED = 12  # step rows printed in full; more are summarised
@@ -179,25 +179,36 @@ def generate(pipeline_dir, attn, compare, prompt, frames, height, width, steps, 
     if ulysses > 1 and offload == "stream":
         raise UserError("--ulysses and --offload stream do not combine: the GPUs share the model, so stream on one "
                         "GPU or split over several")
-    group = start_ulysses(ulysses) if ulysses > 1 else None
-    device = group.device if group else pick_device(device_name)
-    if group and not group.is_main:
-        console.quiet = True  # rank 0 speaks and writes for all
-    dtype = parse_dtype(dtype_name or ("bf16" if device.type == "cuda" else "fp32"))
-    for name in {attention, compare} - {None}:
-        check_attention(name, device)
-    check_offload(offload, device)
-
+    if ulysses > 1 and device_name is not None:
+        raise UserError("--ulysses gives each torchrun process its own GPU (LOCAL_RANK); leave out --device")
     final_dir = out or DEFAULT_OUTPUT_ROOT / default_run_name("generate", folder.name)
+    check_run_dir(final_dir)  # on every rank, before any of them waits for the others
+    group = start_ulysses(ulysses) if ulysses > 1 else None
+    finished = False
     try:
+        device = group.device if group else pick_device(device_name)
+        if group and not group.is_main:
+            console.quiet = True  # rank 0 speaks and writes for all
+        dtype = parse_dtype(dtype_name or ("bf16" if device.type == "cuda" else "fp32"))
+        for name in {attention, compare} - {None}:
+            check_attention(name, device)
+        check_offload(offload, device)
         with (staged_run_dir(final_dir) if group is None or group.is_main else _scratch_dir()) as run_dir:
             report = _generate(folder, request, device, dtype, attention, compare, warmup, offload, group, run_dir)
+        finished = True
     except torch.OutOfMemoryError as exc:
         raise UserError(f"the pipeline in {folder.path} does not fit in this GPU's memory at "
                         f"{request.frames} frames of {request.height}x{request.width}; lower them") from exc
+    except AssertionError as exc:
+        if group and UNEVEN_SEQUENCE in str(exc):  # diffusers' Ulysses sharder, the same on every rank
+            raise UserError(f"--ulysses {group.degree} splits the transformer's sequence evenly over the GPUs and "
+                            f"this request's does not divide by {group.degree}; change --frames, --height or "
+                            f"--width (for MiniMax-H3 also the prompt, whose tokens are in the sequence) or the "
+                            f"degree") from exc
+        raise
     finally:
         if group:
-            stop_ulysses()
+            stop_ulysses(synchronize=finished)
     console.print(f"\nwrote {final_dir}/: {', '.join(report['files'])}")
     return report
 

@@ -16,6 +16,8 @@ import torch
 from ..errors import UserError
 
 TRANSFORMERS = ("transformer", "transformer_2")
+# What diffusers' Ulysses sharder asserts when a sequence does not split evenly over the GPUs.
+UNEVEN_SEQUENCE = "must be divisible by mesh size"
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,12 @@ def apply_ulysses(pipe, degree: int) -> None:
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=degree))
 
 
-def stop_ulysses() -> None:
+def stop_ulysses(synchronize: bool) -> None:
+    """Leaves the process group; waits for the other ranks only after a run that finished (after an
+    error the ranks may have stopped at different points, and a barrier would hang)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
-        dist.barrier()
+        if synchronize:
+            dist.barrier()
         dist.destroy_process_group()
