@@ -11,6 +11,7 @@ bandwidth is measured, and `StreamedRun` says how much of the transfer the compu
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import asdict, dataclass
 
 import torch
@@ -64,7 +65,11 @@ def pin_to_host(module: nn.Module, pin: bool = True) -> int:
     if to_move:
         host = pack_into_one_buffer(to_move)
         if pin:
-            torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.numel(), 0))
+            cudart = torch.cuda.cudart()
+            torch.cuda.check_error(cudart.cudaHostRegister(host.data_ptr(), host.numel(), 0))
+            # Unregistered when the module goes (before its buffers are freed), so the pages do not
+            # stay locked and a later allocation at the same address can be registered again.
+            weakref.finalize(module, cudart.cudaHostUnregister, host.data_ptr())
         # The buffer lives as long as the module (a list: several calls may each pack a part).
         vars(module).setdefault("_dit_accel_host_buffers", []).append(host)
     return sum(t.numel() * t.element_size() for t in everything)
