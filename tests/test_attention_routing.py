@@ -3,6 +3,8 @@ masked calls fall back and are counted, native names set diffusers' own backend,
 context gives back the original module bit for bit."""
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from diffusers.models.attention_dispatch import AttentionBackendName
@@ -204,6 +206,9 @@ def test_ulysses_calls_go_through_diffusers_templated_attention_with_our_kernel(
         return forward_op(None, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
                           _parallel_config=_parallel_config)
 
+    # The stand-in must keep the real engine's signature, or this test would pass against a changed diffusers.
+    shape = lambda fn: [(p.name, p.kind) for p in inspect.signature(fn).parameters.values()]
+    assert shape(templated) == shape(dispatch._templated_context_parallel_attention)
     monkeypatch.setattr(dispatch, "_templated_context_parallel_attention", templated)
     block, inputs = h3_block_and_inputs()
     reference = block(*inputs)

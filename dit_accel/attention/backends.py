@@ -60,7 +60,6 @@ class AttentionBackend:
     diffusers_backend: str | None = None
     routed: bool = False
     phases: TwoPhases | None = None
-    capture_safe: bool = True  # False: a call syncs the host, so it cannot run inside CUDA-graph capture
 
     def __post_init__(self) -> None:
         if self.diffusers_backend is not None and self.routed:

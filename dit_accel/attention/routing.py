@@ -79,9 +79,6 @@ class RoutedBackend:
     def dispatch(self, arguments: dict[str, Any], original_dispatch: Callable[..., torch.Tensor]) -> torch.Tensor:
         """Answer one `dispatch_attention_fn` call, given its bound arguments (all names present)."""
         reason = _unservable_reason(arguments) or (self.hold_reason() if self.hold_reason else None)
-        if reason is None and not self.backend.capture_safe and arguments["query"].is_cuda \
-                and torch.cuda.is_current_stream_capturing():
-            reason = "CUDA graph capture (this backend syncs the host)"
         if reason is None:
             try:
                 if arguments.get("parallel_config") is not None:

@@ -111,10 +111,12 @@ def _h3_call(request: Request, generator: torch.Generator) -> dict:
 def _call_h3(pipe: Any, request: Request, generator: torch.Generator) -> dict:
     try:
         return pipe(**_h3_call(request, generator), output=["videos", "audio", "sampling_rate"])
-    except ValueError as exc:  # the pipeline's own checks of the request: duration, frame count, size multiple
+    except ValueError as exc:  # the pipeline's own checks of the request (duration, frame count, size multiple...)
         reason = str(exc).strip().splitlines()[0].rstrip(".")
-        raise UserError(f"{type(pipe).__name__} refused the request: {reason}; change --frames, --height or "
-                        f"--width") from exc
+        hint = ("; change --frames, --height or --width"
+                if any(word in reason.lower() for word in ("frame", "height", "width", "duration", "second"))
+                else "")
+        raise UserError(f"{type(pipe).__name__} refused the request: {reason}{hint}") from exc
 
 
 def _is_modular(pipe: Any) -> bool:

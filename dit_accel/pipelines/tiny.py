@@ -21,15 +21,15 @@ DEFAULTS_FILE = "dit_accel.json"
 
 
 def _wan(directory: Path, seed: int) -> dict:
-    from .tiny_wan import DEFAULTS, save_tiny_wan
+    from .tiny_wan import save_tiny_wan
 
-    return {**save_tiny_wan(directory, seed), "defaults": DEFAULTS}
+    return save_tiny_wan(directory, seed)
 
 
 def _h3(directory: Path, seed: int) -> dict:
-    from .tiny_h3 import DEFAULTS, save_tiny_h3
+    from .tiny_h3 import save_tiny_h3
 
-    return {**save_tiny_h3(directory, seed), "defaults": DEFAULTS}
+    return save_tiny_h3(directory, seed)
 
 
 TINY_BUILDERS: dict[str, Callable[[Path, int], dict]] = {"wan": _wan, "h3": _h3}

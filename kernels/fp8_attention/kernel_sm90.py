@@ -133,8 +133,10 @@ class Fp8AttentionSm90:
         # the exp2s of the first fma_exp2_tiles n8 tiles of each row (2 of the row's 2*N/8
         # values per thread each) run as a polynomial on the FMA pipe instead (FA4's trick).
         # Measured: no gain here (kernels/NOTES.md), so off by default.
-        if not 0 <= fma_exp2_tiles <= tile_n // 8:
-            raise ValueError(f"fma_exp2_tiles must be in 0..{tile_n // 8}")
+        # At least one tile stays on the MUFU: the polynomial's clamp turns NaN into ~0, and the
+        # MUFU values are what carry a NaN head (NaN descale) through to its output.
+        if not 0 <= fma_exp2_tiles < tile_n // 8:
+            raise ValueError(f"fma_exp2_tiles must be in 0..{tile_n // 8 - 1}")
         self.fma_exp2_tiles = fma_exp2_tiles
 
     @cute.jit
