@@ -38,6 +38,42 @@ def import_kernels():
     return fa
 
 
+def median_ms(fn, iters: int, warmup: int) -> float:
+    """Median of `iters` CUDA-event timings of fn() after `warmup` untimed calls."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def time_cases(cases, report: dict, shape: str, flop: int, out_of_time, *, iters: int, warmup: int,
+               no_flop_rate: str) -> None:
+    """Times each (name, fn) into report["timing"] (median ms, and TFLOP/s except for the case named
+    `no_flop_rate`); a failure or a spent time budget is recorded for that case alone."""
+    for name, fn in cases:
+        entry = {"what": name, "shape": shape}
+        report["timing"].append(entry)
+        if out_of_time():
+            entry["skipped"] = "time budget"
+            continue
+        try:
+            entry["ms"] = round(median_ms(fn, iters, warmup), 3)
+            if name != no_flop_rate:
+                entry["tflops"] = round(flop / entry["ms"] / 1e9, 1)
+        except Exception as e:  # noqa: BLE001
+            entry["error"] = f"{type(e).__name__}: {e}"[:500]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -119,19 +155,6 @@ def main():
             torch.cuda.empty_cache()
 
     # ---------------------------------------------------------------- timing (H3 shape)
-    def median_ms(fn, iters=20):
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return sorted(times)[len(times) // 2]
-
     b, h, s, d = 1, 56, 30272, 128
     flop = 4 * b * h * s * s * d
     try:
@@ -154,18 +177,8 @@ def main():
             ("torch SDPA cuDNN bf16", sdpa(SDPBackend.CUDNN_ATTENTION)),
             ("torch SDPA flash bf16", sdpa(SDPBackend.FLASH_ATTENTION)),
         ]
-        for name, fn in variants:
-            entry = {"what": name, "shape": f"B{b} H{h} S{s} D{d}"}
-            report["timing"].append(entry)
-            if over_budget(0.9):
-                entry["skipped"] = "time budget"
-                continue
-            try:
-                entry["ms"] = round(median_ms(fn), 3)
-                if name != "fp8 prep alone":
-                    entry["tflops"] = round(flop / entry["ms"] / 1e9, 1)
-            except Exception as e:  # noqa: BLE001
-                entry["error"] = f"{type(e).__name__}: {e}"[:500]
+        time_cases(variants, report, f"B{b} H{h} S{s} D{d}", flop, lambda: over_budget(0.9),
+                   iters=20, warmup=3, no_flop_rate="fp8 prep alone")
     except Exception as e:  # noqa: BLE001
         report["timing"].append({"error": f"{type(e).__name__}: {e}"[:1000]})
 

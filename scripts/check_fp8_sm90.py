@@ -21,7 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_fp8_attention import import_kernels  # noqa: E402
+from check_fp8_attention import import_kernels, time_cases  # noqa: E402
 
 
 def main():
@@ -183,19 +183,6 @@ def main():
     report["all_ok"] = all(r.get("ok", False) for r in report["correctness"])
 
     # ---------------------------------------------------------------- timing (H3 shape)
-    def median_ms(fn, iters=7):
-        fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return sorted(times)[len(times) // 2]
-
     b, h, s, d = 1, 56, 30272, 128
     flop = 4 * b * h * s * s * d
     try:
@@ -226,18 +213,8 @@ def main():
             timed.append(("v1 mma.sync kernel", lambda: interface.fp8_attention_packed(packed, out=out)))
         timed += [("SDPA cuDNN bf16", sdpa(SDPBackend.CUDNN_ATTENTION)),
                   ("SDPA flash bf16", sdpa(SDPBackend.FLASH_ATTENTION))]
-        for name, fn in timed:
-            entry = {"what": name, "shape": f"B{b} H{h} S{s} D{d}"}
-            report["timing"].append(entry)
-            if over_budget(0.92):
-                entry["skipped"] = "time budget"
-                continue
-            try:
-                entry["ms"] = round(median_ms(fn), 3)
-                if name != "prep alone":
-                    entry["tflops"] = round(flop / entry["ms"] / 1e9, 1)
-            except Exception as e:  # noqa: BLE001
-                entry["error"] = f"{type(e).__name__}: {e}"[:500]
+        time_cases(timed, report, f"B{b} H{h} S{s} D{d}", flop, lambda: over_budget(0.92),
+                   iters=7, warmup=1, no_flop_rate="prep alone")
     except Exception as e:  # noqa: BLE001
         report["timing"].append({"error": f"{type(e).__name__}: {e}"[:1000]})
 
