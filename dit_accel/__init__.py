@@ -7,3 +7,10 @@ def patch_attention(*args, **kwargs):
     from .patching import patch_attention as _patch_attention
 
     return _patch_attention(*args, **kwargs)
+
+
+def fused_rope(*args, **kwargs):
+    """See `dit_accel.patching.fused_rope` (imported lazily: torch and Triton load on use)."""
+    from .patching import fused_rope as _fused_rope
+
+    return _fused_rope(*args, **kwargs)

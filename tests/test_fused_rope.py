@@ -14,8 +14,8 @@ from tiny_models import tiny_h3_transformer
 from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
 
 from dit_accel.errors import UserError
-from dit_accel.fused_rope import (ROPE_GLOBAL, apply_rotary_emb_fused, fallback_reason, fused_rope,
-                                  rope_reference)
+from dit_accel.kernels.rope import apply_rotary_emb_fused, rope_reference
+from dit_accel.patching.rope import ROPE_GLOBAL, fallback_reason, fused_rope
 
 ORIGINAL = h3_file._apply_rotary_emb  # diffusers' own function, read before any test patches it
 H3_LAYERS, H3_REFINER_LAYERS = 3, 2
@@ -202,7 +202,7 @@ def test_a_same_named_rotary_function_with_another_contract_is_not_touched(monke
 
 
 def test_importing_the_module_does_not_import_triton():
-    code = "import sys, dit_accel.fused_rope; assert 'triton' not in sys.modules"
+    code = "import sys, dit_accel.patching.rope, dit_accel.kernels.rope; assert 'triton' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -27,7 +27,8 @@ fallen back, by reason, so a run can prove its attention went where it was meant
 Why this seam: it needs no edit of diffusers or of the model, covers every attention call a
 processor makes (self- and cross-attention alike), keeps diffusers' own checks and fallbacks, and
 is undone completely. The router is installed once per model file, reference-counted across
-nested or concurrent uses, and the original global is put back when the last user leaves.
+nested or concurrent uses, and the original global is put back when the last user leaves (the
+swap itself is `dit_accel.patching.model_globals`, shared with the fused RoPE).
 Restoring is last-in first-out: undo swaps in the reverse order they were made.
 """
 from __future__ import annotations
@@ -35,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from ..patching.model_globals import ModelGlobalSwap, model_file
 from .backends import AttentionBackend, BackendCannotServe, get_backend
 
 DISPATCH_GLOBAL = "dispatch_attention_fn"
@@ -132,17 +133,9 @@ def _ulysses_attention(backend: AttentionBackend, arguments: dict[str, Any]) -> 
 
 # --- the router, one per model file -------------------------------------------------------------
 
-@dataclass
-class _InstalledRouter:
-    original: Callable[..., torch.Tensor]
-    router: Callable[..., torch.Tensor]
-    users: int
-
-
-_installed_routers: dict[str, _InstalledRouter] = {}
-
-
-def _make_router(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _make_router(original: Callable[..., torch.Tensor], users: list) -> Callable[..., torch.Tensor]:
+    """The replacement for a model file's `dispatch_attention_fn` (the users list is not read:
+    each call's `backend` argument says which RoutedBackend, if any, answers it)."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -157,29 +150,16 @@ def _make_router(original: Callable[..., torch.Tensor]) -> Callable[..., torch.T
     return routed_dispatch_attention_fn
 
 
-def _acquire_router(module: ModuleType) -> None:
-    installed = _installed_routers.get(module.__name__)
-    if installed is None:
-        original = getattr(module, DISPATCH_GLOBAL)
-        installed = _InstalledRouter(original, _make_router(original), users=0)
-        _installed_routers[module.__name__] = installed
-        setattr(module, DISPATCH_GLOBAL, installed.router)
-    installed.users += 1
-
-
-def _release_router(module: ModuleType) -> None:
-    installed = _installed_routers[module.__name__]
-    installed.users -= 1
-    if installed.users == 0:
-        del _installed_routers[module.__name__]
-        if getattr(module, DISPATCH_GLOBAL) is installed.router:  # someone else patched over us: leave theirs
-            setattr(module, DISPATCH_GLOBAL, installed.original)
+# The router is installed once per model file and shared by every live swap (each RoutedBackend is
+# one user); the original global comes back when the last one leaves.
+_ROUTERS = ModelGlobalSwap(DISPATCH_GLOBAL, _make_router)
+_installed_routers = _ROUTERS.installed  # model file name -> its live router installation
 
 
 def _dispatch_module(processor: Any) -> ModuleType:
     """The model file whose `dispatch_attention_fn` global this processor's `__call__` reads."""
-    module = sys.modules.get(type(processor).__call__.__module__)
-    if module is None or not callable(getattr(module, DISPATCH_GLOBAL, None)):
+    module = model_file(processor, DISPATCH_GLOBAL)
+    if module is None:
         raise UserError(
             f"attention processor {type(processor).__name__} does not call diffusers' {DISPATCH_GLOBAL}, "
             "so a custom backend cannot be routed into it; pick a native backend (native, flash, cudnn, ...)")
@@ -246,8 +226,7 @@ def set_attention_backend_by_name(module: nn.Module, name: str, *, exclude: tupl
     if backend.routed:
         router_modules = list({m.__name__: m for m in map(_dispatch_module, processors)}.values())
         value: Any = RoutedBackend(backend, hold_reason=hold_reason)
-        for router_module in router_modules:
-            _acquire_router(router_module)
+        _ROUTERS.acquire_all(router_modules, value)
     else:
         from diffusers.models.attention_dispatch import AttentionBackendName
 
@@ -268,8 +247,7 @@ def restore_attention_backend(swap: AttentionBackendSwap) -> None:
             processor.__dict__.pop("_attention_backend", None)
         else:
             processor._attention_backend = value
-    for router_module in swap.router_modules:
-        _release_router(router_module)
+    _ROUTERS.release_all(swap.router_modules, swap.routed)
     swap.restored = True
 
 

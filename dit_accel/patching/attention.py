@@ -22,9 +22,9 @@ from typing import Any
 
 from torch import nn
 
-from .attention.routing import (AttentionBackendSwap, RoutedBackend, restore_attention_backend,
+from ..attention.routing import (AttentionBackendSwap, RoutedBackend, restore_attention_backend,
                                  set_attention_backend_by_name)
-from .errors import UserError
+from ..errors import UserError
 
 BLOCK_LIST_NAMES = ("transformer_blocks", "blocks", "single_transformer_blocks")
 

@@ -1,0 +1,38 @@
+"""Reversible patches of diffusers models: attention backends and the fused RoPE.
+
+    from dit_accel.patching import patch_attention, fused_rope
+
+`attention.py`: `patch_attention` (route a model's or pipeline's attention to a backend, keeping
+chosen blocks and steps on the original), `AttentionPatch`, `denoisers`, `block_list`.
+`rope.py`: `fused_rope` (MiniMax-H3's rotary embedding on the fused Triton kernel), `FusedRope`.
+`model_globals.py`: the one mechanism under both, a reference-counted reversible swap of a global
+of a model file.
+
+The names are imported on first use (PEP 562 `__getattr__`), not at package import: importing
+`dit_accel.patching.model_globals` (as `dit_accel.attention.routing` does) must not import
+`.attention`, which imports `dit_accel.attention.routing` back.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {  # public name -> the submodule defining it
+    "patch_attention": "attention", "AttentionPatch": "attention", "denoisers": "attention",
+    "block_list": "attention", "BLOCK_LIST_NAMES": "attention",
+    "fused_rope": "rope", "FusedRope": "rope",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip this hook (and a monkeypatch of it sticks)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
