@@ -8,14 +8,30 @@ import click
 from .errors import UserError
 
 
+def _one_line(exc: click.UsageError) -> str:
+    """click's usage errors as one line: `--frames must be at least 1, got 0`."""
+    if isinstance(exc, click.BadParameter) and exc.param is not None:
+        name = exc.param.opts[0] if getattr(exc.param, "opts", None) else exc.param.human_readable_name
+        from .commands.options import OptionError
+
+        if isinstance(exc, OptionError):
+            return f"{name} {exc.message}"
+        return f"invalid value for {name}: {exc.message}"
+    return exc.format_message()
+
+
 class _Group(click.Group):
-    """Turns the errors a user can cause into one line and exit status 2, never a traceback."""
+    """Turns the errors a user can cause (ours, and click's bad options inside a command) into one
+    line and exit status 2, never a traceback."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except UserError as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except click.UsageError as exc:
+            click.echo(f"error: {_one_line(exc)}", err=True)
             sys.exit(2)
 
 

@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
 
-from dit_accel import bench_attention as bench
-from dit_accel.attention import backends
+from dit_accel.attention import backends, reference
+from dit_accel.attention import bench
 from dit_accel.attention.backends import AttentionBackend, BackendCannotServe, TwoPhases
-from dit_accel.bench_attention import AttentionShape, bench_shape, parse_shapes, reference_attention
+from dit_accel.attention.bench import AttentionShape, bench_shape, parse_shapes
+from dit_accel.attention.reference import reference_attention, reference_dtype
 from dit_accel.cli import main
 from dit_accel.errors import UserError
 
@@ -34,18 +35,18 @@ def test_bad_shapes_are_user_errors(text):
 
 
 def test_reference_is_chunked_fp64_attention(monkeypatch):
-    monkeypatch.setattr(bench, "REFERENCE_CHUNK_SCORES", 3 * 2 * 11)  # force several query chunks
+    monkeypatch.setattr(reference, "REFERENCE_CHUNK_SCORES", 3 * 2 * 11)  # force several query chunks
     generator = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, n, 3, 8, generator=generator, dtype=torch.float64) for n in (13, 11, 11))
     expected = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
-    torch.testing.assert_close(reference_attention(q, k, v, torch.float64), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(reference_attention(q, k, v, dtype=torch.float64), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_reference_dtype_is_fp32_only_for_big_gpu_shapes():
     h3 = AttentionShape.parse("1x56x30272x128")
-    assert bench.reference_dtype(h3, torch.device("cuda")) == torch.float32
-    assert bench.reference_dtype(h3, CPU) == torch.float64
-    assert bench.reference_dtype(AttentionShape.parse("1x2x256x64"), torch.device("cuda")) == torch.float64
+    assert reference_dtype(h3.scores, torch.device("cuda")) == torch.float32
+    assert reference_dtype(h3.scores, CPU) == torch.float64
+    assert reference_dtype(AttentionShape.parse("1x2x256x64").scores, torch.device("cuda")) == torch.float64
 
 
 def test_outliers_scale_one_entry_in_a_thousand():

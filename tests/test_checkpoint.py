@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from dit_accel.adapters import adapter_for_config, adapter_for_preset
-from dit_accel.block_loader import load_block_from_checkpoint
-from dit_accel.checkpoint import count_blocks, read_layout
+from dit_accel.loading.block import load_block_from_checkpoint
+from dit_accel.loading.checkpoint import count_blocks, read_layout
 from dit_accel.errors import UserError
 
 

@@ -1,4 +1,4 @@
-from dit_accel.extrapolate import Extrapolation, Validation
+from dit_accel.profiling.extrapolate import Extrapolation, Validation
 
 
 def test_whole_model_arithmetic():

@@ -9,9 +9,9 @@ import torch
 from click.testing import CliRunner
 
 from dit_accel.adapters import adapter_for_preset
-from dit_accel.block_loader import synthetic_block
+from dit_accel.loading.block import synthetic_block
 from dit_accel.cli import main
-from dit_accel.offload import StreamedRun, pack_into_one_buffer, pin_to_host, stream_blocks
+from dit_accel.loading.offload import StreamedRun, pack_into_one_buffer, pin_to_host, stream_blocks
 from dit_accel.profiling.validate import BlockChain
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from dit_accel.adapters import adapter_for_preset
-from dit_accel.block_loader import synthetic_block
+from dit_accel.loading.block import synthetic_block
 from dit_accel.profiling.op_bytes import count_op_bytes
 from dit_accel.profiling.profiler import profile_block
 from dit_accel.profiling.ranges import active_range, instrument

@@ -4,32 +4,28 @@ Per shape, one set of fresh N(0,1) q/k/v (optionally with 0.1% of entries scaled
 every backend. Each row holds the median of `runs` timed calls after `warmup` calls (CUDA events on a
 GPU), `tflops` = 4*B*H*Sq*Skv*D / median time, and `rel_rms_err` = ||out - ref|| / ||ref|| against a
 reference computed in float64, or in float32 on a GPU when the score count B*H*Sq*Skv exceeds
-FP64_REFERENCE_MAX_SCORES (the `reference` field says which). Backends with separate phases (cuDNN
+`reference.FP64_REFERENCE_MAX_SCORES` (the `reference` field says which). Backends with separate phases (cuDNN
 FP8's quantization, our kernel's prep) get two more rows, "prep alone" and "kernel alone"; the
 "end to end" row always includes the prep.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
-from .attention.backends import AttentionBackend, BackendCannotServe
-from .errors import UserError
-from .timing import time_region
+from ..errors import UserError
+from ..timing import time_region
+from .backends import AttentionBackend, BackendCannotServe
+from .reference import random_qkv, reference_attention, reference_dtype, rel_rms_err
 
 GPU_DEFAULT_SHAPE = "1x56x30272x128"  # MiniMax-H3: one packed sequence of 30272 tokens, 56 heads x 128
 CPU_DEFAULT_SHAPE = "1x2x256x64"  # scaled down so a CPU run finishes in seconds
 BASELINE_BACKEND = "cudnn"  # speedups are against torch SDPA's cuDNN kernel in bf16/fp16
-FP64_REFERENCE_MAX_SCORES = 2**30  # beyond this many scores a GPU computes the reference in fp32
-REFERENCE_CHUNK_SCORES = 2**28  # scores materialized at once while computing the reference
-OUTLIER_FRACTION, OUTLIER_FACTOR = 1e-3, 50.0
 
 END_TO_END, KERNEL_ALONE, PREP_ALONE = "end to end", "kernel alone", "prep alone"
 
@@ -105,58 +101,9 @@ class BenchRow:
 
 def make_inputs(shape: AttentionShape, *, dtype: torch.dtype, device: torch.device, outliers: bool,
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fresh N(0,1) q, k, v in `dtype`; with `outliers`, 0.1% of each tensor's entries are multiplied by 50."""
-    sizes = [(shape.batch, shape.seq_q, shape.heads, shape.head_dim)] + [(shape.batch, shape.seq_kv, shape.heads, shape.head_dim)] * 2
-    tensors = []
-    for size in sizes:
-        x = torch.randn(size, generator=generator, device=device, dtype=torch.float32)
-        if outliers:
-            flat = x.view(-1)
-            picked = torch.randperm(flat.numel(), generator=generator, device=device)[: max(1, int(flat.numel() * OUTLIER_FRACTION))]
-            flat[picked] *= OUTLIER_FACTOR
-        tensors.append(x.to(dtype))
-    return tuple(tensors)
-
-
-def reference_dtype(shape: AttentionShape, device: torch.device) -> torch.dtype:
-    """float64, except float32 on a GPU past FP64_REFERENCE_MAX_SCORES scores (fp64 there takes too long)."""
-    too_big = device.type == "cuda" and shape.scores > FP64_REFERENCE_MAX_SCORES
-    return torch.float32 if too_big else torch.float64
-
-
-@contextlib.contextmanager
-def _ieee_fp32_matmul() -> Iterator[None]:
-    """fp32 matmuls in full precision (no TF32) inside, whatever the process set."""
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(previous)
-
-
-@torch.no_grad()
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype,
-                        scale: float | None = None) -> torch.Tensor:
-    """softmax(q k^T * scale) v in `dtype`, [B, Sq, H, D], materializing at most REFERENCE_CHUNK_SCORES scores at once."""
-    batch, seq_q, heads, head_dim = q.shape
-    seq_kv = k.shape[1]
-    scale = head_dim**-0.5 if scale is None else scale
-    out = torch.empty(batch, seq_q, heads, v.shape[-1], dtype=dtype, device=q.device)
-    rows_per_chunk = max(1, REFERENCE_CHUNK_SCORES // (heads * seq_kv))
-    with _ieee_fp32_matmul():
-        for b in range(batch):
-            k_hsd, v_hsd = (t[b].to(dtype).transpose(0, 1) for t in (k, v))  # [H, Skv, D]
-            for start in range(0, seq_q, rows_per_chunk):
-                q_hsd = q[b, start:start + rows_per_chunk].to(dtype).transpose(0, 1)
-                probs = torch.softmax(torch.matmul(q_hsd, k_hsd.transpose(1, 2)) * scale, dim=-1)
-                out[b, start:start + rows_per_chunk] = torch.matmul(probs, v_hsd).transpose(0, 1)
-    return out
-
-
-def rel_rms_err(out: torch.Tensor, reference: torch.Tensor) -> float:
-    """||out - ref|| / ||ref||, computed in the reference's dtype."""
-    return (torch.linalg.vector_norm(out.to(reference.dtype) - reference) / torch.linalg.vector_norm(reference)).item()
+    """Fresh N(0,1) q, k, v of `shape` in `dtype` (`reference.random_qkv`, with its outliers)."""
+    return random_qkv(shape.batch, shape.seq_q, shape.seq_kv, shape.heads, shape.head_dim, outliers,
+                      device=device, dtype=dtype, generator=generator)
 
 
 # --- measuring ----------------------------------------------------------------------------------
@@ -194,8 +141,8 @@ def bench_shape(shape: AttentionShape, backends: list[AttentionBackend], *, dtyp
     """Every backend on one fresh set of inputs of `shape`; unavailable ones become rows saying why."""
     generator = torch.Generator(device=device).manual_seed(seed)
     q, k, v = make_inputs(shape, dtype=dtype, device=device, outliers=outliers, generator=generator)
-    ref_dtype = reference_dtype(shape, device)
-    reference = reference_attention(q, k, v, ref_dtype)
+    ref_dtype = reference_dtype(shape.scores, device)
+    reference = reference_attention(q, k, v, dtype=ref_dtype)
     reference_name = str(ref_dtype).removeprefix("torch.").replace("float", "fp")
 
     rows: list[BenchRow] = []

@@ -8,13 +8,13 @@ import torch
 from rich.table import Table
 
 from ..attention.backends import BACKENDS, get_backend
-from ..bench_attention import (BASELINE_BACKEND, CPU_DEFAULT_SHAPE, GPU_DEFAULT_SHAPE, BenchRow, bench_shape,
+from ..attention.bench import (BASELINE_BACKEND, CPU_DEFAULT_SHAPE, GPU_DEFAULT_SHAPE, BenchRow, bench_shape,
                                parse_shapes, plot_tflops)
 from ..device import DeviceInfo, pick_device
 from ..report_io import command_line, console, write_csv, write_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
+from .options import DTYPE_NAMES, AtLeast, Attention, DtypeChoice
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 GPU_SKIPPED_BY_DEFAULT = ("math",)  # materializes B*H*S*S scores: out of memory at video lengths
 
 
@@ -22,19 +22,19 @@ GPU_SKIPPED_BY_DEFAULT = ("math",)  # materializes B*H*S*S scores: out of memory
 @click.option("--shapes", "shapes_text", default=None, metavar="BxHxSxD[,...]",
               help=f"Comma-separated shapes, BxHxSxD (self-attention) or BxHxSqxSkvxD. "
                    f"[default: {GPU_DEFAULT_SHAPE} (MiniMax-H3) on a GPU, {CPU_DEFAULT_SHAPE} on the CPU]")
-@click.option("--backends", "backends_text", default=None, metavar="NAME[,...]",
+@click.option("--backends", "choices", type=Attention(many=True, allow_rope=False), default=None, metavar="NAME[,...]",
               help=f"Comma-separated, from: {', '.join(BACKENDS)}. [default: all; on a GPU all but "
                    f"{', '.join(GPU_SKIPPED_BY_DEFAULT)}] Unavailable ones are listed with the reason.")
-@click.option("--dtype", "dtype_name", type=click.Choice(list(DTYPES)), default="bf16", show_default=True,
+@click.option("--dtype", type=DtypeChoice(("bf16", "fp16")), default="bf16", show_default=True,
               help="Input and output dtype.")
 @click.option("--outliers", is_flag=True, help="Scale 0.1% of the entries of q, k and v by 50x (FP8's hard case).")
-@click.option("--warmup", type=click.IntRange(1), default=3, show_default=True, help="Untimed calls first.")
-@click.option("--runs", type=click.IntRange(10), default=10, show_default=True, help="Timed calls; the median is reported.")
+@click.option("--warmup", type=AtLeast(1), default=3, show_default=True, help="Untimed calls first.")
+@click.option("--runs", type=AtLeast(10), default=10, show_default=True, help="Timed calls; the median is reported.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--device", "device_name", default=None, help="cuda, cuda:1 or cpu. [default: the GPU if there is one]")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for report.json, results.csv and tflops.png. [default: outputs/bench-attention_<shape>_<time>/]")
-def bench_attention(shapes_text, backends_text, dtype_name, outliers, warmup, runs, seed, device_name, out_dir) -> None:
+def bench_attention(shapes_text, choices, dtype, outliers, warmup, runs, seed, device_name, out_dir) -> None:
     """Time every attention backend on the same random q/k/v, with TFLOP/s and error against an fp64 reference.
 
     Our FP8 kernel and cuDNN FP8 are timed end to end (prep included) and also as prep alone and kernel
@@ -44,19 +44,20 @@ def bench_attention(shapes_text, backends_text, dtype_name, outliers, warmup, ru
     device = pick_device(device_name)
     is_cpu_run = device.type == "cpu"
     shapes = parse_shapes(shapes_text or (CPU_DEFAULT_SHAPE if is_cpu_run else GPU_DEFAULT_SHAPE))
-    if backends_text:
-        backends = [get_backend(name.strip()) for name in backends_text.split(",") if name.strip()]
+    if choices:
+        backends = [get_backend(choice.backend) for choice in choices]
     else:
         backends = [b for b in BACKENDS.values() if is_cpu_run or b.name not in GPU_SKIPPED_BY_DEFAULT]
     tag = shapes[0].label + (f"+{len(shapes) - 1}" if len(shapes) > 1 else "")
     final_dir = out_dir or DEFAULT_OUTPUT_ROOT / default_run_name("bench-attention", tag)
     device_info = DeviceInfo.of(device)
+    dtype_name = DTYPE_NAMES[dtype]
     title = _title(device_info, dtype_name, outliers, is_cpu_run)
 
     with staged_run_dir(final_dir) as staging:
         rows: list[BenchRow] = []
         for shape in shapes:
-            rows += bench_shape(shape, backends, dtype=DTYPES[dtype_name], device=device, outliers=outliers,
+            rows += bench_shape(shape, backends, dtype=dtype, device=device, outliers=outliers,
                                 warmup=warmup, runs=runs, seed=seed)
         write_json(staging / "report.json", {
             "command_line": command_line(),

@@ -13,19 +13,19 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import __version__
-from ..block_loader import parse_dtype
-from ..device import DeviceInfo, pick_device
+from ..attention.names import AttentionChoice, parse_attention
+from ..device import pick_device
 from ..errors import UserError
-from ..offload import OFFLOAD_CHOICES, check_offload, host_to_device_gbps
+from ..loading.offload import OFFLOAD_CHOICES, check_offload, host_to_device_gbps
 from ..pipelines.loading import inspect_pipeline_folder, load_pipeline, streamed_bytes
 from ..pipelines.parallel import UNEVEN_SEQUENCE, apply_ulysses, start_ulysses, stop_ulysses
-from ..pipelines.quality import compare_videos
-from ..pipelines.running import ATTENTION_CHOICES, Request, RunResult, check_attention, run_once, warm_up
+from ..pipelines.report import (GenerateSettings, build_header, build_report, compare_runs, streaming_figures,
+                                write_outputs)
+from ..pipelines.running import Request, RunResult, check_attention, run_once, warm_up
 from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
-from ..pipelines.video_io import write_mp4, write_wav
-from ..report_io import command_line, console, write_json
+from ..report_io import console, write_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, check_run_dir, default_run_name, staged_run_dir
+from .options import ATTENTION_HELP, AtLeast, Attention, DtypeChoice
 
 DEFAULT_PROMPT = "a red fox running through fresh snow at sunset, wide shot"
 MAX_STEPS_LISTED = 12  # step rows printed in full; more are summarised
@@ -54,12 +54,12 @@ def _progress() -> Progress:
                     console=console, transient=True)
 
 
-def _run(pipe, request: Request, device: torch.device, attention: str, warmup: bool) -> RunResult:
+def _run(pipe, request: Request, device: torch.device, attention: AttentionChoice, warmup: bool) -> RunResult:
     if warmup:
-        with console.status(f"warm-up call ({attention} attention, 1 step)"):
+        with console.status(f"warm-up call ({attention.label} attention, 1 step)"):
             warm_up(pipe, request, device=device, attention=attention)
     with _progress() as progress:
-        task = progress.add_task(f"denoising ({attention} attention)", total=request.steps)
+        task = progress.add_task(f"denoising ({attention.label} attention)", total=request.steps)
         return run_once(pipe, request, device=device, attention=attention,
                         on_step=lambda done: progress.update(task, completed=done))
 
@@ -130,52 +130,47 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
 @click.option("--pipeline", "pipeline_dir", type=click.Path(path_type=Path), required=True,
               help="Local diffusers pipeline folder (model_index.json, or modular_model_index.json for "
                    "MiniMax-H3); never fetched from a hub.")
-@click.option("--attn", type=click.Choice(ATTENTION_CHOICES), default=None,
-              help="bf16: the pipeline's own attention. fp8: our FP8 kernel patched in (sm_89+ GPUs). "
-                   "Default bf16, or fp8 with --compare.")
-@click.option("--compare", type=click.Choice(["bf16"]), default=None,
-              help="Also run the same seed with bf16 attention; report per-frame PSNR/SSIM and the speed-up.")
+@click.option("--attn", type=Attention(), default=None,
+              help=f"Attention: {ATTENTION_HELP}. bf16/native leave the pipeline's own attention alone; fp8 is our "
+                   "FP8 kernel (sm_89+ GPUs). Default bf16, or fp8 with --compare.")
+@click.option("--compare", type=Attention(), default=None,
+              help="Also run the same seed with this attention first (e.g. bf16); report per-frame PSNR/SSIM of "
+                   "--attn against it and the speed-up.")
 @click.option("--prompt", default=DEFAULT_PROMPT, show_default=True)
-@click.option("--frames", type=int, default=None, help="Frames (default: the pipeline's, or a tiny pipeline's own).")
-@click.option("--height", type=int, default=None)
-@click.option("--width", type=int, default=None)
-@click.option("--steps", type=int, default=None, help="Denoising steps (default: the pipeline's).")
+@click.option("--frames", type=AtLeast(1), default=None, help="Frames (default: the pipeline's, or a tiny pipeline's own).")
+@click.option("--height", type=AtLeast(1), default=None)
+@click.option("--width", type=AtLeast(1), default=None)
+@click.option("--steps", type=AtLeast(1), default=None, help="Denoising steps (default: the pipeline's).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--guidance", type=float, default=None, help="Guidance scale (default: the pipeline's).")
 @click.option("--device", "device_name", default=None, help="cuda, cuda:1 or cpu (default: cuda when present).")
-@click.option("--dtype", "dtype_name", default=None, help="bf16, fp16 or fp32 (default bf16 on a GPU, fp32 on the CPU).")
+@click.option("--dtype", type=DtypeChoice(), default=None, help="Default bf16 on a GPU, fp32 on the CPU.")
 @click.option("--warmup/--no-warmup", default=True, show_default=True,
               help="An untimed 1-step call per attention first (kernel compiles stay out of the timings).")
 @click.option("--offload", type=click.Choice(OFFLOAD_CHOICES), default="resident", show_default=True,
               help="stream: the transformer stays in pinned host memory and streams onto the GPU one block at a "
                    "time, the next block prefetched on a side stream (for GPUs smaller than the model).")
-@click.option("--ulysses", type=int, default=1, show_default=True,
+@click.option("--ulysses", type=AtLeast(1), default=1, show_default=True,
               help="Split the transformer's sequence over N GPUs with diffusers' Ulysses context parallelism; "
                    "start with torchrun --nproc-per-node N -m dit_accel generate ... --ulysses N.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run folder (default outputs/generate_<pipeline>_<time>/).")
 def generate(pipeline_dir, attn, compare, prompt, frames, height, width, steps, seed, guidance, device_name,
-             dtype_name, warmup, offload, ulysses, out):
+             dtype, warmup, offload, ulysses, out):
     """Run a whole diffusers pipeline from a local folder: stage timings, the video (MP4), report.json."""
-    attention = attn or ("fp8" if compare else "bf16")
-    if compare and attention == compare:
-        raise UserError(f"--compare {compare} compares another attention against {compare}; pass --attn fp8")
+    attention = attn or parse_attention("fp8" if compare else "bf16")
+    if compare and attention.label == compare.label:
+        raise UserError(f"--compare {compare.label} compares another attention against {compare.label}; pass --attn fp8")
     folder = inspect_pipeline_folder(pipeline_dir)
     suggested = read_run_defaults(pipeline_dir)
 
-    def given_or_suggested(value, key):  # an option given as 0 stays 0 (and is refused below)
+    def given_or_suggested(value, key):
         return value if value is not None else suggested.get(key)
 
     request = Request(prompt=prompt, frames=given_or_suggested(frames, "frames"),
                       height=given_or_suggested(height, "height"), width=given_or_suggested(width, "width"),
                       steps=steps if steps is not None else (suggested.get("steps") or 50), seed=seed,
                       guidance=given_or_suggested(guidance, "guidance"))
-    for name, value in (("--frames", request.frames), ("--height", request.height), ("--width", request.width),
-                        ("--steps", request.steps)):
-        if value is not None and value < 1:
-            raise UserError(f"{name} must be at least 1, got {value}")
-    if ulysses < 1:
-        raise UserError(f"--ulysses must be at least 1, got {ulysses}")
     if ulysses > 1 and offload == "stream":
         raise UserError("--ulysses and --offload stream do not combine: the GPUs share the model, so stream on one "
                         "GPU or split over several")
@@ -189,12 +184,14 @@ def generate(pipeline_dir, attn, compare, prompt, frames, height, width, steps, 
         device = group.device if group else pick_device(device_name)
         if group and not group.is_main:
             console.quiet = True  # rank 0 speaks and writes for all
-        dtype = parse_dtype(dtype_name or ("bf16" if device.type == "cuda" else "fp32"))
-        for name in {attention, compare} - {None}:
-            check_attention(name, device)
+        order = (compare, attention) if compare else (attention,)  # the reference first
+        for choice in order:
+            check_attention(choice, device)
         check_offload(offload, device)
+        settings = GenerateSettings(folder, request, device, dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32),
+                                    order, warmup, offload, group)
         with (staged_run_dir(final_dir) if group is None or group.is_main else _scratch_dir()) as run_dir:
-            report = _generate(folder, request, device, dtype, attention, compare, warmup, offload, group, run_dir)
+            report = _generate(settings, run_dir)
         finished = True
     except torch.OutOfMemoryError as exc:
         raise UserError(f"the pipeline in {folder.path} does not fit in this GPU's memory at "
@@ -220,73 +217,28 @@ def _scratch_dir():
         yield Path(scratch)
 
 
-def _generate(folder, request: Request, device, dtype, attention, compare, warmup, offload, group,
-              run_dir: Path) -> dict:
-    with console.status(f"loading {folder.class_name} from {folder.path}"):
-        pipe = load_pipeline(folder, device=device, dtype=dtype, offload=offload)
-        if group:
-            apply_ulysses(pipe, group.degree)
-    order = [compare, attention] if compare else [attention]  # the reference first
-    runs = [_run(pipe, request, device, name, warmup) for name in order]
-
-    files: list[str] = []
-    videos = []
-    for run in runs:
-        suffix = "" if len(runs) == 1 else f"_{run.attention}"
-        sound = None  # a soundtrack (MiniMax-H3) is written as a WAV and muxed into the MP4
-        if run.audio is not None:
-            sound = write_wav(run_dir / f"audio{suffix}.wav", run.audio, run.sample_rate)
-        video = write_mp4(run_dir / f"video{suffix}.mp4", run.frames, run.fps,
-                          audio_path=None if sound is None else run_dir / sound["file"])
-        videos.append({**video, "audio": sound})
-        files += [video["file"]] + ([] if sound is None else [sound["file"]])
-
-    info = DeviceInfo.of(device)
-    header = {"pipeline": f"{folder.class_name} from {folder.path}",
-              "device": info.label,
-              "dtype": str(dtype).replace("torch.", ""),
-              "video": f"{runs[0].frames.shape[0]} frames of {runs[0].frames.shape[1]}x{runs[0].frames.shape[2]} "
-                       f"at {runs[0].fps:g} fps, {request.steps} steps, seed {request.seed}"}
-    if runs[0].audio is not None:
-        header["audio"] = (f"{runs[0].audio.shape[0]} channels at {runs[0].sample_rate} Hz, "
-                           f"{runs[0].audio.shape[1] / runs[0].sample_rate:.2f} s (WAV, and AAC in the MP4)")
-    streaming = None
-    if offload == "stream":
-        nbytes, gbps = streamed_bytes(pipe), host_to_device_gbps(device)
-        streaming = {"streamed_bytes_per_pass": nbytes, "h2d_gbps": gbps, "transfer_ms_per_pass": nbytes / gbps / 1e6}
-        header["offload"] = (f"stream: {nbytes / 1e9:.2f} GB of transformer weights per pass from pinned host memory, "
-                             f"{streaming['transfer_ms_per_pass']:.1f} ms of copies at {gbps:.1f} GB/s, prefetched one "
-                             f"block ahead (profile-block --validate N --offload stream measures how much is hidden)")
-    if group:
-        header["parallel"] = group.describe()
-    if device.type == "cpu":
-        header["NOTE"] = "CPU run: the timings say nothing about a GPU"
+def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
+    s = settings
+    with console.status(f"loading {s.folder.class_name} from {s.folder.path}"):
+        pipe = load_pipeline(s.folder, device=s.device, dtype=s.dtype, offload=s.offload)
+        if s.group:
+            apply_ulysses(pipe, s.group.degree)
+    runs = [_run(pipe, s.request, s.device, choice, s.warmup) for choice in s.attention]
+    files, videos = write_outputs(run_dir, runs)
+    streaming = streaming_figures(streamed_bytes(pipe), host_to_device_gbps(s.device)) if s.offload == "stream" else None
+    header = build_header(s, runs, streaming)
     for key, value in header.items():
         console.print(f"[bold]{key}:[/bold] {value}", style="red" if key == "NOTE" else None)
     console.print(_stage_table(runs))
     for run in runs:
         if run.attention_summary:
             console.print(f"{run.attention} attention patch: {run.attention_summary}")
-
     comparison = None
-    if compare:
-        reference, candidate = runs
-        quality = compare_videos(candidate.frames, reference.frames)
-        comparison = {"reference": reference.attention, "candidate": candidate.attention, **quality,
-                      "denoise_speedup": reference.times.denoise_ms / candidate.times.denoise_ms,
-                      "total_speedup": reference.times.total_ms / candidate.times.total_ms}
-        console.print(_quality_table(quality, reference.attention, candidate.attention))
-        console.print(f"speed-up of {candidate.attention} over {reference.attention}: denoising "
+    if len(runs) == 2:
+        comparison = compare_runs(*runs)
+        console.print(_quality_table(comparison, comparison["reference"], comparison["candidate"]))
+        console.print(f"speed-up of {comparison['candidate']} over {comparison['reference']}: denoising "
                       f"{comparison['denoise_speedup']:.2f}x, whole call {comparison['total_speedup']:.2f}x")
-
-    report = {"dit_accel_version": __version__, "command": command_line(),
-              "run_kind": "gpu" if device.type == "cuda" else "cpu", "header": header,
-              "pipeline": {"class": folder.class_name, "path": str(folder.path),
-                           "components": {k: list(v) for k, v in folder.components.items()}},
-              "device": info.as_dict(), "dtype": header["dtype"], "request": request.as_dict(),
-              "warmup": warmup, "offload": offload, "streaming": streaming,
-              "ulysses_degree": group.degree if group else 1,
-              "runs": [run.as_dict() for run in runs], "outputs": videos,
-              "comparison": comparison, "files": [*files, "report.json"]}
+    report = build_report(s, header, runs, videos, files, streaming, comparison)
     write_json(run_dir / "report.json", report)
     return report

@@ -7,12 +7,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .adapters import BlockAdapter
+from ..adapters import BlockAdapter
+from ..errors import UserError
 from .checkpoint import LoadStats, count_blocks, read_layout, read_tensors, transformer_folder
-from .errors import UserError
-
-SUPPORTED_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
 
 def param_bytes(module: nn.Module) -> int:
     """Bytes of the module's parameters, in the dtypes they are held in."""
@@ -34,12 +31,6 @@ class LoadedBlock:
     def as_dict(self) -> dict:
         return {"index": self.index, "synthetic": self.synthetic, "source": self.source,
                 "param_bytes": self.param_bytes, "load": self.stats.as_dict() if self.stats else None}
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    if name not in SUPPORTED_DTYPES:
-        raise UserError(f"unsupported dtype {name!r}; choose one of: {', '.join(SUPPORTED_DTYPES)}")
-    return SUPPORTED_DTYPES[name]
 
 
 def load_block_from_checkpoint(adapter: BlockAdapter, folder: Path, index: int, device: torch.device,

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .errors import UserError
+from ..errors import UserError
 
 CONFIG_NAME = "config.json"
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .errors import UserError
+from ..errors import UserError
 
 OFFLOAD_CHOICES = ("resident", "stream")
 

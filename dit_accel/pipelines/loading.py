@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..offload import stream_blocks
+from ..loading.offload import stream_blocks
 
 MODEL_INDEX = "model_index.json"
 MODULAR_INDEX = "modular_model_index.json"

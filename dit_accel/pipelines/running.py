@@ -7,8 +7,9 @@ pipeline's `__call__` takes any keyword, so its inputs are spelled out: MiniMax-
 pipeline `loading.MODULAR_WORKFLOWS` lets through) gets its text-only inputs, and its video frames and
 stereo soundtrack are kept. `Request.steps` is the number of denoising steps that run in either case.
 
-Attention: "bf16" leaves the pipeline's own attention alone; "fp8" patches it with
-`dit_accel.patching.patch_attention(pipe, "fp8")` for the duration of the call and undoes it after.
+Attention (`attention.names`): the default (`native`, or its alias `bf16`) leaves the pipeline's own
+attention alone; any other name patches it with `dit_accel.patching.patch_attention(pipe, name)`
+for the duration of the call (and `+rope` swaps in the fused RoPE kernel too) and undoes it after.
 """
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from ..attention.names import AttentionChoice
 from ..errors import UserError
 from .stages import StageTimer, StageTimes
 
-ATTENTION_CHOICES = ("bf16", "fp8")
 DEFAULT_FPS = 16  # Wan's; a pipeline with an `fps` attribute says its own
 
 
@@ -59,23 +60,43 @@ class RunResult:
                 "audio": audio, "stages": self.times.as_dict(), "attention_patch": self.attention_summary}
 
 
-def check_attention(attention: str, device: torch.device) -> None:
+def check_attention(attention: AttentionChoice, device: torch.device) -> None:
     """UserError now, before any weight is read, when `attention` cannot run on `device` (fp8 on a CPU)."""
-    if attention == "bf16":
+    if attention.is_default:
         return
     from ..attention.backends import get_backend
 
-    reason = get_backend(attention).unavailable_reason(device)
+    reason = get_backend(attention.backend).unavailable_reason(device)
     if reason:
-        raise UserError(f"--attn {attention} cannot run here: {reason}; use --attn bf16 (or run on an sm_89+ GPU)")
+        raise UserError(f"--attn {attention.label} cannot run here: {reason}; use --attn bf16 (or run on an sm_89+ GPU)")
 
 
-def _patch(pipe: Any, attention: str):
-    if attention == "bf16":
-        return None
-    from ..patching import patch_attention
+class _Patch:
+    """The attention patch (and the fused-RoPE swap for `+rope`) of one call, undone together."""
 
-    return patch_attention(pipe, backend=attention)
+    def __init__(self, pipe: Any, attention: AttentionChoice):
+        from ..patching import fused_rope, patch_attention
+
+        self.attention = patch_attention(pipe, backend=attention.backend)
+        try:
+            self.rope = fused_rope(pipe) if attention.fused_rope else None
+        except BaseException:
+            self.attention.unpatch()
+            raise
+        self.step_callback = self.attention.step_callback
+
+    def summary(self) -> dict:
+        summary = self.attention.summary()
+        return summary if self.rope is None else {**summary, "rope": self.rope.summary()}
+
+    def unpatch(self) -> None:
+        if self.rope is not None:
+            self.rope.unpatch()
+        self.attention.unpatch()
+
+
+def _patch(pipe: Any, attention: AttentionChoice) -> _Patch | None:
+    return None if attention.is_default else _Patch(pipe, attention)
 
 
 def _accepts(pipe: Any) -> set[str]:
@@ -142,7 +163,7 @@ def _frames_of(output: Any) -> np.ndarray:
     return _as_frames(frames)
 
 
-def run_once(pipe: Any, request: Request, *, device: torch.device, attention: str,
+def run_once(pipe: Any, request: Request, *, device: torch.device, attention: AttentionChoice,
              on_step: Callable[[int], None] | None = None) -> RunResult:
     """Run the pipeline once with `attention`; the patch (if any) is undone before returning."""
     patch = _patch(pipe, attention)
@@ -153,7 +174,7 @@ def run_once(pipe: Any, request: Request, *, device: torch.device, attention: st
         timer = StageTimer(pipe, device, steps_from_callback=steps_from_callback, on_step=on_step)
 
         def step_callback(pipeline, step, timestep, callback_kwargs):
-            if patch is not None and getattr(patch, "step_callback", None) is not None:
+            if patch is not None:
                 patch.step_callback(pipeline, step, timestep, callback_kwargs)
             timer.step_end()
             return callback_kwargs
@@ -169,12 +190,12 @@ def run_once(pipe: Any, request: Request, *, device: torch.device, attention: st
             patch.unpatch()
     fps = float(getattr(pipe, "fps", None) or DEFAULT_FPS)
     if not modular:
-        return RunResult(attention, _frames_of(output), fps, timer.times, summary)
+        return RunResult(attention.label, _frames_of(output), fps, timer.times, summary)
     audio = output["audio"][0].float().cpu().numpy()  # [1, channels, samples] -> [channels, samples]
-    return RunResult(attention, _as_frames(output["videos"]), fps, timer.times, summary, audio=audio,
+    return RunResult(attention.label, _as_frames(output["videos"]), fps, timer.times, summary, audio=audio,
                      sample_rate=int(output["sampling_rate"]))
 
 
-def warm_up(pipe: Any, request: Request, *, device: torch.device, attention: str) -> None:
+def warm_up(pipe: Any, request: Request, *, device: torch.device, attention: AttentionChoice) -> None:
     """One untimed one-step call, so first-call costs (kernel compiles, allocator growth) stay out of the timings."""
     run_once(pipe, Request(**{**request.as_dict(), "steps": 1}), device=device, attention=attention)

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..adapters import BlockAdapter
 from ..attention.backends import BackendCannotServe, get_backend
-from ..bench_attention import reference_attention, rel_rms_err
+from ..attention.reference import reference_attention, rel_rms_err
 from .classify import ATTENTION_RANGE
 from .ranges import wrapped_functions
 
@@ -51,7 +51,7 @@ def attention_errors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     A backend that cannot take these tensors (its calls fell back inside the block) gets None.
     """
     dtype = torch.float32 if q.is_cuda else torch.float64
-    reference = reference_attention(q, k, v, dtype)
+    reference = reference_attention(q, k, v, dtype=dtype)
     errors: dict[str, float | None] = {}
     for name in backend_names:
         try:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .offload import StreamedRun
+    from ..loading.offload import StreamedRun
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from torch import nn
 from torch.autograd import DeviceType
 
 from ..adapters import BlockAdapter
-from ..block_loader import param_bytes
+from ..loading.block import param_bytes
 from ..timing import TimingStats, time_region
 from .classify import CATEGORIES, classify
 from .op_bytes import count_op_bytes

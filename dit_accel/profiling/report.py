@@ -1,20 +1,25 @@
-"""The profile-block report: terminal tables a person reads at a glance, and report.json, ops.csv and
-breakdown.png in the run folder."""
+"""The profile-block report: the report dict (`build_report`: report.json's content), terminal
+tables a person reads at a glance (`render`), and report.json, ops.csv and breakdown.png in the run
+folder (`write_files`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from ..device import Ceilings
-from ..extrapolate import Extrapolation, Validation
-from ..report_io import write_csv, write_json
+from .. import __version__
+from ..device import Ceilings, DeviceInfo
+from ..report_io import command_line, write_csv, write_json
 from .classify import MATMUL_CATEGORIES
+from .extrapolate import Extrapolation, Validation
 from .profiler import BlockProfile
+
+if TYPE_CHECKING:
+    from .session import ProfileSettings, SessionResult
 
 # The timed block minus the work the profiler saw: launch gaps on a GPU; Python and framework
 # overhead between aten ops on the CPU.
@@ -89,6 +94,48 @@ class BackendRun:
             "attention_rel_err": self.attention_rel_err, "next_levers": self.next_levers(ceilings),
             "trace": str(p.trace_path) if p.trace_path else None,
         }
+
+
+def build_report(settings: "ProfileSettings", result: "SessionResult", ceilings: Ceilings,
+                 ceilings_cached: bool) -> dict[str, Any]:
+    """report.json's content; its "header" is also the panel at the top of the terminal output."""
+    s, loaded, runs = settings, result.loaded, result.runs
+    adapter, workload = s.adapter, s.workload
+    info = DeviceInfo.of(s.device)
+    peak = runs[0].profile.peak_memory_bytes
+    dtype = str(s.dtype).replace("torch.", "")
+    header = {
+        "model": f"{adapter.display_name}" + (f" ({adapter.preset})" if adapter.preset else ""),
+        "block": f"{loaded.index} of {adapter.num_blocks}; {loaded.source}",
+        "weights": f"{loaded.param_bytes / 1e9:.3f} GB ({sum(p.numel() for p in loaded.block.parameters()) / 1e6:.1f} M params)",
+        "workload": f"batch {workload.batch} x S={workload.seq_len} rows "
+                    f"({', '.join(f'{k} {v}' for k, v in workload.rows.items())}); {workload.source}",
+        "dtype": dtype,
+        "device": info.label,
+        "block time": ", ".join(f"{r.backend} {r.block_ms:.2f} ms (median of {r.profile.timing.runs})" for r in runs),
+        "peak memory": f"{peak / 2**30:.2f} GiB" if peak is not None else "n/a on the CPU",
+    }
+    if s.memory_budget:
+        header["memory budget"] = s.memory_budget
+    if s.offload == "stream":
+        header["offload"] = "stream: the --validate chain's blocks from pinned host memory, one block ahead"
+    if loaded.stats:
+        st = loaded.stats
+        header["load"] = f"{st.bytes_read / 1e9:.3f} GB in {st.seconds:.2f} s ({st.gbps:.2f} GB/s) from {', '.join(st.shards)}"
+    if s.scaled_down:
+        header["NOTE"] = (f"no GPU: scaled-down {adapter.display_name} block (hidden {adapter.hidden_size}, "
+                          f"{adapter.config['num_attention_heads']} heads) at S={workload.seq_len}; run on a GPU for real numbers")
+    validation = result.validation
+    return {
+        "dit_accel_version": __version__, "command": command_line(),
+        "run_kind": "gpu" if s.device.type == "cuda" else ("cpu-scaled-down" if s.scaled_down else "cpu"),
+        "header": header, "device": info.as_dict(), "ceilings": {**ceilings.as_dict(), "from_cache": ceilings_cached},
+        "model": adapter.describe(), "block": loaded.as_dict(), "workload": workload.as_dict(),
+        "dtype": dtype, "memory_budget": s.memory_budget, "offload": s.offload,
+        "attention_reference": result.attention_reference,
+        "runs": [r.as_dict(ceilings) for r in runs],
+        "validation": validation.as_dict() if validation else None,
+    }
 
 
 def _fmt_rate(row: dict[str, Any]) -> str:

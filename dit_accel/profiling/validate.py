@@ -9,9 +9,9 @@ from torch import nn
 
 from ..adapters import BlockAdapter
 from ..attention.routing import use_attention_backend
-from ..block_loader import param_bytes, synthetic_block
-from ..extrapolate import Validation
-from ..offload import StreamedRun, host_to_device_gbps, pin_to_host, stream_blocks
+from ..loading.block import param_bytes, synthetic_block
+from .extrapolate import Validation
+from ..loading.offload import StreamedRun, host_to_device_gbps, pin_to_host, stream_blocks
 from ..timing import time_region
 
 # Activation headroom kept free when deciding how many distinct blocks fit: the single-block peak
