@@ -2,40 +2,17 @@
 
     python scripts/check_fp8_attention.py --out $OUT [--budget-s 240]
 
-Needs torch (CUDA), triton and nvidia-cutlass-dsl importable; the repo need not be installed.
+Needs torch (CUDA), triton and nvidia-cutlass-dsl, and this repo installed (`pip install -e .`:
+the kernels import as `dit_accel.kernels`).
 Writes $OUT/check_fp8_attention.json (+ $OUT/ptx/*.ptx) and prints a table last. Every case is
 caught and reported on its own; cases past the time budget are reported as skipped.
 """
 import argparse
 import glob
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 import time
-import types
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def import_kernels():
-    """dit_accel.kernels from this checkout, installed or not (no dit_accel import needed)."""
-    try:
-        import dit_accel.kernels.fp8_attention as fa  # noqa: F401
-        return fa
-    except ImportError:
-        pass
-    parent = sys.modules.setdefault("dit_accel", types.ModuleType("dit_accel"))
-    parent.__path__ = getattr(parent, "__path__", [os.path.join(REPO, "dit_accel")])
-    spec = importlib.util.spec_from_file_location(
-        "dit_accel.kernels", os.path.join(REPO, "kernels", "__init__.py"),
-        submodule_search_locations=[os.path.join(REPO, "kernels")])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["dit_accel.kernels"] = module
-    spec.loader.exec_module(module)
-    import dit_accel.kernels.fp8_attention as fa
-    return fa
 
 
 def median_ms(fn, iters: int, warmup: int) -> float:
@@ -74,6 +51,31 @@ def time_cases(cases, report: dict, shape: str, flop: int, out_of_time, *, iters
             entry["error"] = f"{type(e).__name__}: {e}"[:500]
 
 
+def write_report(report: dict, out_dir: str, name: str, started: float) -> None:
+    """Stamps report["wall_s"] (seconds since `started`) and writes it to out_dir/name."""
+    report["wall_s"] = round(time.time() - started, 1)
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(report, f, indent=1)
+
+
+def sdpa_cases(q, k, v, label: str):
+    """(name, fn) timing cases of torch SDPA on q, k, v [B, S, H, D] with the cuDNN and the flash
+    backend, named f"{label} cuDNN bf16" and f"{label} flash bf16"."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+    def sdpa(backend):
+        def run():
+            with sdpa_kernel(backend):
+                torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
+        return run
+
+    return [(f"{label} cuDNN bf16", sdpa(SDPBackend.CUDNN_ATTENTION)),
+            (f"{label} flash bf16", sdpa(SDPBackend.FLASH_ATTENTION))]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -87,9 +89,10 @@ def main():
     over_budget = lambda share=1.0: time.time() - started > args.budget_s * share
 
     import torch
-    fa = import_kernels()
-    from dit_accel.kernels.fp8_attention.emulation import (
-        emulate_fp8_attention, random_qkv, reference_attention, rel_rms_error)
+
+    import dit_accel.kernels.fp8_attention as fa
+    from dit_accel.attention.reference import random_qkv, reference_attention, rel_rms_err
+    from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention
     from dit_accel.kernels.fp8_attention.prep import prep_reference
 
     report = {"device": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
@@ -138,9 +141,9 @@ def main():
             sub = out if rows is None else out[:, rows]
             ref = reference_attention(q, k, v, rows=rows)
             emu = emulate_fp8_attention(q, k, v, rows=rows)
-            row["err_vs_fp64_pct"] = round(100 * rel_rms_error(sub, ref), 3)
-            row["emulation_vs_fp64_pct"] = round(100 * rel_rms_error(emu, ref), 3)
-            row["err_vs_emulation_pct"] = round(100 * rel_rms_error(sub, emu), 3)
+            row["err_vs_fp64_pct"] = round(100 * rel_rms_err(sub, ref), 3)
+            row["emulation_vs_fp64_pct"] = round(100 * rel_rms_err(emu, ref), 3)
+            row["err_vs_emulation_pct"] = round(100 * rel_rms_err(sub, emu), 3)
             row["lse_finite"] = bool(torch.isfinite(lse).all())
             if sq <= 1024 and skv <= 1024:
                 ref_prep = prep_reference(q, k, v)
@@ -161,30 +164,18 @@ def main():
         q, k, v = random_qkv(b, s, s, h, d, False, seed=123)
         packed = fa.prep_fp8_attention(q, k, v)
         out = torch.empty_like(q)
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-
-        def sdpa(backend):
-            def run():
-                with sdpa_kernel(backend):
-                    torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
-            return run
-
         variants = [
             ("fp8 prep alone", lambda: fa.prep_fp8_attention(q, k, v)),
             ("fp8 kernel alone", lambda: fa.fp8_attention_packed(packed, out=out)),
             ("fp8 prep + kernel", lambda: fa.fp8_attention(q, k, v)),
-            ("torch SDPA cuDNN bf16", sdpa(SDPBackend.CUDNN_ATTENTION)),
-            ("torch SDPA flash bf16", sdpa(SDPBackend.FLASH_ATTENTION)),
+            *sdpa_cases(q, k, v, "torch SDPA"),
         ]
         time_cases(variants, report, f"B{b} H{h} S{s} D{d}", flop, lambda: over_budget(0.9),
                    iters=20, warmup=3, no_flop_rate="fp8 prep alone")
     except Exception as e:  # noqa: BLE001
         report["timing"].append({"error": f"{type(e).__name__}: {e}"[:1000]})
 
-    report["wall_s"] = round(time.time() - started, 1)
-    with open(os.path.join(args.out, "check_fp8_attention.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    write_report(report, args.out, "check_fp8_attention.json", started)
 
     # ---------------------------------------------------------------- table
     print("\ncompile:", json.dumps(report["compile"]))

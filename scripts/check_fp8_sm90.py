@@ -20,8 +20,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_fp8_attention import import_kernels, time_cases  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling script's helpers
+from check_fp8_attention import sdpa_cases, time_cases, write_report  # noqa: E402
 
 
 def main():
@@ -42,11 +42,11 @@ def main():
     over_budget = lambda share=1.0: time.time() - started > args.budget_s * share
 
     import torch
-    import_kernels()
-    from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention, cute_arguments
-    from dit_accel.kernels.fp8_attention.emulation import (
-        emulate_fp8_attention, random_qkv, reference_attention, reference_lse, rel_rms_error)
+
+    from dit_accel.attention.reference import random_qkv, reference_attention, reference_lse, rel_rms_err
     from dit_accel.kernels.fp8_attention import interface
+    from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention, cute_arguments
+    from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention
     from dit_accel.kernels.fp8_attention.prep import prep_triton
 
     def parse(name):  # "128x2se2" -> (128, 2, False, 2)
@@ -102,7 +102,7 @@ def main():
             torch.cuda.synchronize()
             ref = reference_attention(q, k, v)
             print(f"sanitize D{d}: finite={bool(torch.isfinite(out).all())} "
-                  f"err_vs_fp64={100 * rel_rms_error(out, ref):.3f}%")
+                  f"err_vs_fp64={100 * rel_rms_err(out, ref):.3f}%")
         return
 
     if args.profile:
@@ -132,7 +132,7 @@ def main():
         try:
             run(packed, out, None, variant)
             torch.cuda.synchronize()
-            report["quick_check"][label(variant)] = round(100 * rel_rms_error(out, emu), 3)
+            report["quick_check"][label(variant)] = round(100 * rel_rms_err(out, emu), 3)
         except Exception as e:  # noqa: BLE001
             report["quick_check"][label(variant)] = f"{type(e).__name__}: {e}"[:300]
     print("quick check, % rel RMS vs emulation (B2 Sq1000 Skv700 D128, outliers):", report["quick_check"])
@@ -162,9 +162,9 @@ def main():
             ref = reference_attention(q, k, v, rows=rows)
             emu, emu_lse = emulate_fp8_attention(q, k, v, rows=rows, block_keys=main_variant[0],
                                                  reverse=True, return_lse=True)
-            row["err_vs_fp64_pct"] = round(100 * rel_rms_error(sub, ref), 3)
-            row["emulation_vs_fp64_pct"] = round(100 * rel_rms_error(emu, ref), 3)
-            row["err_vs_emulation_pct"] = round(100 * rel_rms_error(sub, emu), 3)
+            row["err_vs_fp64_pct"] = round(100 * rel_rms_err(sub, ref), 3)
+            row["emulation_vs_fp64_pct"] = round(100 * rel_rms_err(emu, ref), 3)
+            row["err_vs_emulation_pct"] = round(100 * rel_rms_err(sub, emu), 3)
             # LSE against the emulation's (the fp64 one of the unquantized inputs differs by
             # the logits' quantization error, tens of units with 50x outliers).
             sub_lse = lse if rows is None else lse[:, :, rows]
@@ -189,14 +189,6 @@ def main():
         q, k, v = random_qkv(b, s, s, h, d, False, seed=123)
         packed = prep_triton(q, k, v)
         out = torch.empty_like(q)
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-
-        def sdpa(backend):
-            def go():
-                with sdpa_kernel(backend):
-                    torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
-            return go
 
         def prep_and(variant):
             def go():
@@ -211,16 +203,13 @@ def main():
                       (f"sm90 {name} prep+kernel", prep_and(variant))]
         if not args.no_v1:
             timed.append(("v1 mma.sync kernel", lambda: interface.fp8_attention_packed(packed, out=out)))
-        timed += [("SDPA cuDNN bf16", sdpa(SDPBackend.CUDNN_ATTENTION)),
-                  ("SDPA flash bf16", sdpa(SDPBackend.FLASH_ATTENTION))]
+        timed += sdpa_cases(q, k, v, "SDPA")
         time_cases(timed, report, f"B{b} H{h} S{s} D{d}", flop, lambda: over_budget(0.92),
                    iters=7, warmup=1, no_flop_rate="prep alone")
     except Exception as e:  # noqa: BLE001
         report["timing"].append({"error": f"{type(e).__name__}: {e}"[:1000]})
 
-    report["wall_s"] = round(time.time() - started, 1)
-    with open(os.path.join(args.out, "check_fp8_sm90.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    write_report(report, args.out, "check_fp8_sm90.json", started)
 
     # ---------------------------------------------------------------- table
     for c in report["compile"]:

@@ -1,4 +1,7 @@
-"""FP8 (e4m3) flash-attention forward: Triton prep + CuTe DSL mma.sync kernel (sm_89/90/120)."""
+"""FP8 (e4m3) flash-attention forward: Triton prep (quantize + pack, `prep`) and two CuTe DSL
+kernels on its output: `kernel_sm90` (TMA + FP8 wgmma, warp-specialized, sm_90a) and v1
+`kernel_mma_sync` (mma.sync m16n8k32, sm_89 / sm_90 / sm_120). `interface` checks the inputs
+(`support.can_implement`), picks the kernel for the device and launches it."""
 from .interface import (
     Fp8AttentionUnsupported,
     fp8_attention,
@@ -6,10 +9,12 @@ from .interface import (
     prep_fp8_attention,
 )
 from .prep import PackedQKV, prep_reference
+from .support import can_implement
 
 __all__ = [
     "Fp8AttentionUnsupported",
     "PackedQKV",
+    "can_implement",
     "fp8_attention",
     "fp8_attention_packed",
     "prep_fp8_attention",

@@ -1,5 +1,7 @@
-"""Compiles `Fp8AttentionMmaSync` for one plan. The same code path runs on the GPU (interface)
-and on CPU machines (tests, with CUTE_DSL_ARCH set), so a CPU compile proves the GPU one.
+"""Compiles one FP8 attention kernel variant (`support.KERNELS`: "mma_sync", v1
+`Fp8AttentionMmaSync`; "sm90", `Fp8AttentionSm90`) for one plan. The same code path runs on the
+GPU (interface) and on CPU machines (tests, with CUTE_DSL_ARCH set), so a CPU compile proves
+the GPU one.
 
 Every sequence-length, batch and head dimension is dynamic: one compiled kernel serves all
 shapes with the same head_dim, output dtype and LSE choice.
@@ -7,8 +9,7 @@ shapes with the same head_dim, output dtype and LSE choice.
 import torch
 
 from .kernel_mma_sync import Fp8AttentionMmaSync
-
-KERNELS = ("mma_sync", "sm90")
+from .support import KERNELS
 
 TORCH_TO_CUTLASS = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32",
                     torch.float8_e4m3fn: "Float8E4M3FN"}

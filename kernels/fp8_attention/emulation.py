@@ -1,8 +1,10 @@
-"""float64 references for checking the kernel.
+"""`emulate_fp8_attention`: the kernels' numerical scheme in float64, for checking them.
 
-`random_qkv`: fresh test inputs, N(0,1) or with 0.1% outliers of 50x (FP8's hard case).
-`reference_attention`: plain softmax(Q K^T * scale) V in float64 (the truth).
-`emulate_fp8_attention`: the kernel's scheme with every rounding it does and nothing else:
+The truth it and the kernels are compared with (`reference_attention`, `reference_lse`,
+`rel_rms_err`) and the test inputs (`random_qkv`) live in `dit_accel.attention.reference`;
+kernels import no library code.
+
+`emulate_fp8_attention` is the kernel's scheme with every rounding it does and nothing else:
 per-(b, h) e4m3 Q, K, V (prep's `quantize`), online softmax over 32-key strips, p rounded
 to e4m3 as p * 256 against the running max, row sums of the unrounded p, output rounded to
 the output dtype. The kernel should land within ~0.5 percentage points of it (its remaining
@@ -12,38 +14,8 @@ import math
 
 import torch
 
-from .kernel_mma_sync import KEYS, P_SCALE
-from .prep import FP8, head_amax, quantize, scales_from_amax
-
-
-OUTLIER_FRACTION, OUTLIER_FACTOR = 1e-3, 50.0
-
-
-def random_qkv(b, sq, skv, h, d, outliers=False, seed=0, *, device="cuda", dtype=torch.bfloat16):
-    """q [b, sq, h, d], k and v [b, skv, h, d] from N(0,1), drawn from `seed`; with `outliers`, 0.1%
-    of the elements of each are scaled by 50."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    xs = [torch.randn(b, s, h, d, device=device, generator=g) for s in (sq, skv, skv)]
-    if outliers:
-        xs = [torch.where(torch.rand(x.shape, device=device, generator=g) < OUTLIER_FRACTION, x * OUTLIER_FACTOR, x)
-              for x in xs]
-    return [x.to(dtype) for x in xs]
-
-
-def reference_attention(q, k, v, scale=None, rows=None):
-    """[B, S, H, D] -> [B, Sq, H, D] float64 (only query rows `rows` if given)."""
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    q = q if rows is None else q[:, rows]
-    qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
-    probs = torch.softmax(qd @ kd.transpose(-1, -2) * scale, dim=-1)
-    return (probs @ vd).transpose(1, 2)
-
-
-def reference_lse(q, k, scale=None):
-    """[B, H, Sq] float64 natural-log sum of exp of the scaled logits."""
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    logits = q.double().transpose(1, 2) @ k.double().transpose(1, 2).transpose(-1, -2) * scale
-    return torch.logsumexp(logits, dim=-1)
+from .layout import FP8, KEYS, LN_2, LOG2_E, P_SCALE
+from .prep import head_amax, quantize, scales_from_amax
 
 
 def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_lse=False, rows=None,
@@ -64,7 +36,7 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
         qc = qc[:, :, rows]
         sq = qc.shape[2]
     per_head = lambda t: t.double().view(b, h, 1, 1)
-    qk_scale_log2 = per_head(descale[0]) * per_head(descale[1]) * scale * math.log2(math.e)
+    qk_scale_log2 = per_head(descale[0]) * per_head(descale[1]) * scale * LOG2_E
     logits = qc @ kc.transpose(-1, -2) * qk_scale_log2  # log2 units, [B, H, Sq, Skv]
 
     row_max = torch.full((b, h, sq, 1), -math.inf, dtype=torch.float64, device=q.device)
@@ -84,10 +56,4 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
     out = out.transpose(1, 2).to(out_dtype)
     if not return_lse:
         return out
-    return out, ((row_max + torch.log2(row_sum)) * math.log(2.0)).squeeze(-1)
-
-
-def rel_rms_error(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """||x - ref|| / ||ref|| over all elements, in float64."""
-    x, ref = x.double(), ref.double()
-    return float((x - ref).norm() / ref.norm())
+    return out, ((row_max + torch.log2(row_sum)) * LN_2).squeeze(-1)

@@ -1,4 +1,5 @@
-"""Host entry point: checks torch tensors, preps them, compiles once per plan, launches.
+"""Host entry point: checks torch tensors (`support.can_implement`), preps them, compiles once
+per plan, launches.
 
     out = fp8_attention(q, k, v)                      # [B, S, H, D] bf16/fp16 CUDA -> same
     out, lse = fp8_attention(q, k, v, return_lse=True)
@@ -18,73 +19,27 @@ import math
 import torch
 
 from .prep import PackedQKV, prep_reference, prep_triton
-
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
-SUPPORTED_HEAD_DIMS = (64, 128)
-MIN_CAPABILITY = (8, 9)  # mma.sync with e4m3 operands: sm_89, sm_90, sm_120
-
-
-class Fp8AttentionUnsupported(ValueError):
-    """fp8_attention cannot take these inputs; the message says what to change."""
-
+from .support import Fp8AttentionUnsupported, check_can_implement, resolve_kernel
 
 _plans: dict = {}
 
 
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 4:
-            raise Fp8AttentionUnsupported(f"fp8_attention: {name} must be [B, S, H, D], got shape {tuple(x.shape)}")
-        if x.dtype not in SUPPORTED_DTYPES:
-            raise Fp8AttentionUnsupported(f"fp8_attention: {name} is {x.dtype}; pass bfloat16 or float16")
-        if x.stride(-1) != 1:
-            raise Fp8AttentionUnsupported(
-                f"fp8_attention: {name} has head-dim stride {x.stride(-1)}; pass a view whose last dim is contiguous")
-    b, sq, h, d = q.shape
-    if k.shape != v.shape or k.shape[0] != b or k.shape[2:] != q.shape[2:]:
-        raise Fp8AttentionUnsupported(
-            f"fp8_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must be "
-            "[B, Sq, H, D], [B, Skv, H, D], [B, Skv, H, D] (no GQA)")
-    if d not in SUPPORTED_HEAD_DIMS:
-        raise Fp8AttentionUnsupported(f"fp8_attention: head dim {d} unsupported; use 64 or 128")
-    if sq < 1 or k.shape[1] < 1:
-        raise Fp8AttentionUnsupported("fp8_attention: sequence lengths must be >= 1")
-    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
-        raise Fp8AttentionUnsupported("fp8_attention: q, k, v must share dtype and device")
-    if not q.is_cuda:
-        raise Fp8AttentionUnsupported(f"fp8_attention: inputs are on {q.device}; move q, k, v to a CUDA device")
-    capability = torch.cuda.get_device_capability(q.device)
-    if capability < MIN_CAPABILITY:
-        raise Fp8AttentionUnsupported(
-            f"fp8_attention: sm_{capability[0]}{capability[1]} has no FP8 mma.sync; needs sm_89 or newer")
-
-
-def prep_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, use_triton: bool = True) -> PackedQKV:
-    """Prep alone: checks the inputs, quantizes and packs them (Triton, or torch if asked)."""
-    _check_inputs(q, k, v)
+def _prep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, use_triton: bool = True) -> PackedQKV:
     return (prep_triton if use_triton else prep_reference)(q, k, v)
 
 
-KERNELS = ("auto", "mma_sync", "sm90")
-
-
-def _kernel_for(kernel: str, capability: tuple[int, int]) -> str:
-    """Resolves "auto": the wgmma kernel on sm_90 (it needs sm_90a), v1 everywhere else."""
-    if kernel not in KERNELS:
-        raise Fp8AttentionUnsupported(f"fp8_attention: kernel={kernel!r}; use one of {KERNELS}")
-    if kernel == "auto":
-        return "sm90" if capability == (9, 0) else "mma_sync"
-    if kernel == "sm90" and capability != (9, 0):
-        raise Fp8AttentionUnsupported(
-            f"fp8_attention: kernel='sm90' needs sm_90 (wgmma), this is sm_{capability[0]}{capability[1]}")
-    return kernel
+def prep_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, use_triton: bool = True) -> PackedQKV:
+    """Prep alone: checks the inputs (`support.can_implement`), quantizes and packs them (Triton,
+    or torch if asked)."""
+    check_can_implement(q, k, v)
+    return _prep(q, k, v, use_triton)
 
 
 def _plan(head_dim: int, out_dtype: torch.dtype, with_lse: bool, device: torch.device,
           kernel: str = "auto"):
     """Compiled kernel for this plan key; sequence lengths, batch and heads are dynamic."""
     capability = torch.cuda.get_device_capability(device)
-    kernel = _kernel_for(kernel, capability)
+    kernel = resolve_kernel(kernel, capability)
     key = (head_dim, out_dtype, with_lse, capability, kernel)
     if key not in _plans:
         from .compile import compile_fp8_attention
@@ -122,6 +77,7 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
     scale defaults to 1/sqrt(D). Raises Fp8AttentionUnsupported for inputs it cannot take; a
     (batch, head) whose q, k or v holds inf or NaN comes out NaN, as in torch's attention.
     """
-    packed = prep_fp8_attention(q, k, v)
+    check_can_implement(q, k, v, kernel)
+    packed = _prep(q, k, v)
     return fp8_attention_packed(packed, out_dtype=q.dtype, scale=scale, return_lse=return_lse,
                                 kernel=kernel)

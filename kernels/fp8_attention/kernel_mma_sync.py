@@ -1,11 +1,11 @@
 """FP8 (e4m3) flash-attention forward with warp-level mma.sync m16n8k32 (sm_89, sm_90, sm_120).
 
-Inputs come from `prep.py` (see its docstring for the packing contract):
+Inputs come from `prep.py` (see its docstring for the packing contract; constants in `layout`):
 
 - ``mQ``  [B*H, Sq_pad, D]  e4m3, row-major, Sq_pad a multiple of ``Q_ROWS`` (128), zero padded.
 - ``mK``  [B*H, Skv_pad, D] e4m3, row-major, Skv_pad a multiple of ``KEYS`` (32), zero padded.
 - ``mV``  [B*H, D, Skv_pad] e4m3, feature-major, keys permuted within each 16-key group by
-  ``prep.key_order`` so that the S accumulator feeds the P.V A operand without shuffles.
+  ``layout.key_order`` so that the S accumulator feeds the P.V A operand without shuffles.
 - ``mDescale`` [3, B*H] fp32: the per-(batch, head) descales of Q, K, V (amax / 448).
 
 Outputs: ``mO`` [B, Sq, H, D] bf16/fp16 (diffusers' layout, written straight from registers) and
@@ -22,12 +22,14 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-Q_ROWS = 128  # query rows per CTA (4 warps x 32 rows)
-KEYS = 32  # keys per strip: one m16n8k32 K-block of the P.V GEMM
+from .epilogue import store_row
+from .layout import KEYS, LOG2_E, P_SCALE, Q_ROWS
+from .softmax import quad_max
+from .support import check_head_dim
+
+# Q_ROWS: query rows per CTA (4 warps x 32 rows); KEYS: keys per strip, one m16n8k32 k-block
+# of the P.V GEMM; P_SCALE: p in [0, 1] is stored as p * 256 in e4m3 (max 256 < 448).
 NUM_THREADS = 128
-P_SCALE = 256.0  # p in [0, 1] is stored as p * 256 in e4m3 (max 256 < 448)
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
 SMEM_BANK_PERIOD_BYTES = 128  # 32 banks x 4 bytes
 CHUNK_BYTES = 16  # one cp.async / one ldmatrix row
 
@@ -70,8 +72,7 @@ class Fp8AttentionMmaSync:
     """Non-causal FP8 attention forward, one compiled kernel per (head_dim, output dtype, LSE)."""
 
     def __init__(self, head_dim: int):
-        if head_dim not in (64, 128):
-            raise ValueError(f"head_dim must be 64 or 128, got {head_dim}")
+        check_head_dim(head_dim)
         self.head_dim = head_dim
 
     @cute.jit
@@ -148,7 +149,6 @@ class Fp8AttentionMmaSync:
         D = self.head_dim
         num_heads = mO.shape[2]
         batch, head = bh // num_heads, bh % num_heads
-        seqlen_q = mO.shape[1]
         n_tiles = mK.shape[1] // KEYS  # prep pads Skv to whole strips, so n_tiles >= 1
 
         # qk_scale_log2: raw e4m3 dot products -> log2-domain logits (descales, softmax scale
@@ -221,26 +221,15 @@ class Fp8AttentionMmaSync:
                    row_max, row_sum, qk_scale_log2, seqlen_kv, True)
 
         # ------------------------------------------------------------------ epilogue
+        # Row (m_tile, half) of this thread: its (column, n8 tile) values of O. pv_scale already
+        # holds P's 1/256, so the row sum is of p itself and the LSE needs no offset.
         lane = tidx % 32
         for m_tile in cutlass.range_constexpr(2):
             for half in cutlass.range_constexpr(2):
                 state = 2 * m_tile + half
-                total = row_sum[state]
-                total += cute.arch.shuffle_sync_bfly(total, offset=1)
-                total += cute.arch.shuffle_sync_bfly(total, offset=2)
-                # total >= 1 for every real row (its max key contributes 2^0); the guard keeps
-                # a degenerate row at 0 instead of inf/NaN.
-                inv = pv_scale / total if total > 0.0 else Float32(0.0)
-                row = m_block * Q_ROWS + tOcO[(0, half), m_tile, 0][0]
-                if row < seqlen_q:
-                    if const_expr(mLSE is not None):
-                        if lane % 4 == 0:
-                            mLSE[batch, head, row] = (row_max[state] + cute.math.log2(total)) * LN_2
-                    for n8 in cutlass.range_constexpr(cute.size(tOrO, mode=[2])):
-                        for col in cutlass.range_constexpr(2):
-                            feature = tOcO[(col, half), m_tile, n8][1]
-                            value = tOrO[(col, half), m_tile, n8] * inv
-                            mO[batch, row, head, feature] = value.to(mO.element_type)
+                store_row(mO, mLSE, batch, head, m_block,
+                          tOrO[(None, half), m_tile, None], tOcO[(None, half), m_tile, None],
+                          row_max[state], row_sum[state], pv_scale, lane, 0)
 
     @cute.jit
     def strip(
@@ -325,9 +314,7 @@ class Fp8AttentionMmaSync:
                 state = 2 * m_tile + half
                 scores = tSrS[(None, half), m_tile, None]  # (2, 4): this lane's 8 keys of the row
                 raw = scores.load()
-                strip_max = raw.reduce(cute.ReductionOp.MAX, -Float32.inf, 0) * qk_scale_log2
-                strip_max = cute.arch.fmax(strip_max, cute.arch.shuffle_sync_bfly(strip_max, offset=1))
-                strip_max = cute.arch.fmax(strip_max, cute.arch.shuffle_sync_bfly(strip_max, offset=2))
+                strip_max = quad_max(raw.reduce(cute.ReductionOp.MAX, -Float32.inf, 0) * qk_scale_log2)
                 new_max = cute.arch.fmax(row_max[state], strip_max)
                 # new_max is finite once a real key was seen (strip 0 always has key 0); the
                 # select keeps -inf - -inf out of exp2 anyway.

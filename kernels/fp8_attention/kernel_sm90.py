@@ -1,7 +1,7 @@
 """FP8 (e4m3) flash-attention forward for Hopper (sm_90a): TMA + wgmma, warp-specialized.
 
 Inputs are exactly v1's (see `prep.py`): Q, K [B*H, S_pad, D] e4m3 row-major, V feature-major
-[B*H, D, Skv_pad] with keys permuted inside each 16-key group (`prep.key_order`), descales
+[B*H, D, Skv_pad] with keys permuted inside each 16-key group (`layout.key_order`), descales
 [3, B*H]. The permutation v1 needs for mma.sync m16n8k32 is also the one wgmma needs: per warp,
 the fp32 accumulator of an m64nNk32 wgmma has mma.sync's C layout (lane t of a row holds keys
 8j + 2t + {0, 1}) and the 8-bit register A operand has mma.sync's A layout (k slots 4t..4t+3
@@ -18,7 +18,8 @@ CTA = 128 query rows of one (batch, head), 3 warpgroups (384 threads):
   Per key block: S = Q K^T (SS wgmma), online softmax in registers, O += P V (RS wgmma, P from
   registers). Intra-warpgroup overlap: S of block n+1 is issued before P.V of block n, so the
   softmax of one block runs while the tensor cores do the other GEMM; the two consumer
-  warpgroups also take turns at issuing their GEMMs (ping-pong through two named barriers),
+  warpgroups also take turns at issuing their GEMMs (ping-pong through two named barriers,
+  `named_barrier.NamedBarrier`),
   so one warpgroup's softmax overlaps the other's GEMMs.
 
 Where the time goes (ncu, kernels/NOTES.md): each SM sub-partition holds one warp of each
@@ -35,8 +36,6 @@ p * 256 in e4m3 (p <= 1 against the running max, so codes <= 256 < 448, never sa
 row sum adds the same unrounded fp32 values, so the 256 cancels in O = acc / sum * descale_v.
 O accumulates over all key blocks in fp32 registers (rescaled when the max grows).
 """
-import math
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
@@ -46,17 +45,19 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
-TILE_M = 128  # query rows per CTA: 2 consumer warpgroups x 64 rows
+from .epilogue import store_row
+from .layout import KEYS, LOG2_E, P_SCALE_LOG2, Q_ROWS
+from .named_barrier import NamedBarrier
+from .softmax import quad_max
+from .support import check_head_dim
+
+# Q_ROWS (query rows per CTA): 2 consumer warpgroups x 64 rows. P is stored as p * 2^P_SCALE_LOG2
+# = p * 256 in e4m3 (max 256 < 448).
 DEFAULT_TILE_N = 128  # keys per block (kernels/NOTES.md: 128 to 224 measured)
 WG_THREADS = 128
 NUM_CONSUMER_WG = 2
 NUM_THREADS = WG_THREADS * (1 + NUM_CONSUMER_WG)
 PRODUCER_REGS, CONSUMER_REGS = 24, 240  # 128 * 24 + 256 * 240 <= 64K registers
-P_SCALE_LOG2 = 8.0  # P is stored as p * 2^8 = p * 256 in e4m3 (max 256 < 448)
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
-# Named barrier ids: 0 is __syncthreads; 1 and 2 are "consumer warpgroup 1 / 2 may issue".
-SCHED_BARRIER_BASE = 1
 # exp2 on the FMA pipe: x + 1.5 * 2^23 rounds x to the nearest integer j (kept in the low
 # mantissa bits), f = x - j in [-0.5, 0.5], 2^f by a degree-2 polynomial (minimax relative
 # error 1.7e-3, far below e4m3's 2^-4 rounding of P), then j is added to the exponent field.
@@ -115,9 +116,8 @@ class Fp8AttentionSm90:
 
     def __init__(self, head_dim: int, tile_n: int = DEFAULT_TILE_N, num_stages: int = 2,
                  two_level_pv: bool = True, fma_exp2_tiles: int = 0):
-        if head_dim not in (64, 128):
-            raise ValueError(f"head_dim must be 64 or 128, got {head_dim}")
-        if tile_n % 32 != 0:
+        check_head_dim(head_dim)
+        if tile_n % KEYS != 0:
             raise ValueError("tile_n must be a multiple of the 32-key wgmma k-block")
         self.head_dim = head_dim
         self.tile_n = tile_n
@@ -165,12 +165,12 @@ class Fp8AttentionSm90:
             for t in (mQ, mK, mV)
         ]  # Q, K: (S_pad, D, BH); V: (D, Skv_pad, BH)
 
-        sQ_layout = kmajor_smem_layout(fp8, TILE_M, D, 1)
+        sQ_layout = kmajor_smem_layout(fp8, Q_ROWS, D, 1)
         sK_layout = kmajor_smem_layout(fp8, N, D, self.num_stages)
         sV_layout = kmajor_smem_layout(fp8, D, N, self.num_stages)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (TILE_M, D), 1)
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (Q_ROWS, D), 1)
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, cute.select(sK_layout, mode=[0, 1]), (N, D), 1)
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mV, cute.select(sV_layout, mode=[0, 1]), (D, N), 1)
 
@@ -192,7 +192,7 @@ class Fp8AttentionSm90:
             atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1), tiler_mn=(64, D),
             a_source=warpgroup.OperandSource.RMEM)
 
-        grid = (cute.ceil_div(mQ.shape[0], TILE_M), cute.size(mQ.shape[2]), 1)
+        grid = (cute.ceil_div(mQ.shape[0], Q_ROWS), cute.size(mQ.shape[2]), 1)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
             mDescale, mO, mLSE, softmax_scale * LOG2_E, seqlen_kv,
@@ -239,7 +239,7 @@ class Fp8AttentionSm90:
         D, N = self.head_dim, self.tile_n
         pipeline_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, producer_group=producer,
-            consumer_group=consumers, tx_count=TILE_M * D, defer_sync=True)
+            consumer_group=consumers, tx_count=Q_ROWS * D, defer_sync=True)
         pipeline_k = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.num_stages,
             producer_group=producer, consumer_group=consumers, tx_count=N * D, defer_sync=True)
@@ -272,7 +272,7 @@ class Fp8AttentionSm90:
         """Producer warp: Q once, then K of block n with V of block n+1 (V lags one block, the
         order in which the consumers' overlapped loop needs them)."""
         D, N = self.head_dim, self.tile_n
-        gQ = cute.local_tile(mQ[None, None, bh], (TILE_M, D), (None, 0))  # (128, D, m_blocks)
+        gQ = cute.local_tile(mQ[None, None, bh], (Q_ROWS, D), (None, 0))  # (128, D, m_blocks)
         gK = cute.local_tile(mK[None, None, bh], (N, D), (None, 0))  # (N, D, n_blocks)
         gV = cute.local_tile(mV[None, None, bh], (D, N), (0, None))  # (D, N, n_blocks)
         partition = lambda atom, s, g: cpasync.tma_partition(
@@ -328,15 +328,15 @@ class Fp8AttentionSm90:
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ[None, None, 0]))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrV = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sV))
-        tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((TILE_M, N)))
+        tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((Q_ROWS, N)))
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
-        acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((TILE_M, D)), Float32)
+        acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((Q_ROWS, D)), Float32)
         acc_O.fill(0.0)
         # Per-block P.V accumulator (two-level accumulation), else P.V accumulates into acc_O.
         acc_PV = cute.make_rmem_tensor(acc_O.shape, Float32) if const_expr(self.two_level_pv) else acc_O
-        tScS = thr_mma_qk.partition_C(cute.make_identity_tensor((TILE_M, N)))
-        tOcO = thr_mma_pv.partition_C(cute.make_identity_tensor((TILE_M, D)))
+        tScS = thr_mma_qk.partition_C(cute.make_identity_tensor((Q_ROWS, N)))
+        tOcO = thr_mma_pv.partition_C(cute.make_identity_tensor((Q_ROWS, D)))
 
         # Online-softmax state of this thread's 2 rows: row_max in log2-logit units, row_sum
         # this lane's share of sum(p * 256) (the 4 lanes of a quad are added in the epilogue).
@@ -347,7 +347,8 @@ class Fp8AttentionSm90:
 
         # Ping-pong: consumer warpgroup 1 lets warpgroup 0 issue first.
         if wg == 1:
-            cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER_BASE, number_of_threads=2 * WG_THREADS)
+            cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE),
+                                     number_of_threads=2 * WG_THREADS)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         pipeline_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
@@ -369,11 +370,12 @@ class Fp8AttentionSm90:
             state_v = state.clone()
             state.advance()
             pipeline_k.consumer_wait(state)
-            cute.arch.barrier(barrier_id=SCHED_BARRIER_BASE + wg, number_of_threads=2 * WG_THREADS)
+            cute.arch.barrier(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE) + wg,
+                              number_of_threads=2 * WG_THREADS)
             acc_S_next = self.qk(tiled_mma_qk, tScS, tSrQ, tSrK, state.index, -1)
             pipeline_v.consumer_wait(state_v)
             wgmma(tiled_mma_pv, acc_PV, tOrP, tOrV[None, None, None, state_v.index], self.two_level_pv, -1)
-            cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER_BASE + 1 - wg,
+            cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE) + 1 - wg,
                                      number_of_threads=2 * WG_THREADS)
             warpgroup.wait_group(1)  # S has landed; P.V may still run
             pipeline_k.consumer_release(state)
@@ -391,24 +393,13 @@ class Fp8AttentionSm90:
             acc_O.store(acc_O.load() + acc_PV.load())
 
         # ------------------------------------------------------------------ epilogue
+        # Row half r of this thread: its (c, j) values of O. The row sum is of p * 256, which
+        # cancels in O and comes off the LSE as P_SCALE_LOG2.
         lane = cute.arch.lane_idx()
         acc_O_rows = self.rows_view(acc_O)
         for r in cutlass.range_constexpr(2):
-            total = row_sum[r]
-            total += cute.arch.shuffle_sync_bfly(total, offset=1)
-            total += cute.arch.shuffle_sync_bfly(total, offset=2)
-            # total >= 256 for every row (its max key contributes 2^8); the guard only keeps a
-            # degenerate row at 0 instead of inf / NaN.
-            inv = pv_scale / total if total > 0.0 else Float32(0.0)
-            row = m_block * TILE_M + tOcO[(0, r, 0), 0, 0][0]
-            if row < mO.shape[1]:
-                if const_expr(mLSE is not None):
-                    if lane % 4 == 0:
-                        mLSE[batch, head, row] = (row_max[r] + cute.math.log2(total) - P_SCALE_LOG2) * LN_2
-                for j in cutlass.range_constexpr(D // 8):
-                    for c in cutlass.range_constexpr(2):
-                        feature = tOcO[(c, r, j), 0, 0][1]
-                        mO[batch, row, head, feature] = (acc_O_rows[r, (c, j)] * inv).to(mO.element_type)
+            store_row(mO, mLSE, batch, head, m_block, acc_O_rows[r, None],
+                      tOcO[(None, r, None), 0, 0], row_max[r], row_sum[r], pv_scale, lane, P_SCALE_LOG2)
 
     @cute.jit
     def qk(self, tiled_mma_qk, tScS, tSrQ, tSrK, stage: Int32, wait: cutlass.Constexpr):
@@ -435,9 +426,7 @@ class Fp8AttentionSm90:
         row_scale = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
             raw = scores[r, None].load()
-            block_max = raw.reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-            block_max = cute.arch.fmax(block_max, cute.arch.shuffle_sync_bfly(block_max, offset=1))
-            block_max = cute.arch.fmax(block_max, cute.arch.shuffle_sync_bfly(block_max, offset=2))
+            block_max = quad_max(raw.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
             # Every row sees a real key in the first block it processes (the masked block holds
             # key n_blocks-1 * N < seqlen_kv), so new_max is finite from then on.
             new_max = cute.arch.fmax(row_max[r], block_max * qk_scale_log2)

@@ -2,8 +2,10 @@
 
 Contract (the kernel relies on every line):
 
-- ``q``  [B*H, Sq_pad, D]  e4m3 row-major, Sq_pad = ceil(Sq / 128) * 128, rows >= Sq are 0.
-- ``k``  [B*H, Skv_pad, D] e4m3 row-major, Skv_pad = ceil(Skv / 32) * 32, rows >= Skv are 0.
+- ``q``  [B*H, Sq_pad, D]  e4m3 row-major, Sq_pad = ceil(Sq / 128) * 128 (``layout.Q_ROWS``),
+  rows >= Sq are 0.
+- ``k``  [B*H, Skv_pad, D] e4m3 row-major, Skv_pad = ceil(Skv / 32) * 32 (``layout.KEYS``),
+  rows >= Skv are 0.
 - ``v``  [B*H, D, Skv_pad] e4m3 feature-major: ``v[bh, d, p] = V[b, key_order(p), h, d]``,
   0 where key_order(p) >= Skv.
 - ``descale`` [3, B*H] fp32: amax / 448 of Q, K, V per (b, h) (1 for an all-zero head), so
@@ -23,10 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernel_mma_sync import KEYS, Q_ROWS
-
-E4M3_MAX = 448.0
-FP8 = torch.float8_e4m3fn
+from .layout import E4M3_MAX, FP8, KEYS, Q_ROWS, key_order, round_up
 
 
 @dataclass
@@ -42,25 +41,6 @@ class PackedQKV:
     seqlen_q: int
     seqlen_kv: int
     head_dim: int
-
-
-def round_up(n: int, multiple: int) -> int:
-    return (n + multiple - 1) // multiple * multiple
-
-
-def key_order(positions: torch.Tensor) -> torch.Tensor:
-    """Key stored at k slot `positions` of V, inside each 16-key group.
-
-    The m16n8k32 accumulator gives lane t (= lane % 4) of a row the keys 8j + 2t + {0, 1} for
-    n8 tiles j = 0..3; the A operand wants that lane's 8 bytes at k slots 4t..4t+3 (j = 0, 1)
-    and 16 + 4t..16 + 4t+3 (j = 2, 3). Slot p = 16 * (j // 2) + 4t + 2 * (j % 2) + c therefore
-    holds key 8j + 2t + c. Within a 16-key group (j // 2 fixed): slot 4t + 2e1 + c -> key
-    8e1 + 2t + c. It is a permutation of each group of 16.
-    """
-    group = positions // 16 * 16
-    lane = (positions % 16) // 4
-    element = positions % 4
-    return group + 8 * (element // 2) + 2 * lane + element % 2
 
 
 def scales_from_amax(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

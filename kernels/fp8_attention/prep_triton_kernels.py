@@ -32,7 +32,7 @@ def _fp8_prep_pack_kernel(x_ptr, quant_ptr, out_ptr, S, S_pad, H, stride_b, stri
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
     pos = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    if FEATURE_MAJOR:  # prep.key_order, inside each 16-key group
+    if FEATURE_MAJOR:  # layout.key_order, inside each 16-key group
         element = pos % 4
         src = pos // 16 * 16 + 8 * (element // 2) + 2 * ((pos % 16) // 4) + element % 2
     else:

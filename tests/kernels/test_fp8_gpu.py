@@ -7,8 +7,9 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("needs a CUDA GPU with FP8 mma.sync (sm_89+)", allow_module_level=True)
 
 from dit_accel.kernels.fp8_attention import fp8_attention, fp8_attention_packed, prep_fp8_attention  # noqa: E402
-from dit_accel.kernels.fp8_attention.emulation import (  # noqa: E402
-    emulate_fp8_attention, random_qkv, reference_attention, reference_lse, rel_rms_error)
+from dit_accel.attention.reference import (  # noqa: E402
+    random_qkv, reference_attention, reference_lse, rel_rms_err)
+from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention  # noqa: E402
 from dit_accel.kernels.fp8_attention.prep import prep_reference, prep_triton  # noqa: E402
 
 
@@ -27,8 +28,8 @@ def test_kernel_matches_emulation(sq, skv, d, b, outliers):
     assert torch.isfinite(out).all(), "output not fully written (poisoned NaN left) or non-finite"
     ref = reference_attention(q, k, v)
     emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True)
-    err, err_emu = rel_rms_error(out, ref), rel_rms_error(emu, ref)
-    assert rel_rms_error(out, emu) < 0.02, (err, err_emu)
+    err, err_emu = rel_rms_err(out, ref), rel_rms_err(emu, ref)
+    assert rel_rms_err(out, emu) < 0.02, (err, err_emu)
     assert err < err_emu + 0.005, (err, err_emu)
     torch.testing.assert_close(lse.double(), emu_lse, atol=1e-3, rtol=1e-4)
     if not outliers:  # fp8 logit error grows with 50x outliers; the emulation check covers them
@@ -39,7 +40,7 @@ def test_public_entry_point_and_scale():
     q, k, v = random_qkv(2, 300, 300, 4, 128)
     out = fp8_attention(q, k, v, scale=0.05)
     assert out.shape == q.shape and out.dtype == q.dtype
-    assert rel_rms_error(out, reference_attention(q, k, v, scale=0.05)) < 0.08
+    assert rel_rms_err(out, reference_attention(q, k, v, scale=0.05)) < 0.08
 
 
 def test_triton_prep_matches_reference_bitwise():

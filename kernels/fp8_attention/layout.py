@@ -1,0 +1,47 @@
+"""The prep/kernel contract: what prep writes and every reader (emulation, both kernels) assumes.
+
+- Q rows are padded to ``Q_ROWS`` (128): one CTA of either kernel owns 128 query rows.
+- K rows and V's key columns are padded to ``KEYS`` (32): one m16n8k32 (or m64nNk32) k-block of
+  the P.V GEMM, and v1's key strip. Zero padding, masked to -inf in the last block.
+- V's keys are permuted inside every 16-key group by `key_order`, so that the fp32 S
+  accumulator moves into the e4m3 A registers of the P.V MMA lane-locally.
+- P = 2^(logit - running max) <= 1 is stored in e4m3 as p * ``P_SCALE`` (2^``P_SCALE_LOG2``
+  = 256 < ``E4M3_MAX`` = 448, so no P code saturates).
+- Logits are kept in log2 units (scaled by ``LOG2_E``); LSE goes back to natural log with
+  ``LN_2``.
+
+Torch only (no cutlass): prep and the emulation import it on machines without CuTe DSL.
+"""
+import math
+
+import torch
+
+Q_ROWS = 128  # query rows per CTA and Sq padding (v1: 4 warps x 32 rows; sm90: 2 warpgroups x 64)
+KEYS = 32  # key padding of Skv; v1's strip; one k-block of the P.V MMA
+P_SCALE_LOG2 = 8.0  # P is stored as p * 2^8 in e4m3
+P_SCALE = 2.0**P_SCALE_LOG2  # 256.0
+E4M3_MAX = 448.0  # largest finite e4m3 (float8_e4m3fn) value
+FP8 = torch.float8_e4m3fn
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+SUPPORTED_HEAD_DIMS = (64, 128)  # both kernels; read by `support` and the kernel constructors
+
+
+def round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+def key_order(positions: torch.Tensor) -> torch.Tensor:
+    """Key stored at k slot `positions` of V, inside each 16-key group.
+
+    The m16n8k32 accumulator gives lane t (= lane % 4) of a row the keys 8j + 2t + {0, 1} for
+    n8 tiles j = 0..3; the A operand wants that lane's 8 bytes at k slots 4t..4t+3 (j = 0, 1)
+    and 16 + 4t..16 + 4t+3 (j = 2, 3). Slot p = 16 * (j // 2) + 4t + 2 * (j % 2) + c therefore
+    holds key 8j + 2t + c. Within a 16-key group (j // 2 fixed): slot 4t + 2e1 + c -> key
+    8e1 + 2t + c. It is a permutation of each group of 16. The per-warp layouts of an FP8
+    m64nNk32 wgmma are the same, so the sm90 kernel reads the same V.
+    """
+    group = positions // 16 * 16
+    lane = (positions % 16) // 4
+    element = positions % 4
+    return group + 8 * (element // 2) + 2 * lane + element % 2

@@ -1,0 +1,93 @@
+"""What FP8 attention can serve, in one place: the kernel variants and `can_implement`.
+
+As in CUTLASS's FMHA example, `can_implement` answers before anything is prepped or compiled:
+None if the inputs can be served, else the reason, phrased as what to change. It reads only
+tensor metadata (rank, shape, stride, dtype, device) and the device's capability, so it never
+synchronises with the GPU. The kernel constructors read the same SUPPORTED_HEAD_DIMS
+(`check_head_dim`), and `resolve_kernel` is the variant check of the packed entry point.
+"""
+import torch
+
+from .layout import SUPPORTED_HEAD_DIMS
+
+KERNELS = ("mma_sync", "sm90")  # v1 mma.sync (sm_89, sm_90, sm_120); TMA + wgmma (sm_90a only)
+KERNEL_CHOICES = ("auto", *KERNELS)  # what fp8_attention(kernel=...) takes; "auto" picks by device
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+MIN_CAPABILITY = (8, 9)  # mma.sync with e4m3 operands: sm_89, sm_90, sm_120
+WGMMA_CAPABILITY = (9, 0)  # kernel_sm90: FP8 wgmma exists on sm_90a alone
+
+
+class Fp8AttentionUnsupported(ValueError):
+    """fp8_attention cannot take these inputs; the message says what to change."""
+
+
+def head_dim_reason(head_dim: int) -> str | None:
+    """Why head_dim cannot be served, or None (both kernels take SUPPORTED_HEAD_DIMS)."""
+    if head_dim in SUPPORTED_HEAD_DIMS:
+        return None
+    return f"fp8_attention: head dim {head_dim} unsupported; use {' or '.join(map(str, SUPPORTED_HEAD_DIMS))}"
+
+
+def check_head_dim(head_dim: int) -> None:
+    """Raises Fp8AttentionUnsupported unless head_dim is one the kernels are written for."""
+    reason = head_dim_reason(head_dim)
+    if reason is not None:
+        raise Fp8AttentionUnsupported(reason)
+
+
+def kernel_reason(kernel: str, capability: tuple[int, int]) -> str | None:
+    """Why the variant `kernel` cannot run on a device of this capability, or None."""
+    if kernel not in KERNEL_CHOICES:
+        return f"fp8_attention: kernel={kernel!r}; use one of {KERNEL_CHOICES}"
+    if kernel == "sm90" and capability != WGMMA_CAPABILITY:
+        return f"fp8_attention: kernel='sm90' needs sm_90 (wgmma), this is sm_{capability[0]}{capability[1]}"
+    return None
+
+
+def resolve_kernel(kernel: str, capability: tuple[int, int]) -> str:
+    """The variant that serves `kernel` on this device ("auto": the wgmma kernel on sm_90,
+    which it needs as sm_90a, v1 everywhere else); raises Fp8AttentionUnsupported if none."""
+    reason = kernel_reason(kernel, capability)
+    if reason is not None:
+        raise Fp8AttentionUnsupported(reason)
+    if kernel == "auto":
+        return "sm90" if capability == WGMMA_CAPABILITY else "mma_sync"
+    return kernel
+
+
+def can_implement(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str = "auto") -> str | None:
+    """None if fp8_attention(q, k, v, kernel=kernel) can serve these [B, S, H, D] tensors, else
+    why not: rank, dtype, head-dim stride, matching shapes (no GQA), head dim, sequence lengths,
+    shared dtype and device, a CUDA device with FP8 mma.sync, and the kernel variant, checked
+    in that order (the first failure is the one reported)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            return f"fp8_attention: {name} must be [B, S, H, D], got shape {tuple(x.shape)}"
+        if x.dtype not in SUPPORTED_DTYPES:
+            return f"fp8_attention: {name} is {x.dtype}; pass bfloat16 or float16"
+        if x.stride(-1) != 1:
+            return f"fp8_attention: {name} has head-dim stride {x.stride(-1)}; pass a view whose last dim is contiguous"
+    b, sq, h, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[2:] != q.shape[2:]:
+        return (f"fp8_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must be "
+                "[B, Sq, H, D], [B, Skv, H, D], [B, Skv, H, D] (no GQA)")
+    reason = head_dim_reason(d)
+    if reason is not None:
+        return reason
+    if sq < 1 or k.shape[1] < 1:
+        return "fp8_attention: sequence lengths must be >= 1"
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        return "fp8_attention: q, k, v must share dtype and device"
+    if not q.is_cuda:
+        return f"fp8_attention: inputs are on {q.device}; move q, k, v to a CUDA device"
+    capability = torch.cuda.get_device_capability(q.device)
+    if capability < MIN_CAPABILITY:
+        return f"fp8_attention: sm_{capability[0]}{capability[1]} has no FP8 mma.sync; needs sm_89 or newer"
+    return kernel_reason(kernel, capability)
+
+
+def check_can_implement(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str = "auto") -> None:
+    """Raises Fp8AttentionUnsupported with `can_implement`'s reason, if there is one."""
+    reason = can_implement(q, k, v, kernel)
+    if reason is not None:
+        raise Fp8AttentionUnsupported(reason)
