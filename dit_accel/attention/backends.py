@@ -161,11 +161,17 @@ def _fp8_cannot_serve():
 
 def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, *,
              kernel: str = "auto") -> torch.Tensor:
-    """dit_accel.kernels.fp8_attention.fp8_attention: prep (quantize + pack) and kernel."""
-    from ..kernels.fp8_attention import fp8_attention
+    """Prep (quantize + pack) and kernel, as the custom op `torch.ops.dit_accel.fp8_attention`: one
+    opaque node under torch.compile and CUDA graphs. Whether the kernel can serve the tensors is
+    decided from their metadata alone (`can_implement`: CUDA tensors only; the op's CPU emulation
+    is for tests), so under torch.compile the refusal happens at trace time."""
+    from ..kernels.fp8_attention.op import FP8_ATTENTION
+    from ..kernels.fp8_attention.support import can_implement
 
-    with _fp8_cannot_serve():
-        return fp8_attention(q, k, v, scale=scale, kernel=kernel)
+    reason = can_implement(q, k, v, kernel)
+    if reason is not None:
+        raise BackendCannotServe(reason)
+    return FP8_ATTENTION(q, k, v, scale, kernel)
 
 
 @dataclass(frozen=True)

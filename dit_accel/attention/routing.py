@@ -59,15 +59,29 @@ class RoutedBackend:
 
     served_calls: calls our kernel answered. fallback_calls: reason -> calls sent to diffusers'
     default backend instead. Every dispatch made by a processor holding this object counts in
-    exactly one of the two.
+    exactly one of the two, also inside a torch.compile'd model: the counts are 0-d int64 tensors
+    bumped in place, so the increment is part of the compiled graph and runs on every call
+    (a Python int reached through a module would be guarded by its value, and each increment
+    would recompile the model).
     """
 
     backend: AttentionBackend
-    served_calls: int = 0
-    fallback_calls: Counter[str] = field(default_factory=Counter)
     # Asked before each call: a reason to send this call to the fallback anyway (e.g. a denoising
-    # step the user keeps in bf16), or None to serve it.
+    # step the user keeps in bf16), or None to serve it. Under torch.compile its answer is guarded:
+    # it should change rarely (each distinct answer is one more graph).
     hold_reason: Callable[[], str | None] | None = None
+    _counts: dict[str | None, torch.Tensor] = field(default_factory=dict, repr=False)  # None: served
+
+    def _count(self, reason: str | None) -> None:
+        self._counts.setdefault(reason, torch.zeros((), dtype=torch.int64)).add_(1)
+
+    @property
+    def served_calls(self) -> int:
+        return int(self._counts[None]) if None in self._counts else 0
+
+    @property
+    def fallback_calls(self) -> Counter[str]:
+        return Counter({reason: int(count) for reason, count in self._counts.items() if reason is not None})
 
     @property
     def name(self) -> str:
@@ -89,9 +103,9 @@ class RoutedBackend:
             except BackendCannotServe as exc:
                 reason = str(exc)
             else:
-                self.served_calls += 1
+                self._count(None)
                 return out
-        self.fallback_calls[reason] += 1
+        self._count(reason)
         return original_dispatch(**{**arguments, "backend": None})
 
 
@@ -136,16 +150,24 @@ def _ulysses_attention(backend: AttentionBackend, arguments: dict[str, Any]) -> 
 def _make_router(original: Callable[..., torch.Tensor], users: list) -> Callable[..., torch.Tensor]:
     """The replacement for a model file's `dispatch_attention_fn` (the users list is not read:
     each call's `backend` argument says which RoutedBackend, if any, answers it)."""
-    signature = inspect.signature(original)
+    # Names and defaults read once here, not per call: under torch.compile, inspect.Signature.bind
+    # reads a mappingproxy, which dynamo cannot trace once the frame has mutated a dict.
+    parameters = inspect.signature(original).parameters
+    positional = tuple(n for n, p in parameters.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    defaults = tuple((n, p.default) for n, p in parameters.items() if p.default is not p.empty)
+    names = frozenset(parameters)
 
     @functools.wraps(original)
     def routed_dispatch_attention_fn(*args, **kwargs):
         backend = kwargs.get("backend")  # keyword-only in diffusers
         if not isinstance(backend, RoutedBackend):
             return original(*args, **kwargs)
-        call = signature.bind(*args, **kwargs)
-        call.apply_defaults()
-        return backend.dispatch(call.arguments, original)
+        if len(args) > len(positional) or not names.issuperset(kwargs):
+            return original(*args, **kwargs)  # a call the signature refuses: diffusers raises its own TypeError
+        arguments = dict(defaults)
+        arguments.update(zip(positional, args))
+        arguments.update(kwargs)
+        return backend.dispatch(arguments, original)
 
     return routed_dispatch_attention_fn
 

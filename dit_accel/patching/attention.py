@@ -71,15 +71,19 @@ class AttentionPatch:
     keep_blocks: tuple[int, ...]
     keep_steps: frozenset[int]
     step: int = 0  # the denoising step running now, advanced by `step_callback`
+    holding: bool = False  # whether `step` is kept on the original backend (kept in step with `step`)
     routed: list[RoutedBackend] = field(default_factory=list)  # their counters outlive the patch
     _swaps: list[AttentionBackendSwap] = field(default_factory=list)
 
     def hold_reason(self) -> str | None:
-        return f"step {self.step} kept on the original backend" if self.step in self.keep_steps else None
+        # Reads the step only while holding: under torch.compile what this reads is guarded, and a
+        # bool that flips at the kept steps costs two graphs where the step number would cost one a step.
+        return f"step {self.step} kept on the original backend" if self.holding else None
 
     def step_callback(self, pipeline: Any, step_index: int, timestep: Any, callback_kwargs: dict) -> dict:
         """diffusers `callback_on_step_end`: called after step `step_index`; the next one begins."""
         self.step = step_index + 1
+        self.holding = self.step in self.keep_steps
         return callback_kwargs
 
     def summary(self) -> dict[str, Any]:
@@ -108,7 +112,7 @@ def patch_attention(model_or_pipeline: Any, backend: str = "fp8", *, keep_blocks
                     keep_steps: tuple[int, ...] = ()) -> AttentionPatch:
     """Route every attention call of the model(s) to `backend`, but in `keep_blocks` (block indices,
     negative from the end) and during `keep_steps` (0-based denoising steps). Returns the patch."""
-    patch = AttentionPatch(backend, tuple(keep_blocks), frozenset(keep_steps))
+    patch = AttentionPatch(backend, tuple(keep_blocks), frozenset(keep_steps), holding=0 in keep_steps)
     hold = patch.hold_reason if keep_steps else None
     try:
         for model in denoisers(model_or_pipeline):

@@ -1,0 +1,98 @@
+"""The FP8 attention as a torch custom op, `torch.ops.dit_accel.fp8_attention`, so that
+`torch.compile` (fullgraph too) and CUDA graphs see one opaque node instead of tracing our
+Python launch path (which reads `torch.cuda.current_stream(...).cuda_stream`, a host object
+dynamo cannot trace).
+
+    out = torch.ops.dit_accel.fp8_attention(q, k, v, scale, "auto")   # or FP8_ATTENTION(...)
+
+q [B, Sq, H, D], k and v [B, Skv, H, D], bf16 or fp16, head dim contiguous; out is a fresh
+contiguous [B, Sq, H, Dv] tensor in q's dtype. `scale` None means 1/sqrt(D). `variant` is the kernel
+`fp8_attention(kernel=...)` takes: "auto", "mma_sync" or "sm90". (It is not named `kernel`:
+inductor's FallbackKernel.create(kernel, ...) takes the op's arguments as keywords, and an op
+argument named `kernel` fails lowering with "got multiple values for argument 'kernel'".)
+
+Implementations, one per device (the same e4m3 scheme on both):
+  - CUDA: `fp8_attention` (Triton prep + CuTe DSL kernel). No host sync and no host reads of
+    device data, so it can be captured in a CUDA graph.
+  - CPU: `emulate_fp8_attention`, the float64 emulation of every rounding the kernel does. Slow
+    but exact to the scheme; it exists so the CPU tests can compile and run patched models.
+  - fake (meta / FakeTensor, what torch.compile traces): shapes and dtypes only. It also raises
+    `Fp8AttentionUnsupported` for inputs the device's implementation would refuse, so a bad call
+    fails at trace time rather than inside a compiled graph.
+
+Forward only: no autograd formula is registered. A call whose inputs require grad runs, and
+its `backward` raises torch.library's "no autograd formula was registered" RuntimeError.
+Callers that may need gradients (the attention router) check `requires_grad` first.
+
+Per-call host cost: calling through `torch.ops.dit_accel.fp8_attention.default` (the
+OpOverload, `FP8_ATTENTION`) skips the CustomOpDef's Python `__call__` layer; the remaining
+cost is the dispatcher plus torch.library's Python autograd kernel (see .scratch_op_notes.md
+for the numbers measured on the CPU).
+"""
+from typing import Optional
+
+import torch
+
+from .support import KERNEL_CHOICES, SUPPORTED_DTYPES, Fp8AttentionUnsupported, can_implement
+
+OP_NAME = "dit_accel::fp8_attention"
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant: str = "auto") -> Optional[str]:
+    """Why the op's implementation for q's device cannot take these inputs, or None.
+
+    CUDA: `support.can_implement` (the kernel's own limits: head dim, sm_89+, the variant).
+    CPU (and meta): the emulation's, which are the same but for the head dim (any) and the device.
+    Both read only metadata (rank, shape, stride, dtype, device), never tensor data, so this
+    runs the same on real and fake tensors, never syncs, and dynamo can trace it.
+    """
+    if q.device.type not in ("cpu", "meta"):
+        return can_implement(q, k, v, variant)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            return f"fp8_attention: {name} must be [B, S, H, D], got shape {tuple(x.shape)}"
+        if x.dtype not in SUPPORTED_DTYPES:
+            return f"fp8_attention: {name} is {x.dtype}; pass bfloat16 or float16"
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        return "fp8_attention: q, k, v must share dtype and device"
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2:] != q.shape[2:]:
+        return (f"fp8_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must be "
+                "[B, Sq, H, D], [B, Skv, H, D], [B, Skv, H, D] (no GQA)")
+    if variant not in KERNEL_CHOICES:
+        return f"fp8_attention: kernel variant {variant!r}; use one of {KERNEL_CHOICES}"
+    return None
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=(), device_types="cuda")
+def fp8_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
+                     variant: str = "auto") -> torch.Tensor:
+    """CUDA: prep + kernel (the public `fp8_attention`), asynchronous, graph-capturable."""
+    from .interface import fp8_attention
+
+    return fp8_attention(q, k, v, scale=scale, kernel=variant)
+
+
+@fp8_attention_op.register_kernel("cpu")
+def _fp8_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
+                       variant: str = "auto") -> torch.Tensor:
+    """CPU: the float64 emulation of the kernel's scheme (the kernel variant does not change it)."""
+    from .emulation import emulate_fp8_attention
+
+    reason = unsupported_reason(q, k, v, variant)
+    if reason is not None:
+        raise Fp8AttentionUnsupported(reason)
+    return emulate_fp8_attention(q, k, v, scale, out_dtype=q.dtype).contiguous()
+
+
+@fp8_attention_op.register_fake
+def _fp8_attention_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
+                        variant: str = "auto") -> torch.Tensor:
+    """Shapes and dtypes only: [B, Sq, H, Dv] contiguous in q's dtype, on q's device."""
+    reason = unsupported_reason(q, k, v, variant)
+    if reason is not None:
+        raise Fp8AttentionUnsupported(reason)
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+
+
+FP8_ATTENTION = torch.ops.dit_accel.fp8_attention.default
+"""The op's OpOverload: the cheapest way to call it from Python (no CustomOpDef wrapper)."""

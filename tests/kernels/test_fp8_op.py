@@ -1,0 +1,141 @@
+"""The FP8 attention as a torch custom op (`torch.ops.dit_accel.fp8_attention`): torch.library's
+own checks, the CPU implementation against the emulation, torch.compile with fullgraph and no
+graph breaks; on a GPU (marked `gpu`): compiled vs eager and a CUDA graph replay."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from dit_accel.attention.reference import random_qkv, reference_attention, rel_rms_err
+from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention
+from dit_accel.kernels.fp8_attention.op import FP8_ATTENTION, fp8_attention_op, unsupported_reason
+from dit_accel.kernels.fp8_attention.support import Fp8AttentionUnsupported
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def _fresh_seed() -> int:
+    return int(torch.randint(0, 2**31 - 1, ()).item())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [None, 0.2])
+def test_opcheck(dtype, scale):
+    """schema, fake tensor (static and dynamic shapes), aot dispatch, autograd registration."""
+    q, k, v = random_qkv(2, 17, 40, 3, 32, device="cpu", dtype=dtype)
+    torch.library.opcheck(fp8_attention_op, (q, k, v, scale, "auto"))
+
+
+def test_opcheck_with_requires_grad_and_backward_is_refused():
+    """Forward only: inputs that require grad run forward; backward raises torch.library's error.
+    (aot_dispatch is left out: it differentiates the op, which is what we do not support.)"""
+    q, k, v = random_qkv(1, 9, 33, 2, 64, device="cpu")
+    q.requires_grad_(True)
+    torch.library.opcheck(fp8_attention_op, (q, k, v, None, "auto"),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    out = FP8_ATTENTION(q, k, v, None, "auto")
+    with pytest.raises(RuntimeError, match="no autograd formula was registered"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b, sq, skv, h, d", [(1, 1, 1, 1, 64), (2, 37, 70, 3, 32), (1, 130, 33, 2, 128)])
+def test_cpu_op_equals_emulation(b, sq, skv, h, d, dtype):
+    seed = _fresh_seed()
+    q, k, v = random_qkv(b, sq, skv, h, d, outliers=True, seed=seed, device="cpu", dtype=dtype)
+    out = fp8_attention_op(q, k, v, 0.1)
+    assert out.shape == (b, sq, h, d) and out.dtype == dtype and out.is_contiguous()
+    assert torch.equal(out, emulate_fp8_attention(q, k, v, 0.1, out_dtype=dtype)), seed
+    assert rel_rms_err(out, reference_attention(q, k, v, 0.1)) < 0.1, seed  # FP8, with 50x outliers
+
+
+def test_cpu_op_takes_views_and_defaults_scale():
+    """Strided [B, S, H, D] views (head dim contiguous), as diffusers' processors pass them."""
+    qkv = torch.randn(2, 50, 3, 4, 64, generator=torch.Generator().manual_seed(_fresh_seed())).to(torch.bfloat16)
+    q, k, v = qkv.unbind(2)
+    assert not q.is_contiguous()
+    out = FP8_ATTENTION(q, k, v, None, "auto")
+    assert out.is_contiguous()
+    assert torch.equal(out, emulate_fp8_attention(q, k, v, 64 ** -0.5, out_dtype=q.dtype))
+    assert rel_rms_err(out, reference_attention(q, k, v)) < 0.06
+
+
+def test_unsupported_inputs_raise_eagerly_and_at_trace_time():
+    q, k, v = random_qkv(1, 8, 8, 2, 32, device="cpu", dtype=torch.float32)
+    with pytest.raises(Fp8AttentionUnsupported, match="float32"):
+        FP8_ATTENTION(q, k, v, None, "auto")
+    with FakeTensorMode() as mode, pytest.raises(Fp8AttentionUnsupported, match="float32"):
+        FP8_ATTENTION(*(mode.from_tensor(x) for x in (q, k, v)), None, "auto")
+    q, k, v = (x.bfloat16() for x in (q, k, v))
+    assert unsupported_reason(q, k, v, "nope") is not None
+    assert unsupported_reason(q, k[:, :, :1], v[:, :, :1]) is not None  # GQA
+    assert unsupported_reason(q, k, v) is None
+
+
+def test_fake_gives_shape_dtype_and_contiguity():
+    q, k, v = random_qkv(2, 5, 9, 3, 64, device="cpu", dtype=torch.float16)
+    with FakeTensorMode() as mode:
+        out = FP8_ATTENTION(*(mode.from_tensor(x) for x in (q, k, v)), 0.3, "auto")
+    assert out.shape == (2, 5, 3, 64) and out.dtype == torch.float16 and out.is_contiguous()
+
+
+def _attention_block(q, k, v):
+    """The op between pointwise work, as a model has it."""
+    return FP8_ATTENTION(q * 2.0, k, v, 0.125, "auto") + q
+
+
+def test_compile_fullgraph_inductor_matches_eager():
+    q, k, v = random_qkv(1, 24, 40, 2, 32, seed=_fresh_seed(), device="cpu")
+    torch._dynamo.reset()
+    compiled = torch.compile(_attention_block, fullgraph=True, backend="inductor", dynamic=False)
+    assert torch.equal(compiled(q, k, v), _attention_block(q, k, v))
+    q2, k2, v2 = random_qkv(1, 24, 40, 2, 32, seed=_fresh_seed(), device="cpu")  # same shapes: no recompile
+    assert torch.equal(compiled(q2, k2, v2), _attention_block(q2, k2, v2))
+
+
+def test_dynamo_explain_shows_one_graph_no_breaks():
+    q, k, v = random_qkv(1, 24, 40, 2, 32, device="cpu")
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(_attention_block)(q, k, v)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+    assert any(node.target is FP8_ATTENTION for node in explanation.graphs[0].graph.nodes)
+
+
+# --- GPU --------------------------------------------------------------------------------------
+
+def _needs_fp8_gpu():
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs a GPU with FP8 mma.sync (sm_89+)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [None, "max-autotune-no-cudagraphs"])
+def test_gpu_compile_fullgraph_matches_eager(mode):
+    _needs_fp8_gpu()
+    q, k, v = random_qkv(2, 300, 300, 4, 128, seed=_fresh_seed())
+    torch._dynamo.reset()
+    compiled = torch.compile(_attention_block, fullgraph=True, mode=mode)
+    out = compiled(q, k, v)
+    eager = _attention_block(q, k, v)
+    torch.testing.assert_close(out, eager, atol=0, rtol=0)
+    assert rel_rms_err(out - q, reference_attention(q * 2.0, k, v, 0.125)) < 0.06
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_matches_eager():
+    """Captured once, replayed on new data copied into the static inputs: the op never syncs
+    with the host, so capture succeeds and replay follows the data."""
+    _needs_fp8_gpu()
+    static = [x.clone() for x in random_qkv(1, 500, 700, 4, 64, seed=_fresh_seed())]
+    for _ in range(2):  # compile the kernel plan and warm the allocator outside the capture
+        FP8_ATTENTION(*static, None, "auto")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = FP8_ATTENTION(*static, None, "auto")
+    fresh = random_qkv(1, 500, 700, 4, 64, seed=_fresh_seed())
+    for target, source in zip(static, fresh):
+        target.copy_(source)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(static_out, FP8_ATTENTION(*fresh, None, "auto"), atol=0, rtol=0)

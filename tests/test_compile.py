@@ -1,0 +1,77 @@
+"""torch.compile of a patched model on the CPU path: the router is traced into one graph, the FP8
+custom op is a node of it (its CPU implementation, the float64 emulation, serves the calls), every
+call is counted, and later calls reuse the graph."""
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+from tiny_models import tiny_h3_transformer
+
+from dit_accel.attention import backends
+from dit_accel.attention.backends import AttentionBackend
+from dit_accel.attention.routing import use_attention_backend
+from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention
+from dit_accel.kernels.fp8_attention.op import FP8_ATTENTION
+
+H3_LAYERS, H3_REFINER_LAYERS = 2, 2
+CALLS = 4  # compiled calls after the first
+
+
+@pytest.fixture
+def op_backend(monkeypatch):
+    """A routed backend whose kernel is the FP8 custom op (on the CPU: its emulation), on bf16 copies
+    of the fp32 tiny model's q, k, v (the op takes bf16/fp16, as the kernel)."""
+
+    def run(q, k, v, scale=None):
+        return FP8_ATTENTION(q.bfloat16(), k.bfloat16(), v.bfloat16(), scale, "auto").to(q.dtype)
+
+    backend = AttentionBackend("fp8-op", "the custom op", run, lambda device: None, routed=True)
+    monkeypatch.setitem(backends.BACKENDS, "fp8-op", backend)
+
+
+def test_a_compiled_patched_model_is_one_graph_served_by_the_op(op_backend):
+    torch._dynamo.reset()
+    model, inputs = tiny_h3_transformer(H3_LAYERS, H3_REFINER_LAYERS)
+    calls_per_forward = H3_LAYERS + H3_REFINER_LAYERS
+    with torch.no_grad(), use_attention_backend(model, "fp8-op") as routed:
+        eager = model(**inputs)[0]
+        counter = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(model, backend=counter, fullgraph=True)
+        outputs = [compiled(**inputs)[0] for _ in range(1 + CALLS)]
+        explanation = torch._dynamo.explain(model)(**inputs)
+    assert counter.frame_count == 1  # one compile serves every later call: the counters do not recompile
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    assert routed.served_calls == calls_per_forward * (2 + CALLS + 1) and routed.fallback_total == 0
+    for out in outputs:
+        torch.testing.assert_close(out, eager)  # inductor reorders fp32 math outside attention
+
+
+def test_the_op_matches_the_emulation_inside_a_model(op_backend):
+    """The graph really runs the emulation: the patched model differs from its bf16 attention by the
+    e4m3 error, and attention alone equals the emulation bit for bit."""
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 40, 2, 32, generator=generator).to(torch.bfloat16) for _ in range(3))
+    compiled = torch.compile(lambda q, k, v: FP8_ATTENTION(q, k, v, None, "auto"), backend="inductor", fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), emulate_fp8_attention(q, k, v, out_dtype=q.dtype), rtol=0, atol=0)
+
+
+def test_fallbacks_inside_a_compiled_model_are_counted_per_call(monkeypatch):
+    """A backend that refuses (here: every call) falls back to diffusers' default inside the graph."""
+    from dit_accel.attention.backends import BackendCannotServe
+
+    def refuse(q, k, v, scale=None):
+        raise BackendCannotServe("head dim 32 not served")
+
+    monkeypatch.setitem(backends.BACKENDS, "refuses", AttentionBackend("refuses", "refuses", refuse, lambda d: None,
+                                                                       routed=True))
+    torch._dynamo.reset()
+    model, inputs = tiny_h3_transformer(H3_LAYERS, H3_REFINER_LAYERS)
+    with torch.no_grad(), use_attention_backend(model, "refuses") as routed:
+        eager = model(**inputs)[0]
+        counter = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(model, backend=counter, fullgraph=True)
+        for _ in range(1 + CALLS):
+            out = compiled(**inputs)[0]
+    assert counter.frame_count == 1
+    assert routed.served_calls == 0
+    assert routed.fallback_calls == {"head dim 32 not served": (H3_LAYERS + H3_REFINER_LAYERS) * (2 + CALLS)}
+    torch.testing.assert_close(out, eager)
