@@ -13,7 +13,7 @@ from ..attention.bench import (BASELINE_BACKEND, CPU_DEFAULT_SHAPE, GPU_DEFAULT_
 from ..device import DeviceInfo, pick_device
 from ..report_io import command_line, console, write_csv, write_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
-from .options import DTYPE_NAMES, AtLeast, Attention, DtypeChoice
+from .options import DTYPE_NAMES, AtLeast, RecipeParam, DtypeChoice
 
 GPU_SKIPPED_BY_DEFAULT = ("math",)  # materializes B*H*S*S scores: out of memory at video lengths
 
@@ -22,7 +22,7 @@ GPU_SKIPPED_BY_DEFAULT = ("math",)  # materializes B*H*S*S scores: out of memory
 @click.option("--shapes", "shapes_text", default=None, metavar="BxHxSxD[,...]",
               help=f"Comma-separated shapes, BxHxSxD (self-attention) or BxHxSqxSkvxD. "
                    f"[default: {GPU_DEFAULT_SHAPE} (MiniMax-H3) on a GPU, {CPU_DEFAULT_SHAPE} on the CPU]")
-@click.option("--backends", "choices", type=Attention(many=True, allow_rope=False), default=None, metavar="NAME[,...]",
+@click.option("--backends", "choices", type=RecipeParam(many=True, allow_options=False), default=None, metavar="NAME[,...]",
               help=f"Comma-separated, from: {', '.join(BACKENDS)}. [default: all; on a GPU all but "
                    f"{', '.join(GPU_SKIPPED_BY_DEFAULT)}] Unavailable ones are listed with the reason.")
 @click.option("--dtype", type=DtypeChoice(("bf16", "fp16")), default="bf16", show_default=True,

@@ -13,7 +13,7 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..attention.names import AttentionChoice, parse_attention
+from ..patching.recipe import Recipe, parse_recipe
 from ..device import pick_device
 from ..errors import UserError
 from ..loading.offload import OFFLOAD_CHOICES, check_offload, host_to_device_gbps
@@ -25,7 +25,7 @@ from ..pipelines.running import Request, RunResult, check_attention, run_once, w
 from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
 from ..report_io import console, write_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, check_run_dir, default_run_name, staged_run_dir
-from .options import ATTENTION_HELP, AtLeast, Attention, DtypeChoice
+from .options import ATTENTION_HELP, AtLeast, DtypeChoice, RecipeParam, compile_option, linear_option
 
 DEFAULT_PROMPT = "a red fox running through fresh snow at sunset, wide shot"
 MAX_STEPS_LISTED = 12  # step rows printed in full; more are summarised
@@ -54,7 +54,7 @@ def _progress() -> Progress:
                     console=console, transient=True)
 
 
-def _run(pipe, request: Request, device: torch.device, attention: AttentionChoice, warmup: bool) -> RunResult:
+def _run(pipe, request: Request, device: torch.device, attention: Recipe, warmup: bool) -> RunResult:
     if warmup:
         with console.status(f"warm-up call ({attention.label} attention, 1 step)"):
             warm_up(pipe, request, device=device, attention=attention)
@@ -130,12 +130,14 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
 @click.option("--pipeline", "pipeline_dir", type=click.Path(path_type=Path), required=True,
               help="Local diffusers pipeline folder (model_index.json, or modular_model_index.json for "
                    "MiniMax-H3); never fetched from a hub.")
-@click.option("--attn", type=Attention(), default=None,
+@click.option("--attn", type=RecipeParam(), default=None,
               help=f"Attention: {ATTENTION_HELP}. bf16/native leave the pipeline's own attention alone; fp8 is our "
                    "FP8 kernel (sm_89+ GPUs). Default bf16, or fp8 with --compare.")
-@click.option("--compare", type=Attention(), default=None,
+@click.option("--compare", type=RecipeParam(), default=None,
               help="Also run the same seed with this attention first (e.g. bf16); report per-frame PSNR/SSIM of "
                    "--attn against it and the speed-up.")
+@linear_option()
+@compile_option()
 @click.option("--prompt", default=DEFAULT_PROMPT, show_default=True)
 @click.option("--frames", type=AtLeast(1), default=None, help="Frames (default: the pipeline's, or a tiny pipeline's own).")
 @click.option("--height", type=AtLeast(1), default=None)
@@ -155,10 +157,11 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
                    "start with torchrun --nproc-per-node N -m dit_accel generate ... --ulysses N.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run folder (default outputs/generate_<pipeline>_<time>/).")
-def generate(pipeline_dir, attn, compare, prompt, frames, height, width, steps, seed, guidance, device_name,
+def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, height, width, steps, seed, guidance, device_name,
              dtype, warmup, offload, ulysses, out):
     """Run a whole diffusers pipeline from a local folder: stage timings, the video (MP4), report.json."""
-    attention = attn or parse_attention("fp8" if compare else "bf16")
+    attention = (attn or parse_recipe("fp8" if compare else "bf16")).with_options(
+        fp8_linear=linear == "fp8", compile_mode=compile_mode)  # the reference (--compare) runs as named
     if compare and attention.label == compare.label:
         raise UserError(f"--compare {compare.label} compares another attention against {compare.label}; pass --attn fp8")
     folder = inspect_pipeline_folder(pipeline_dir)

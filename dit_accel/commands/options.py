@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import click
 import torch
 
-from ..attention.names import AttentionChoice, parse_attention, parse_attention_list, vocabulary_help
+from ..patching.recipe import Recipe, parse_recipe, parse_recipe_list, vocabulary_help
 from ..device import parse_bytes
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -65,21 +65,36 @@ class MemorySize(click.ParamType):
         return MemoryBudget(value, parse_bytes(value))
 
 
-class Attention(click.ParamType):
+class RecipeParam(click.ParamType):
     """One attention name of the shared vocabulary (`attention.names`), or a comma-separated list."""
 
     name = "attention"
 
-    def __init__(self, *, many: bool = False, allow_rope: bool = True):
+    def __init__(self, *, many: bool = False, allow_options: bool = True):
         self.many = many
-        self.allow_rope = allow_rope
+        self.allow_options = allow_options
 
     def convert(self, value, param, ctx):
-        if isinstance(value, (AttentionChoice, list)):
+        if isinstance(value, (Recipe, list)):
             return value
         if self.many:
-            return parse_attention_list(value, allow_rope=self.allow_rope)
-        return parse_attention(value, allow_rope=self.allow_rope)
+            return parse_recipe_list(value, allow_options=self.allow_options)
+        return parse_recipe(value, allow_options=self.allow_options)
 
 
 ATTENTION_HELP = vocabulary_help()
+
+
+def linear_option():
+    return click.option("--linear", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
+                        help="fp8: the large linear layers in FP8 through torchao (dynamic per-row activation "
+                             "scales; needs an sm_89+ GPU, bf16 and pip install 'dit-accel[fp8]'); the same as "
+                             "adding +fp8-linear to every attention name.")
+
+
+def compile_option():
+    return click.option("--compile", "compile_mode", type=click.Choice(["default", "max-autotune"]), default=None,
+                        is_flag=False, flag_value="default",
+                        help="torch.compile (inductor) the block / the pipeline's transformers: --compile for mode "
+                             "default, --compile max-autotune; the same as adding +compile / +max-autotune to every "
+                             "attention name. Compile time is reported apart from the timings.")

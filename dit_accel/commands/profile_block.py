@@ -15,10 +15,11 @@ from ..errors import UserError
 from ..loading.checkpoint import CONFIG_NAME, transformer_folder
 from ..loading.offload import OFFLOAD_CHOICES, check_offload
 from ..profiling.report import build_report, render, write_files
+from ..patching.recipe import check_recipes
 from ..profiling.session import ProfileSettings, run_session
 from ..report_io import console
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
-from .options import ATTENTION_HELP, AtLeast, Attention, DtypeChoice, MemorySize
+from .options import ATTENTION_HELP, AtLeast, DtypeChoice, MemorySize, RecipeParam, compile_option, linear_option
 
 
 def _adapter(model: str | None, preset: str | None, checkpoint: Path | None) -> BlockAdapter:
@@ -47,10 +48,12 @@ def _adapter(model: str | None, preset: str | None, checkpoint: Path | None) -> 
 @click.option("--batch", type=AtLeast(1), default=1, show_default=True)
 @click.option("--dtype", type=DtypeChoice(), default=None,
               help="Default: bf16 on a GPU; fp32 on the CPU, where bf16 matmuls are emulated.")
-@click.option("--attn", type=Attention(), default="native", show_default=True,
+@click.option("--attn", type=RecipeParam(), default="native", show_default=True,
               help=f"Attention: {ATTENTION_HELP}; e.g. fp8+rope.")
-@click.option("--compare-attn", type=Attention(many=True), default=None,
+@click.option("--compare-attn", type=RecipeParam(many=True), default=None,
               help="Comma-separated attention names to run side by side, e.g. cudnn,fa4,fp8,fp8+rope.")
+@linear_option()
+@compile_option()
 @click.option("--warmup", type=AtLeast(0), default=3, show_default=True)
 @click.option("--runs", type=AtLeast(1), default=10, show_default=True, help="Timed runs; the median is reported.")
 @click.option("--steps", type=AtLeast(1), default=50, show_default=True, help="Denoising steps, for the extrapolation.")
@@ -73,7 +76,7 @@ def _adapter(model: str | None, preset: str | None, checkpoint: Path | None) -> 
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run folder (default outputs/profile-block_<model>_<time>/).")
 def profile_block(model, preset, checkpoint, block_index, seq_len, frames, height, width, batch, dtype, attn,
-                  compare_attn, warmup, runs, steps, guidance_passes, outside_ms, validate_blocks, offload,
+                  compare_attn, linear, compile_mode, warmup, runs, steps, guidance_passes, outside_ms, validate_blocks, offload,
                   memory_budget, trace, device_name, seed, refresh_ceilings, out):
     """Profile ONE transformer block: per-op and per-module time, memory, and the whole-model extrapolation.
 
@@ -99,8 +102,10 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
     else:
         default_len = adapter.scaled_down_seq_len if scaled_down else adapter.default_seq_len
         workload = adapter.workload_from_seq_len(seq_len or default_len, batch)
+    recipes = tuple(r.with_options(fp8_linear=linear == "fp8", compile_mode=compile_mode) for r in compare_attn or [attn])
+    check_recipes(recipes, device, dtype)
     settings = ProfileSettings(
-        adapter, workload, dtype, device, tuple(compare_attn or [attn]), checkpoint=checkpoint,
+        adapter, workload, dtype, device, recipes, checkpoint=checkpoint,
         block_index=block_index, warmup=warmup, runs=runs, steps=steps, guidance_passes=guidance_passes,
         outside_ms=outside_ms, validate_blocks=validate_blocks, offload=offload,
         memory_budget=memory_budget.text if memory_budget else None, trace=trace, seed=seed, scaled_down=scaled_down)
@@ -123,6 +128,6 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
         raise UserError(f"out of memory: the {adapter.display_name} block at S={workload.seq_len} (batch "
                         f"{workload.batch}) with its profiling{' and --validate' if validate_blocks else ''} does not "
                         f"fit in {budget}; lower --seq-len or --batch, or raise --memory-budget") from exc
-    traces = "".join(f", {settings.trace_name(choice)}" for choice in settings.attention) if trace else ""
+    traces = "".join(f", {settings.trace_name(recipe)}" for recipe in settings.recipes) if trace else ""
     console.print(f"\nwrote {final_dir}/: report.json, ops.csv, breakdown.png{traces}")
     return report

@@ -1,67 +1,112 @@
-"""The one attention vocabulary: the names `--attn` takes in profile-block and generate, and
-`--backends` in bench-attention.
+"""The one vocabulary of what to run a model with: the names `--attn` / `--compare-attn` take in
+profile-block and generate, and `--backends` in bench-attention.
 
-    NAME[+rope]
+    NAME[+rope][+fp8-linear][+compile | +max-autotune]
 
-NAME is a backend of `backends.BACKENDS` (native, flash, cudnn, efficient, math, fa4, fp8, fp8-v1,
-cudnn-fp8) or an alias:
+NAME is an attention backend of `attention.backends.BACKENDS` (native, flash, cudnn, efficient,
+math, fa4, fp8, fp8-v1, cudnn-fp8) or an alias:
   - `bf16`: generate's historic name for the model's own attention, left as it is; it means
     `native` (diffusers' default: torch SDPA, which picks its kernel) and is reported as typed.
-`+rope` also swaps the fused RoPE Triton kernel into MiniMax-H3's attention (`patching.fused_rope`);
-it applies to models (profile-block, generate), not to bench-attention, which times attention alone.
+Options (in any order; they apply to models, so bench-attention, which times attention alone,
+takes none):
+  - `+rope`: the fused RoPE Triton kernel swapped into MiniMax-H3's attention (`patching.rope`);
+  - `+fp8-linear`: the block's large linear layers in FP8 through torchao (`patching.fp8_linear`);
+  - `+compile` / `+max-autotune`: the block (or the pipeline's transformers) compiled by
+    torch.compile with inductor, mode "default" or "max-autotune".
+`--linear fp8` and `--compile [MODE]` add the same options to every name of a run.
 
 Kernel variants behind the fp8 names: `fp8` picks the sm_90 wgmma kernel on sm_90 and the v1
 mma.sync kernel elsewhere; `fp8-v1` forces v1 (the kernels' own names are "sm90" and "mma_sync").
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from ..attention.backends import BACKENDS, get_backend
 from ..errors import UserError
-from .backends import BACKENDS, get_backend
 
 ALIASES = {"bf16": "native"}
-ROPE_OPTION = "rope"
+COMPILE_MODES = {"compile": "default", "max-autotune": "max-autotune"}  # option -> torch.compile mode
+OPTIONS = ("rope", "fp8-linear", *COMPILE_MODES)
 
 
 @dataclass(frozen=True)
-class AttentionChoice:
-    """One parsed attention name. label: as written (reports and file names use it); backend: the
-    registry name it resolves to; fused_rope: whether `+rope` was asked for."""
+class Recipe:
+    """One parsed name. label: as written, options in canonical order (reports and file names use
+    it); backend: the attention registry name it resolves to; the options as fields."""
 
     label: str
     backend: str
     fused_rope: bool = False
+    fp8_linear: bool = False
+    compile_mode: str | None = None  # torch.compile mode, None for eager
 
     @property
     def is_default(self) -> bool:
         """The model's own attention, nothing swapped in (generate leaves such a model unpatched)."""
-        return self.backend == "native" and not self.fused_rope
+        return self.backend == "native" and not (self.fused_rope or self.fp8_linear or self.compile_mode)
+
+    def with_options(self, *, fp8_linear: bool = False, compile_mode: str | None = None) -> "Recipe":
+        """This recipe with the run-wide `--linear fp8` / `--compile MODE` added (the label says so)."""
+        recipe = dataclasses.replace(self, fp8_linear=self.fp8_linear or fp8_linear,
+                                     compile_mode=self.compile_mode or compile_mode)
+        return recipe if recipe == self else dataclasses.replace(recipe, label=_label(recipe, self.label))
 
 
-def parse_attention(text: str, *, allow_rope: bool = True) -> AttentionChoice:
-    """'fp8+rope' -> AttentionChoice('fp8+rope', 'fp8', True); a UserError naming the known names."""
-    label = text.strip()
-    name, plus, option = label.partition("+")
-    if plus and option != ROPE_OPTION:
-        raise UserError(f"unknown option '+{option}' in attention {label!r}; the one option is +rope (fused RoPE)")
-    if plus and not allow_rope:
-        raise UserError(f"{label!r}: +rope swaps RoPE into a model; bench-attention times attention alone, "
-                        f"so name the backend without it ({name})")
+def _label(recipe: Recipe, written: str) -> str:
+    name = written.partition("+")[0]
+    options = (["rope"] if recipe.fused_rope else []) + (["fp8-linear"] if recipe.fp8_linear else [])
+    if recipe.compile_mode:
+        options.append(next(o for o, mode in COMPILE_MODES.items() if mode == recipe.compile_mode))
+    return "+".join([name, *options])
+
+
+def parse_recipe(text: str, *, allow_options: bool = True) -> Recipe:
+    """'fp8+rope' -> Recipe('fp8+rope', 'fp8', fused_rope=True); a UserError naming what is known."""
+    written = text.strip()
+    name, *options = written.split("+")
+    for option in options:
+        if option not in OPTIONS:
+            raise UserError(f"unknown option '+{option}' in {written!r}: the one option is +rope for the fused RoPE, "
+                            "+fp8-linear for FP8 linears, +compile or +max-autotune for torch.compile")
+    if options and not allow_options:
+        raise UserError(f"{written!r}: options swap things into a model; bench-attention times attention alone, "
+                        f"so name the backend without them ({name})")
+    modes = [COMPILE_MODES[o] for o in options if o in COMPILE_MODES]
+    if len(modes) > 1:
+        raise UserError(f"{written!r} names two compile modes; keep one of +compile, +max-autotune")
     backend = ALIASES.get(name, name)
     get_backend(backend)  # unknown names: one line listing the known ones
-    return AttentionChoice(label, backend, bool(plus))
+    recipe = Recipe(written, backend, "rope" in options, "fp8-linear" in options, modes[0] if modes else None)
+    return dataclasses.replace(recipe, label=_label(recipe, written))
 
 
-def parse_attention_list(text: str, *, allow_rope: bool = True) -> list[AttentionChoice]:
-    """'cudnn, fp8,fp8+rope' -> three choices, in order; empty entries are skipped."""
-    choices = [parse_attention(part, allow_rope=allow_rope) for part in text.split(",") if part.strip()]
-    if not choices:
+def parse_recipe_list(text: str, *, allow_options: bool = True) -> list[Recipe]:
+    """'cudnn, fp8,fp8+rope' -> three recipes, in order; empty entries are skipped."""
+    recipes = [parse_recipe(part, allow_options=allow_options) for part in text.split(",") if part.strip()]
+    if not recipes:
         raise UserError("no attention backend named; write e.g. cudnn,fp8")
-    return choices
+    return recipes
 
 
 def vocabulary_help() -> str:
-    """One line for --help: the names and the option."""
+    """One line for --help: the names and the options."""
     aliases = ", ".join(f"{alias} (= {name})" for alias, name in ALIASES.items())
-    return f"{', '.join(BACKENDS)}; alias {aliases}; add +rope for the fused RoPE kernel (MiniMax-H3)"
+    return (f"{', '.join(BACKENDS)}; alias {aliases}; options {', '.join('+' + o for o in OPTIONS)} "
+            f"(fused RoPE for MiniMax-H3, torchao FP8 linears, torch.compile)")
+
+
+def check_recipes(recipes, device, dtype) -> None:
+    """A UserError before anything is loaded when a recipe cannot run on `device` in `dtype`."""
+    for recipe in recipes:
+        backend = get_backend(recipe.backend)
+        reason = backend.unavailable_reason(device)
+        if reason is not None and not recipe.is_default:
+            raise UserError(f"attention backend {recipe.backend!r} is unavailable here: {reason}")
+        if recipe.fp8_linear:
+            from .fp8_linear import fp8_linear_unavailable_reason
+
+            reason = fp8_linear_unavailable_reason(device, dtype)
+            if reason is not None:
+                raise UserError(f"{recipe.label}: {reason}")

@@ -26,7 +26,7 @@ class GenerateSettings:
     request: Request
     device: torch.device
     dtype: torch.dtype
-    attention: tuple  # AttentionChoice of each run, the reference (--compare) first
+    attention: tuple  # Recipe of each run, the reference (--compare) first
     warmup: bool
     offload: str
     group: UlyssesGroup | None  # --ulysses: the process group, else None

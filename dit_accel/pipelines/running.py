@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..attention.names import AttentionChoice
+from ..patching.recipe import Recipe
 from ..errors import UserError
 from .stages import StageTimer, StageTimes
 
@@ -60,7 +60,7 @@ class RunResult:
                 "audio": audio, "stages": self.times.as_dict(), "attention_patch": self.attention_summary}
 
 
-def check_attention(attention: AttentionChoice, device: torch.device) -> None:
+def check_attention(attention: Recipe, device: torch.device) -> None:
     """UserError now, before any weight is read, when `attention` cannot run on `device` (fp8 on a CPU)."""
     if attention.is_default:
         return
@@ -72,30 +72,58 @@ def check_attention(attention: AttentionChoice, device: torch.device) -> None:
 
 
 class _Patch:
-    """The attention patch (and the fused-RoPE swap for `+rope`) of one call, undone together."""
+    """What a recipe swaps into the pipeline's transformer(s) for one call, undone together: the
+    attention patch, the fused RoPE (`+rope`) and FP8 linears (`+fp8-linear`: torchao, the bf16 weights
+    kept to be put back). torch.compile (`+compile`) stays on the model: a later call reuses the graphs
+    (dynamo recompiles by itself when a patch changes what the model calls)."""
 
-    def __init__(self, pipe: Any, attention: AttentionChoice):
-        from ..patching import fused_rope, patch_attention
+    def __init__(self, pipe: Any, recipe: Recipe):
+        from ..patching import denoisers, fused_rope, patch_attention
 
-        self.attention = patch_attention(pipe, backend=attention.backend)
+        self._undo: list[Callable[[], None]] = []
+        self.rope = self.linears = None
         try:
-            self.rope = fused_rope(pipe) if attention.fused_rope else None
+            self.attention = patch_attention(pipe, backend=recipe.backend)
+            self._undo.append(self.attention.unpatch)
+            if recipe.fused_rope:
+                self.rope = fused_rope(pipe)
+                self._undo.append(self.rope.unpatch)
+            models = denoisers(pipe)
+            if recipe.fp8_linear:
+                self.linears = [_quantize_model(model) for model in models]
+                self._undo += [swap.restore for swap in self.linears]
+            if recipe.compile_mode:  # kept compiled after the call, so the warm-up's compile serves the timed call
+                for model in models:
+                    if model._compiled_call_impl is None:
+                        model.compile(mode=recipe.compile_mode)
         except BaseException:
-            self.attention.unpatch()
+            self.unpatch()
             raise
         self.step_callback = self.attention.step_callback
 
     def summary(self) -> dict:
         summary = self.attention.summary()
-        return summary if self.rope is None else {**summary, "rope": self.rope.summary()}
+        if self.rope is not None:
+            summary["rope"] = self.rope.summary()
+        if self.linears is not None:
+            summary["fp8_linears"] = [swap.as_dict() for swap in self.linears]
+        return summary
 
     def unpatch(self) -> None:
-        if self.rope is not None:
-            self.rope.unpatch()
-        self.attention.unpatch()
+        while self._undo:
+            self._undo.pop()()
 
 
-def _patch(pipe: Any, attention: AttentionChoice) -> _Patch | None:
+def _quantize_model(model: Any):
+    """The model's block linears in FP8 by its family's policy (`patching.fp8_linear`), reversibly."""
+    from ..adapters import adapter_for_config
+    from ..patching.fp8_linear import quantize_linears
+
+    adapter = adapter_for_config(dict(model.config), type(model).__name__)
+    return quantize_linears(model, adapter, prefix=adapter.block_key_template.format(index="*"), keep_original=True)
+
+
+def _patch(pipe: Any, attention: Recipe) -> _Patch | None:
     return None if attention.is_default else _Patch(pipe, attention)
 
 
@@ -163,7 +191,7 @@ def _frames_of(output: Any) -> np.ndarray:
     return _as_frames(frames)
 
 
-def run_once(pipe: Any, request: Request, *, device: torch.device, attention: AttentionChoice,
+def run_once(pipe: Any, request: Request, *, device: torch.device, attention: Recipe,
              on_step: Callable[[int], None] | None = None) -> RunResult:
     """Run the pipeline once with `attention`; the patch (if any) is undone before returning."""
     patch = _patch(pipe, attention)
@@ -196,6 +224,6 @@ def run_once(pipe: Any, request: Request, *, device: torch.device, attention: At
                      sample_rate=int(output["sampling_rate"]))
 
 
-def warm_up(pipe: Any, request: Request, *, device: torch.device, attention: AttentionChoice) -> None:
+def warm_up(pipe: Any, request: Request, *, device: torch.device, attention: Recipe) -> None:
     """One untimed one-step call, so first-call costs (kernel compiles, allocator growth) stay out of the timings."""
     run_once(pipe, Request(**{**request.as_dict(), "steps": 1}), device=device, attention=attention)

@@ -151,8 +151,15 @@ def _collect(prof, runs: int, device_kind: str, body_label: str,
 
 
 def profile_block(block: nn.Module, inputs: dict[str, Any], adapter: BlockAdapter, *, device: torch.device,
-                  warmup: int, runs: int, profiled_runs: int = 2, trace_path: Path | None = None) -> BlockProfile:
-    """Time `block(**inputs)` and attribute its work; the inputs are reused (the block does not modify them)."""
+                  warmup: int, runs: int, profiled_runs: int = 2, trace_path: Path | None = None,
+                  named_ranges: bool = True) -> BlockProfile:
+    """Time `block(**inputs)` and attribute its work; the inputs are reused (the block does not modify them).
+
+    named_ranges=False (a compiled block): no module ranges and no per-op byte count. Hooks and
+    dispatch modes around a compiled graph would be traced into it or force recompiles, and its
+    kernels are fused across modules anyway; every kernel then counts in the block-body range and
+    is classified by its name alone.
+    """
 
     def step():
         with torch.no_grad():
@@ -167,8 +174,9 @@ def profile_block(block: nn.Module, inputs: dict[str, Any], adapter: BlockAdapte
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with instrument(block, adapter.module_ranges, use_nvtx=device.type == "cuda"):
-        op_bytes = count_op_bytes(step, adapter.body_label)
+    ranges = adapter.module_ranges if named_ranges else ()
+    with instrument(block, ranges, use_nvtx=device.type == "cuda"):
+        op_bytes = count_op_bytes(step, adapter.body_label) if named_ranges else {}
         with torch.profiler.profile(activities=activities) as prof:
             for _ in range(profiled_runs):
                 step()

@@ -26,17 +26,36 @@ if TYPE_CHECKING:
 GAPS_LABEL = {"cuda": "gaps between kernels", "cpu": "outside aten ops"}
 
 
+COMPILED_RANGE_NOTE = "compiled graph (kernels fused across modules: not attributed to them)"
+
+
+@dataclass
+class CompileStats:
+    """torch.compile of one recipe's block: what it cost, and whether the graph held."""
+
+    mode: str
+    first_call_s: float  # the first call after compiling: tracing, inductor, autotuning, the run itself
+    graph_breaks: int  # while tracing the block; 0 means one graph
+    graphs: int  # graphs compiled by that first call
+    graphs_after_first_call: int = 0  # recompiles during warm-up, timed and profiled runs
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
 @dataclass
 class BackendRun:
-    """One attention backend's profile of the block and what follows from it."""
+    """One recipe's profile of the block (its attention backend and options) and what follows from it."""
 
-    backend: str
+    backend: str  # the recipe's label, e.g. "fp8+rope+fp8-linear+compile"
     profile: BlockProfile
     extrapolation: Extrapolation
     attention_flops: float
     linear_flops: float
     output_vs_reference: dict[str, float] | None = None  # rel_l2 / cosine against the first backend
     attention_rel_err: float | None = None  # this backend on the block's own q, k, v vs a reference
+    compile_stats: CompileStats | None = None  # compiled recipes
+    fp8_linears: dict[str, Any] | None = None  # FP8-linear recipes: which linears went FP8, which stayed
 
     @property
     def block_ms(self) -> float:
@@ -78,8 +97,11 @@ class BackendRun:
 
     def module_rows(self) -> dict[str, dict[str, float]]:
         scale = self._profiled_to_block()
+        ranges = self.profile.by_range()
+        if self.compile_stats is not None:  # one range only: say what it is
+            ranges = {COMPILED_RANGE_NOTE: {"time_us": sum(r["time_us"] for r in ranges.values())}}
         return {label: {"ms": scale * s["time_us"] / 1e3, "share_pct": 100 * scale * s["time_us"] / 1e3 / self.block_ms}
-                for label, s in self.profile.by_range().items()}
+                for label, s in ranges.items()}
 
     def as_dict(self, ceilings: Ceilings) -> dict[str, Any]:
         p = self.profile
@@ -92,6 +114,8 @@ class BackendRun:
             "top_kernels": [k.as_row() for k in p.kernels[:20]],
             "extrapolation": self.extrapolation.as_dict(), "output_vs_reference": self.output_vs_reference,
             "attention_rel_err": self.attention_rel_err, "next_levers": self.next_levers(ceilings),
+            "compile": self.compile_stats.as_dict() if self.compile_stats else None,
+            "fp8_linears": self.fp8_linears,
             "trace": str(p.trace_path) if p.trace_path else None,
         }
 
@@ -189,6 +213,14 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
                       f"{100 * run.attention_rel_err:.3g}%" if run.attention_rel_err is not None else "—",
                       f"rel L2 {100 * err['rel_l2']:.3g}%, cos {err['cosine']:.6f}" if err else "—")
     console.print(whole)
+    for run in runs:
+        c = run.compile_stats
+        if c is not None:
+            console.print(f"  {run.backend}: torch.compile mode {c.mode}: first call {c.first_call_s:.1f} s (not in the "
+                          f"timings), {c.graphs} graph(s), {c.graph_breaks} graph break(s), "
+                          f"{c.graphs_after_first_call} recompile(s) after the first call")
+        if run.fp8_linears is not None:
+            console.print(f"  {run.backend}: FP8 linears (torchao): {run.fp8_linears['line']}")
     fastest = min(runs, key=lambda r: r.block_ms)
     levers = ", ".join(f"{row['kind']} {row['ms']:.2f} ms ({row['share_pct']:.0f}%)" for row in fastest.next_levers(ceilings))
     console.print(f"  next levers beside attention ({fastest.backend}): {levers}")

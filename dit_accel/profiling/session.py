@@ -1,24 +1,29 @@
-"""One profile-block session: load the block once, profile it with each attention asked for, measure
-each backend's error on the block's own q/k/v, and optionally validate the extrapolation with a
-chain of N blocks. `ProfileSettings` holds every choice the command line made; `run_session`
-returns what `report.build_report` turns into the report."""
+"""One profile-block session: load the block once, profile it with each recipe asked for (attention
+backend, fused RoPE, FP8 linears, torch.compile), measure each backend's error on the block's own
+q/k/v, and optionally validate the extrapolation with a chain of N blocks. `ProfileSettings` holds
+every choice the command line made; `run_session` returns what `report.build_report` turns into the
+report."""
 from __future__ import annotations
 
 import contextlib
+import copy
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 
 from ..adapters import BlockAdapter, Workload
-from ..attention.names import AttentionChoice
+from ..patching.recipe import Recipe
 from ..attention.reference import rel_rms_err
 from ..attention.routing import use_attention_backend
 from ..loading.block import LoadedBlock, load_block_from_checkpoint, synthetic_block
+from ..patching.recipe import Recipe
 from .attention_error import attention_errors, capture_attention_inputs
 from .extrapolate import Extrapolation, Validation
 from .profiler import profile_block
-from .report import BackendRun
+from .report import BackendRun, CompileStats
 from .validate import validate_chain
 
 
@@ -30,7 +35,7 @@ class ProfileSettings:
     workload: Workload
     dtype: torch.dtype
     device: torch.device
-    attention: tuple[AttentionChoice, ...]  # profiled in this order; the first is the reference
+    recipes: tuple[Recipe, ...]  # profiled in this order; the first is the reference
     checkpoint: Path | None = None  # None: synthetic weights
     block_index: int = 0
     warmup: int = 3
@@ -45,8 +50,8 @@ class ProfileSettings:
     seed: int = 0
     scaled_down: bool = False  # a CPU run of the family's scaled-down config
 
-    def trace_name(self, choice: AttentionChoice) -> str:
-        return f"trace_{choice.label.replace('+', '-')}.json"
+    def trace_name(self, recipe: Recipe) -> str:
+        return f"trace_{recipe.label.replace('+', '-')}.json"
 
 
 @dataclass
@@ -65,10 +70,55 @@ def rope_swap(block: torch.nn.Module, fuse: bool):
     return fused_rope(block) if fuse else contextlib.nullcontext()
 
 
+def _dynamo_counts() -> tuple[int, int]:
+    """(graph breaks, graphs compiled) so far in this process, from dynamo's counters."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
+
+
+@contextlib.contextmanager
+def recipe_block(block: torch.nn.Module, recipe: Recipe, adapter: BlockAdapter) -> Iterator[tuple[torch.nn.Module, Any]]:
+    """The block `recipe` runs, and its FP8-linear summary (or None).
+
+    Attention and RoPE swaps are undone on exit; FP8 linears (torchao replaces the weights) and
+    compilation cannot be, so those recipes run on a deep copy of the block, dropped on exit.
+    """
+    owned = recipe.fp8_linear or recipe.compile_mode is not None
+    work = copy.deepcopy(block) if owned else block
+    try:
+        linears = None
+        if recipe.fp8_linear:
+            from ..patching.fp8_linear import quantize_linears
+
+            linears = quantize_linears(work, adapter)
+        yield work, linears
+    finally:
+        del work
+        if owned and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def output_error(output: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
     """Block output against the reference backend's: relative L2 and cosine similarity."""
     out, ref = output.double().flatten(), reference.double().flatten()
     return {"rel_l2": rel_rms_err(out, ref), "cosine": torch.nn.functional.cosine_similarity(out, ref, dim=0).item()}
+
+
+def _compile(block: torch.nn.Module, inputs: dict[str, Any], mode: str, device: torch.device) -> CompileStats:
+    """Compile `block` in place (inductor) and make its first call, timed apart from the runs."""
+    breaks_before, graphs_before = _dynamo_counts()
+    block.compile(mode=mode)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    with torch.no_grad():
+        block(**inputs)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    breaks, graphs = _dynamo_counts()
+    return CompileStats(mode, seconds, breaks - breaks_before, graphs - graphs_before, graphs)
 
 
 def run_session(settings: ProfileSettings, run_dir: Path) -> SessionResult:
@@ -86,37 +136,51 @@ def run_session(settings: ProfileSettings, run_dir: Path) -> SessionResult:
     runs: list[BackendRun] = []
     notes: list[str] = []
     reference_output = None
-    for choice in s.attention:
-        with use_attention_backend(loaded.block, choice.backend) as routed, rope_swap(loaded.block, choice.fused_rope) as rope:
-            profile = profile_block(loaded.block, inputs, s.adapter, device=s.device, warmup=s.warmup, runs=s.runs,
-                                    trace_path=run_dir / s.trace_name(choice) if s.trace else None)
+    for recipe in s.recipes:
+        with recipe_block(loaded.block, recipe, s.adapter) as (block, linears), \
+                use_attention_backend(block, recipe.backend) as routed, rope_swap(block, recipe.fused_rope) as rope:
+            linear_summary = None if linears is None else {**linears.as_dict(), "line": linears.summary_lines()[0]}
+            del linears  # it holds the block
+            compile_stats = None
+            if recipe.compile_mode is not None:
+                compile_stats = _compile(block, inputs, recipe.compile_mode, s.device)
+            profile = profile_block(block, inputs, s.adapter, device=s.device, warmup=s.warmup, runs=s.runs,
+                                    trace_path=run_dir / s.trace_name(recipe) if s.trace else None,
+                                    named_ranges=recipe.compile_mode is None)
+            if compile_stats is not None:
+                compile_stats.graphs_after_first_call = _dynamo_counts()[1] - compile_stats.graphs
             with torch.no_grad():
-                output = loaded.block(**inputs)
+                output = block(**inputs).clone()  # a CUDA-graph replay would overwrite its own output buffer
             if routed is not None and routed.fallback_total:
-                notes.append(f"{routed.fallback_total} attention call(s) fell back from {choice.backend}: "
+                notes.append(f"{routed.fallback_total} attention call(s) fell back from {recipe.backend}: "
                              f"{dict(routed.fallback_calls)}")
             if rope is not None and rope.fallback_calls:
-                notes.append(f"{sum(rope.fallback_calls.values())} RoPE call(s) of {choice.label} ran diffusers' own "
+                notes.append(f"{sum(rope.fallback_calls.values())} RoPE call(s) of {recipe.label} ran diffusers' own "
                              f"function, not the fused kernel: {dict(rope.fallback_calls)}")
+            if compile_stats is not None and compile_stats.graphs_after_first_call:
+                notes.append(f"{recipe.label}: {compile_stats.graphs_after_first_call} graph(s) recompiled after the "
+                             f"first call, during warm-up or the timed runs (the timings may include compiling)")
         error = None if reference_output is None else output_error(output, reference_output)
         reference_output = output if reference_output is None else reference_output
         extrapolation = Extrapolation(s.adapter.num_blocks, profile.timing.median_ms, s.outside_ms or 0.0,
                                       outside_source, s.steps, s.guidance_passes)
-        runs.append(BackendRun(choice.label, profile, extrapolation, attention_flops, linear_flops, error))
+        runs.append(BackendRun(recipe.label, profile, extrapolation, attention_flops, linear_flops, error,
+                               compile_stats=compile_stats,
+                               fp8_linears=linear_summary))
 
     attention_inputs = capture_attention_inputs(loaded.block, inputs, s.adapter)
-    backends = list(dict.fromkeys(choice.backend for choice in s.attention))
+    backends = list(dict.fromkeys(recipe.backend for recipe in s.recipes))
     attention_rel_err, attention_reference = attention_errors(*attention_inputs, backends)
     del attention_inputs
-    for run, choice in zip(runs, s.attention):
-        run.attention_rel_err = attention_rel_err[choice.backend]
+    for run, recipe in zip(runs, s.recipes):
+        run.attention_rel_err = attention_rel_err[recipe.backend]
 
     validation = None
     if s.validate_blocks:
-        first, choice = runs[0], s.attention[0]
+        first, recipe = runs[0], s.recipes[0]
         activation_bytes = (first.profile.peak_memory_bytes or 0) - first.profile.weights_bytes
-        with rope_swap(loaded.block, choice.fused_rope):  # the rotary global is per model file: covers the chain
-            validation = validate_chain(s.adapter, loaded.block, inputs, s.validate_blocks, attention=choice.backend,
+        with rope_swap(loaded.block, recipe.fused_rope):  # the rotary global is per model file: covers the chain
+            validation = validate_chain(s.adapter, loaded.block, inputs, s.validate_blocks, attention=recipe.backend,
                                         device=s.device, dtype=s.dtype, block_ms=first.block_ms,
                                         activation_bytes=max(0, activation_bytes), offload=s.offload)
     return SessionResult(loaded, runs, attention_reference, validation, notes)
