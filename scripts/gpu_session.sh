@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install the package, then check and time everything that needs the GPU.
 #   bash scripts/gpu_session.sh [STEP ...]     steps: env fp8 profile budget compare offload bench tests
-#                                              sweep sanitize generate (default: all)
+#                                              sweep sanitize generate recipes recipes-wan generate-compile
+#                                              (default: all)
 # Wheels carried in .whl/ (e.g. imageio-ffmpeg, which the GPU image lacks) are installed first.
 # Results go under $OUT (or ./gpu-results): one log per step and one archive, because the device
 # tool brings back at most 8 files.
@@ -10,7 +11,7 @@ out=${OUT:-gpu-results}
 work=/tmp/dit-accel-gpu
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$work/cache
-steps=${*:-env fp8 profile budget compare offload bench tests sweep sanitize generate}
+steps=${*:-env fp8 profile budget compare offload bench tests sweep sanitize generate recipes recipes-wan generate-compile}
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $work/NAME.log, report the status
   local name=$1 limit=$2; shift 2
@@ -44,6 +45,15 @@ step sanitize 240 bash -c "compute-sanitizer --tool racecheck python3 scripts/ch
 
 step generate 240 bash -c "python3 -m dit_accel make-tiny-pipeline wan $work/tiny-wan \
   && python3 -m dit_accel generate --pipeline $work/tiny-wan --compare bf16 --out $work/generate"
+
+# Recipes side by side, one process, same block and inputs: diffusers' default eager, compiled, compiled with
+# torchao FP8 linears (what a user assembles without us), and ours.
+recipes=cudnn,cudnn+compile,cudnn+fp8-linear+compile,fp8+rope+fp8-linear+compile,fp8+rope+fp8-linear,fp8+rope
+step recipes 420 python3 -m dit_accel profile-block --compare-attn "$recipes" --out "$work/recipes"
+step recipes-wan 420 python3 -m dit_accel profile-block --model wan --runs 5 \
+  --compare-attn cudnn,cudnn+compile,cudnn+fp8-linear+compile,fp8+fp8-linear+compile --out "$work/recipes-wan"
+step generate-compile 240 bash -c "python3 -m dit_accel make-tiny-pipeline wan $work/tiny-wan-c \
+  && python3 -m dit_accel generate --pipeline $work/tiny-wan-c --compare bf16 --compile --linear fp8 --out $work/generate-compile"
 
 tar czf "$out/results.tgz" -C "$work" --exclude='cache' --exclude='*.json.gz' .
 cat "$work/steps.txt"
