@@ -77,9 +77,17 @@ class BlockAdapter(ABC):
     block_key_template: ClassVar[str]  # checkpoint key prefix of block i, e.g. "transformer_blocks.{index}."
     presets: ClassVar[dict[str, dict[str, Any]]]  # name -> full transformer config; the first is the default
     default_seq_len: ClassVar[int]
+    # Transformer passes per denoising step in the family's pipeline, and why (the extrapolation's
+    # default; --guidance-passes overrides it).
+    passes_per_step: ClassVar[int]
+    passes_per_step_source: ClassVar[str]
     module_ranges: ClassVar[tuple[ModuleRange, ...]]
     # Label of the block-body range: everything a range above does not cover (modulation, gates, residuals).
     body_label: ClassVar[str] = "modulation + residual (block body)"
+    # FP8 linears (dit_accel.patching.fp8_linear): fnmatch patterns of the block's nn.Linear names that go
+    # FP8, and of those that stay in the block dtype, each with its one-line reason. Unlisted linears stay.
+    fp8_linear_modules: ClassVar[tuple[str, ...]] = ()
+    fp8_bf16_linears: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: dict[str, Any], *, preset: str | None = None):
         self.config = dict(config)

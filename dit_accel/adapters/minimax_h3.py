@@ -41,6 +41,9 @@ class MiniMaxH3Adapter(BlockAdapter):
     block_key_template = "transformer_blocks.{index}."
     presets = {"h3": H3_CONFIG}
     default_seq_len = 30272
+    passes_per_step = 1
+    passes_per_step_source = ("MiniMax-H3 is guidance-distilled: diffusers' MiniMaxH3ModularPipeline runs one "
+                              "transformer forward per step")
     module_ranges = (
         ModuleRange("attention (other)", modules=("attn",)),
         ModuleRange("qkv projection", modules=("attn.to_q", "attn.to_k", "attn.to_v")),
@@ -52,6 +55,15 @@ class MiniMaxH3Adapter(BlockAdapter):
         ModuleRange("norms", modules=("norm1", "norm2")),
         ModuleRange("modulation projection", modules=("adaln_proj",)),
     )
+    # The S-row GEMMs: q/k/v [5376 -> 7168], out [7168 -> 5376], the SwiGLU FFN's fused gate+up
+    # projection (`ff.net.0.proj` [5376 -> 2 x 14336]: diffusers' SwiGLU is one Linear, then chunk) and down
+    # projection (`ff.net.2` [14336 -> 5376]).
+    fp8_linear_modules = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
+    fp8_bf16_linears = {
+        "adaln_proj.linear": "AdaLN modulation: runs on the T timestep rows, not the S sequence rows, so FP8 saves "
+                             "nothing there and its quantize costs more than the GEMM; every row's shift/scale/gate "
+                             "comes from it",
+    }
     timesteps = 1  # distinct noise levels in the packed sequence (rows of the AdaLN table / 3)
 
     @property

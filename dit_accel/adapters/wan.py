@@ -34,6 +34,9 @@ class WanAdapter(BlockAdapter):
     block_key_template = "blocks.{index}."
     presets = {"wan2.1-14b": WAN21_14B_CONFIG}
     default_seq_len = 75600  # 81 frames at 720x1280: 21 latent frames x 45 x 80
+    passes_per_step = 2
+    passes_per_step_source = ("Wan 2.1 with classifier-free guidance (WanPipeline's default guidance_scale 5.0): a "
+                              "conditional and an unconditional forward per step")
     module_ranges = (
         ModuleRange("self-attention (other)", modules=("attn1",)),
         ModuleRange("qkv projection", modules=("attn1.to_q", "attn1.to_k", "attn1.to_v")),
@@ -44,6 +47,17 @@ class WanAdapter(BlockAdapter):
         ModuleRange("ffn", modules=("ffn",)),
         ModuleRange("norms", modules=("norm1", "norm2", "norm3")),
     )
+    # The S-row GEMMs: self-attention q/k/v/out, cross-attention q/out, the GELU FFN's two projections (all
+    # [5120 -> 5120] but the FFN's [5120 -> 13824 -> 5120]). The block's modulation is no Linear
+    # (`scale_shift_table` + the model's timestep projection), so there is none to keep.
+    fp8_linear_modules = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_out.0",
+                          "ffn.net.0.proj", "ffn.net.2")
+    fp8_bf16_linears = {
+        "attn2.to_[kv]": "cross-attention key/value: runs on the 512 text rows only (~0.1% of the block's linear "
+                         "FLOPs at 75600 video rows), and every video query's softmax reads these keys",
+        "attn2.add_[kv]_proj": "I2V image key/value: runs on the 257 image-context rows only; every video query "
+                               "reads these keys",
+    }
 
     @property
     def transformer_class(self) -> type:
