@@ -37,7 +37,9 @@ def test_default_run_on_cpu_is_scaled_down_and_labelled(tmp_path):
     assert {"qkv projection", "attention core", "ffn", "output projection"} <= set(run["modules"])
     e = run["extrapolation"]
     assert e["pass_ms"] == pytest.approx(50 * run["block_ms"])
-    assert e["video_s"] == pytest.approx(50 * 2 * e["pass_ms"] / 1e3)
+    # MiniMax-H3 is guidance-distilled: one transformer pass per step (issue 13; it was 2 before).
+    assert e["guidance_passes"] == 1 and "guidance-distilled" in e["passes_source"]
+    assert e["video_s"] == pytest.approx(50 * 1 * e["pass_ms"] / 1e3)
     ops = (out / "ops.csv").read_text().splitlines()
     assert ops[0].startswith("backend,category,range,kernel")
     assert len(ops) > 5
@@ -173,6 +175,18 @@ def test_bad_numbers_are_one_line_errors(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: ") and message in result.output and result.output.count("\n") == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_wan_extrapolates_two_passes_a_step_and_the_option_overrides(tmp_path):
+    result = run_cli("profile-block", "--model", "wan", *FAST, "--out", tmp_path / "wan")
+    assert result.exit_code == 0, result.output
+    e = json.loads((tmp_path / "wan" / "report.json").read_text())["runs"][0]["extrapolation"]
+    assert e["guidance_passes"] == 2 and "classifier-free guidance" in e["passes_source"]
+    assert e["video_s"] == pytest.approx(50 * 2 * e["pass_ms"] / 1e3)
+    result = run_cli("profile-block", *FAST, "--guidance-passes", "3", "--out", tmp_path / "h3")
+    e = json.loads((tmp_path / "h3" / "report.json").read_text())["runs"][0]["extrapolation"]
+    assert e["guidance_passes"] == 3 and e["passes_source"] == "stated with --guidance-passes"
+    assert "3 transformer pass(es) per step (stated with --guidance-passes)" in result.output
 
 
 def test_shortest_h3_sequence_runs(tmp_path):

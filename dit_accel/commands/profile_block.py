@@ -57,8 +57,9 @@ def _adapter(model: str | None, preset: str | None, checkpoint: Path | None) -> 
 @click.option("--warmup", type=AtLeast(0), default=3, show_default=True)
 @click.option("--runs", type=AtLeast(1), default=10, show_default=True, help="Timed runs; the median is reported.")
 @click.option("--steps", type=AtLeast(1), default=50, show_default=True, help="Denoising steps, for the extrapolation.")
-@click.option("--guidance-passes", type=AtLeast(1), default=2, show_default=True,
-              help="Transformer passes per step (2 with classifier-free guidance).")
+@click.option("--guidance-passes", type=AtLeast(1), default=None,
+              help="Transformer passes per step, for the extrapolation (default: the family's: 1 for the "
+                   "guidance-distilled MiniMax-H3, 2 for Wan 2.1 with classifier-free guidance).")
 @click.option("--outside-ms", type=float, default=None,
               help="Time per pass outside the block stack (embeddings, refiner, heads), if you measured it.")
 @click.option("--validate", "validate_blocks", type=AtLeast(0), default=0,

@@ -23,6 +23,7 @@ class Extrapolation:
     outside_source: str
     steps: int
     guidance_passes: int
+    passes_source: str = "stated with --guidance-passes"
 
     @property
     def pass_ms(self) -> float:
@@ -41,7 +42,7 @@ class Extrapolation:
         return [
             f"every block costs the measured block: {self.num_blocks} x {self.block_ms:.2f} ms",
             f"outside the blocks: {self.outside_ms:.2f} ms per pass ({self.outside_source})",
-            f"{self.guidance_passes} transformer pass(es) per step (classifier-free guidance runs them one after another)",
+            f"{self.guidance_passes} transformer pass(es) per step ({self.passes_source})",
             f"{self.steps} denoising steps; text encoding and VAE decode are not included",
         ]
 

@@ -41,7 +41,7 @@ class ProfileSettings:
     warmup: int = 3
     runs: int = 10
     steps: int = 50
-    guidance_passes: int = 2
+    guidance_passes: int | None = None  # None: the family's own (adapter.passes_per_step)
     outside_ms: float | None = None  # per pass, outside the block stack, if the user measured it
     validate_blocks: int = 0
     offload: str = "resident"
@@ -49,6 +49,12 @@ class ProfileSettings:
     trace: bool = False
     seed: int = 0
     scaled_down: bool = False  # a CPU run of the family's scaled-down config
+
+    def passes_per_step(self) -> tuple[int, str]:
+        """(transformer passes per denoising step, where that number comes from)."""
+        if self.guidance_passes is not None:
+            return self.guidance_passes, "stated with --guidance-passes"
+        return self.adapter.passes_per_step, self.adapter.passes_per_step_source
 
     def trace_name(self, recipe: Recipe) -> str:
         return f"trace_{recipe.label.replace('+', '-')}.json"
@@ -163,7 +169,7 @@ def run_session(settings: ProfileSettings, run_dir: Path) -> SessionResult:
         error = None if reference_output is None else output_error(output, reference_output)
         reference_output = output if reference_output is None else reference_output
         extrapolation = Extrapolation(s.adapter.num_blocks, profile.timing.median_ms, s.outside_ms or 0.0,
-                                      outside_source, s.steps, s.guidance_passes)
+                                      outside_source, s.steps, *s.passes_per_step())
         runs.append(BackendRun(recipe.label, profile, extrapolation, attention_flops, linear_flops, error,
                                compile_stats=compile_stats,
                                fp8_linears=linear_summary))
