@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install the package, then check and time everything that needs the GPU.
 #   bash scripts/gpu_session.sh [STEP ...]     steps: env fp8 profile budget compare offload bench tests
-#                                              sweep sanitize generate recipes recipes-wan generate-compile
+#                                              sweep sanitize generate compile-check recipes recipes-wan
+#                                              generate-compile
 #                                              (default: all)
 # Wheels carried in .whl/ (e.g. imageio-ffmpeg, which the GPU image lacks) are installed first.
 # Results go under $OUT (or ./gpu-results): one log per step and one archive, because the device
@@ -11,7 +12,7 @@ out=${OUT:-gpu-results}
 work=/tmp/dit-accel-gpu
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$work/cache
-steps=${*:-env fp8 profile budget compare offload bench tests sweep sanitize generate recipes recipes-wan generate-compile}
+steps=${*:-env fp8 profile budget compare offload bench tests sweep sanitize generate compile-check recipes recipes-wan generate-compile}
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $work/NAME.log, report the status
   local name=$1 limit=$2; shift 2
@@ -35,8 +36,8 @@ step compare 240 python3 -m dit_accel profile-block --compare-attn cudnn,fa4,fp8
 # The whole H3 block stack (50 blocks, 64.5 GB): resident on the H200, then streamed under a 16 GiB cap.
 step offload 420 bash -c "python3 -m dit_accel profile-block --validate 50 --runs 3 --out $work/resident50 \
   && python3 -m dit_accel profile-block --validate 50 --runs 3 --offload stream --memory-budget 16GiB --out $work/stream50"
-step bench 240 python3 -m dit_accel bench-attention --out "$work/bench"
-step tests 240 python3 -m pytest tests -q -m gpu -p no:cacheprovider
+step bench 240 python3 -m dit_accel bench-attention ${BENCH_BACKENDS:+--backends $BENCH_BACKENDS} --out "$work/bench"
+step tests 330 python3 -m pytest tests -q -m gpu -p no:cacheprovider
 sweep_shapes=$(for d in 128 64; do for s in 4096 8192 16384 30272 37710 75600; do printf '1x56x%sx%s,' $s $d; done; done)
 step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}" --backends cudnn,fa4,fp8,cudnn-fp8 \
   --out "$work/sweep"
@@ -46,11 +47,12 @@ step sanitize 240 bash -c "compute-sanitizer --tool racecheck python3 scripts/ch
 step generate 240 bash -c "python3 -m dit_accel make-tiny-pipeline wan $work/tiny-wan \
   && python3 -m dit_accel generate --pipeline $work/tiny-wan --compare bf16 --out $work/generate"
 
+step compile-check 200 python3 scripts/check_compile.py --out "$work/compile-check"
 # Recipes side by side, one process, same block and inputs: diffusers' default eager, compiled, compiled with
 # torchao FP8 linears (what a user assembles without us), and ours.
 recipes=cudnn,cudnn+compile,cudnn+fp8-linear+compile,fp8+rope+fp8-linear+compile,fp8+rope+fp8-linear,fp8+rope
 step recipes 420 python3 -m dit_accel profile-block --compare-attn "$recipes" --out "$work/recipes"
-step recipes-wan 420 python3 -m dit_accel profile-block --model wan --runs 5 \
+step recipes-wan 300 python3 -m dit_accel profile-block --model wan --runs 3 --warmup 2 \
   --compare-attn cudnn,cudnn+compile,cudnn+fp8-linear+compile,fp8+fp8-linear+compile --out "$work/recipes-wan"
 step generate-compile 240 bash -c "python3 -m dit_accel make-tiny-pipeline wan $work/tiny-wan-c \
   && python3 -m dit_accel generate --pipeline $work/tiny-wan-c --compare bf16 --compile --linear fp8 --out $work/generate-compile"

@@ -93,6 +93,10 @@ def _make_dispatcher(original: Callable[..., torch.Tensor], users: list[FusedRop
 
     @functools.wraps(original)
     def apply_rotary_emb_dispatch(hidden_states, cos, sin):
+        if torch.compiler.is_compiling():
+            # Inside a compiled graph inductor fuses diffusers' own RoPE into its neighbours; not counted
+            # (a counter bumped in the graph would be guarded by value and recompile the model each call).
+            return original(hidden_states, cos, sin)
         reason = fallback_reason(hidden_states, cos, sin)
         for user in users:
             if reason is None:

@@ -163,6 +163,9 @@ def run_session(settings: ProfileSettings, run_dir: Path) -> SessionResult:
             if rope is not None and rope.fallback_calls:
                 notes.append(f"{sum(rope.fallback_calls.values())} RoPE call(s) of {recipe.label} ran diffusers' own "
                              f"function, not the fused kernel: {dict(rope.fallback_calls)}")
+            if recipe.fused_rope and recipe.compile_mode is not None:
+                notes.append(f"{recipe.label}: inside the compiled graph RoPE is diffusers' own function, fused by "
+                             f"inductor into its neighbours, not our RoPE kernel")
             if compile_stats is not None and compile_stats.graphs_after_first_call:
                 notes.append(f"{recipe.label}: {compile_stats.graphs_after_first_call} graph(s) recompiled after the "
                              f"first call, during warm-up or the timed runs (the timings may include compiling)")
