@@ -31,6 +31,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _release_gpu_memory(request):
+    """After a GPU test, drop what it compiled (dynamo's caches keep the compiled modules, and with them
+    their weights) and its cached blocks, so a later test's memory budget counts only its own tensors."""
+    yield
+    if "gpu" in request.keywords and torch.cuda.is_available():
+        import gc
+
+        torch._dynamo.reset()
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture(scope="session")
 def _test_cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
