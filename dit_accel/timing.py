@@ -51,3 +51,15 @@ def time_region(fn: Callable[[], object], *, device: torch.device, warmup: int =
             fn()
             samples.append((time.perf_counter() - t0) * 1e3)
     return TimingStats.from_samples(samples)
+
+
+def wall_seconds(fn: Callable[[], object], *, device: torch.device) -> float:
+    """Wall time of one call of `fn`, the device synchronized before and after (for one-off costs:
+    a compile, a load), in seconds."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start

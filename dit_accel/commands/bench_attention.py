@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-import torch
 from rich.table import Table
 
 from ..attention.backends import BACKENDS, get_backend

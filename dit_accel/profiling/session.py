@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -15,11 +14,11 @@ from typing import Any, Iterator
 import torch
 
 from ..adapters import BlockAdapter, Workload
-from ..patching.recipe import Recipe
 from ..attention.reference import rel_rms_err
 from ..attention.routing import use_attention_backend
 from ..loading.block import LoadedBlock, load_block_from_checkpoint, synthetic_block
 from ..patching.recipe import Recipe
+from ..timing import wall_seconds
 from .attention_error import attention_errors, capture_attention_inputs
 from .extrapolate import Extrapolation, Validation
 from .profiler import profile_block
@@ -115,14 +114,8 @@ def _compile(block: torch.nn.Module, inputs: dict[str, Any], mode: str, device: 
     """Compile `block` in place (inductor) and make its first call, timed apart from the runs."""
     breaks_before, graphs_before = _dynamo_counts()
     block.compile(mode=mode)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
     with torch.no_grad():
-        block(**inputs)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start
+        seconds = wall_seconds(lambda: block(**inputs), device=device)
     breaks, graphs = _dynamo_counts()
     return CompileStats(mode, seconds, breaks - breaks_before, graphs - graphs_before, graphs)
 

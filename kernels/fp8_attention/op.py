@@ -33,7 +33,7 @@ from typing import Optional
 
 import torch
 
-from .support import KERNEL_CHOICES, SUPPORTED_DTYPES, Fp8AttentionUnsupported, can_implement
+from .support import KERNEL_CHOICES, Fp8AttentionUnsupported, can_implement, tensors_reason
 
 OP_NAME = "dit_accel::fp8_attention"
 
@@ -48,19 +48,15 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varian
     """
     if q.device.type not in ("cpu", "meta"):
         return can_implement(q, k, v, variant)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 4:
-            return f"fp8_attention: {name} must be [B, S, H, D], got shape {tuple(x.shape)}"
-        if x.dtype not in SUPPORTED_DTYPES:
-            return f"fp8_attention: {name} is {x.dtype}; pass bfloat16 or float16"
-    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
-        return "fp8_attention: q, k, v must share dtype and device"
-    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2:] != q.shape[2:]:
-        return (f"fp8_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must be "
-                "[B, Sq, H, D], [B, Skv, H, D], [B, Skv, H, D] (no GQA)")
     if variant not in KERNEL_CHOICES:
         return f"fp8_attention: kernel variant {variant!r}; use one of {KERNEL_CHOICES}"
-    return None
+    return tensors_reason(q, k, v, any_head_dim=True)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant: str) -> None:
+    reason = unsupported_reason(q, k, v, variant)
+    if reason is not None:
+        raise Fp8AttentionUnsupported(reason)
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=(), device_types="cuda")
@@ -78,9 +74,7 @@ def _fp8_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
     """CPU: the float64 emulation of the kernel's scheme (the kernel variant does not change it)."""
     from .emulation import emulate_fp8_attention
 
-    reason = unsupported_reason(q, k, v, variant)
-    if reason is not None:
-        raise Fp8AttentionUnsupported(reason)
+    _check(q, k, v, variant)
     return emulate_fp8_attention(q, k, v, scale, out_dtype=q.dtype).contiguous()
 
 
@@ -88,9 +82,7 @@ def _fp8_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
 def _fp8_attention_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
                         variant: str = "auto") -> torch.Tensor:
     """Shapes and dtypes only: [B, Sq, H, Dv] contiguous in q's dtype, on q's device."""
-    reason = unsupported_reason(q, k, v, variant)
-    if reason is not None:
-        raise Fp8AttentionUnsupported(reason)
+    _check(q, k, v, variant)
     return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
 
 

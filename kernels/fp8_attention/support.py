@@ -55,11 +55,11 @@ def resolve_kernel(kernel: str, capability: tuple[int, int]) -> str:
     return kernel
 
 
-def can_implement(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str = "auto") -> str | None:
-    """None if fp8_attention(q, k, v, kernel=kernel) can serve these [B, S, H, D] tensors, else
-    why not: rank, dtype, head-dim stride, matching shapes (no GQA), head dim, sequence lengths,
-    shared dtype and device, a CUDA device with FP8 mma.sync, and the kernel variant, checked
-    in that order (the first failure is the one reported)."""
+def tensors_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, any_head_dim: bool = False) -> str | None:
+    """None if q, k, v are [B, Sq, H, D], [B, Skv, H, D] x 2 bf16/fp16 tensors the scheme takes, else
+    why not: rank, dtype, head-dim stride, matching shapes (no GQA), head dim (unless `any_head_dim`:
+    the CPU emulation takes any), sequence lengths, shared dtype and device, in that order. Reads only
+    metadata, so it runs the same on real and fake tensors and dynamo can trace it."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dim() != 4:
             return f"fp8_attention: {name} must be [B, S, H, D], got shape {tuple(x.shape)}"
@@ -71,13 +71,23 @@ def can_implement(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str
     if k.shape != v.shape or k.shape[0] != b or k.shape[2:] != q.shape[2:]:
         return (f"fp8_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must be "
                 "[B, Sq, H, D], [B, Skv, H, D], [B, Skv, H, D] (no GQA)")
-    reason = head_dim_reason(d)
+    reason = None if any_head_dim else head_dim_reason(d)
     if reason is not None:
         return reason
     if sq < 1 or k.shape[1] < 1:
         return "fp8_attention: sequence lengths must be >= 1"
     if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
         return "fp8_attention: q, k, v must share dtype and device"
+    return None
+
+
+def can_implement(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str = "auto") -> str | None:
+    """None if fp8_attention(q, k, v, kernel=kernel) can serve these [B, S, H, D] tensors, else
+    why not: the tensors (`tensors_reason`), a CUDA device with FP8 mma.sync, and the kernel
+    variant, checked in that order (the first failure is the one reported)."""
+    reason = tensors_reason(q, k, v)
+    if reason is not None:
+        return reason
     if not q.is_cuda:
         return f"fp8_attention: inputs are on {q.device}; move q, k, v to a CUDA device"
     capability = torch.cuda.get_device_capability(q.device)
