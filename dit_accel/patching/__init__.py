@@ -1,12 +1,16 @@
-"""Reversible patches of diffusers models: attention backends and the fused RoPE.
+"""What dit-accel swaps into diffusers models: attention backends, the fused RoPE, FP8 linears.
 
-    from dit_accel.patching import patch_attention, fused_rope
+    from dit_accel.patching import patch_attention, fused_rope, quantize_linears, parse_recipe
 
 `attention.py`: `patch_attention` (route a model's or pipeline's attention to a backend, keeping
 chosen blocks and steps on the original), `AttentionPatch`, `denoisers`, `block_list`.
 `rope.py`: `fused_rope` (MiniMax-H3's rotary embedding on the fused Triton kernel), `FusedRope`.
 `model_globals.py`: the one mechanism under both, a reference-counted reversible swap of a global
 of a model file.
+`fp8_linear.py`: `quantize_linears` (a block's large linears in FP8 through torchao, by the
+family's policy), `fp8_linear_unavailable_reason`.
+`recipe.py`: `Recipe`, `parse_recipe`: the names every command's --attn takes
+(NAME[+rope][+fp8-linear][+compile]).
 
 The names are imported on first use (PEP 562 `__getattr__`), not at package import: importing
 `dit_accel.patching.model_globals` (as `dit_accel.attention.routing` does) must not import
@@ -21,6 +25,8 @@ _EXPORTS = {  # public name -> the submodule defining it
     "patch_attention": "attention", "AttentionPatch": "attention", "denoisers": "attention",
     "block_list": "attention", "BLOCK_LIST_NAMES": "attention",
     "fused_rope": "rope", "FusedRope": "rope",
+    "quantize_linears": "fp8_linear", "fp8_linear_unavailable_reason": "fp8_linear",
+    "Recipe": "recipe", "parse_recipe": "recipe",
 }
 
 __all__ = sorted(_EXPORTS)
