@@ -51,8 +51,8 @@ def test_reference_dtype_is_fp32_only_for_big_gpu_shapes():
 
 def test_outliers_scale_one_entry_in_a_thousand():
     shape = AttentionShape.parse("1x2x500x100")
-    q_plain, q_outliers = (bench.make_inputs(shape, dtype=torch.float32, device=CPU, outliers=outliers,
-                                             generator=torch.Generator().manual_seed(0))[0] for outliers in (False, True))
+    q_plain, q_outliers = (bench.make_inputs(shape, dtype=torch.float32, device=CPU, inputs=inputs,
+                                             generator=torch.Generator().manual_seed(0))[0] for inputs in ("normal", "outliers"))
     scaled = q_outliers != q_plain
     assert scaled.sum().item() == 100  # 1e-3 of 2*500*100 entries
     torch.testing.assert_close(q_outliers[scaled], 50 * q_plain[scaled])
@@ -76,7 +76,7 @@ def test_rows_for_available_unavailable_unservable_and_two_phase_backends():
                   two_phase,
                   AttentionBackend("cudnn", "stand-in baseline", sdpa, lambda d: None)]
     rows = bench_shape(AttentionShape.parse("1x2x64x32x64"), candidates, dtype=torch.float32, device=CPU,
-                       outliers=False, warmup=1, runs=10, seed=0)
+                       warmup=1, runs=10, seed=0)
     by_key = {(r.backend, r.timed): r for r in rows}
 
     assert by_key["math", "end to end"].rel_rms_err < 1e-6 and by_key["math", "end to end"].reference == "fp64"
@@ -138,3 +138,53 @@ def test_gpu_run_small_shape_every_backend(tmp_path):
     for r in rows:
         if r["status"] == "ok" and r["rel_rms_err"] is not None:
             assert r["rel_rms_err"] < (0.1 if "fp8" in r["backend"] else 0.01), r
+
+
+def test_flat_inputs_give_near_uniform_softmax_rows():
+    shape = AttentionShape.parse("1x2x64x512x64")
+    q, k, _ = bench.make_inputs(shape, dtype=torch.float32, device=CPU, inputs="flat",
+                                generator=torch.Generator().manual_seed(0))
+    probs = torch.softmax(q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2) / 8.0, dim=-1)
+    assert probs.max() < 1.5 / 512  # every key near 1/512
+    q_normal, k_normal, _ = bench.make_inputs(shape, dtype=torch.float32, device=CPU, inputs="normal",
+                                              generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(q, 0.05 * q_normal)  # same draw, q scaled
+    torch.testing.assert_close(k, k_normal)
+
+
+def test_block_inputs_are_the_h3_blocks_own_qkv_and_other_shapes_are_refused():
+    """On the CPU the scaled-down H3 block (4 heads of 128) feeds its attention; the shape must match."""
+    shape = AttentionShape.parse("1x4x96x128")
+    q, k, v = bench.make_inputs(shape, dtype=torch.float32, device=CPU, inputs="block",
+                                generator=torch.Generator().manual_seed(0))
+    assert q.shape == k.shape == v.shape == (1, 96, 4, 128)
+    assert torch.isfinite(q).all() and not torch.equal(q, k)
+    with pytest.raises(UserError, match="Bx4xSx128"):
+        bench.make_inputs(AttentionShape.parse("1x2x96x64"), dtype=torch.float32, device=CPU, inputs="block",
+                          generator=torch.Generator().manual_seed(0))
+
+
+def test_bench_attention_on_block_inputs_end_to_end(tmp_path):
+    out = tmp_path / "block"
+    result = CliRunner().invoke(main, ["bench-attention", "--device", "cpu", "--shapes", "1x4x64x128", "--inputs",
+                                       "block", "--backends", "math,native", "--runs", "10", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["inputs"] == "block" and report["settings"]["outliers"] is False
+    ok = [r for r in report["rows"] if r["status"] == "ok"]
+    assert {r["backend"] for r in ok} == {"math", "native"} and all(r["rel_rms_err"] < 0.01 for r in ok)  # bf16
+
+
+def test_fa3_fp8_prep_gives_our_per_head_codes_in_fa3s_layout():
+    """FA3 FP8's quantization (its prep in the bench) is the same per-(batch, head) e4m3 scheme as ours."""
+    from dit_accel.attention.backends import _fa3_fp8_quantize
+    from dit_accel.kernels.fp8_attention.prep import prep_reference
+
+    q, k, v = bench.make_inputs(AttentionShape.parse("2x3x40x24x64"), dtype=torch.bfloat16, device=CPU,
+                                inputs="outliers", generator=torch.Generator().manual_seed(1))
+    fa3 = _fa3_fp8_quantize(q, k, v)
+    ours = prep_reference(q, k, v)
+    assert fa3.q.dtype == torch.float8_e4m3fn and fa3.q.shape == q.shape and fa3.descale.shape == (3, 2, 3)
+    torch.testing.assert_close(fa3.descale.reshape(3, -1), ours.descale, rtol=0, atol=0)
+    ours_q = ours.q[:, :40].view(2, 3, 40, 64).transpose(1, 2)  # [B*H, Sq_pad, D] -> [B, Sq, H, D]
+    assert torch.equal(fa3.q.view(torch.uint8), ours_q.contiguous().view(torch.uint8))

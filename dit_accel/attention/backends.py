@@ -211,6 +211,57 @@ def _fp8_backend(name: str, kernel: str, description: str) -> "AttentionBackend"
         phases=TwoPhases(prepare=functools.partial(_fp8_prepare, kernel=kernel), kernel=_fp8_kernel))
 
 
+# --- FlashAttention-3 (the fa3-fwd package, sm_90a): bf16, and FP8 with its own quantization --------
+
+def _fa3_flash_attn_func():
+    from fa3_fwd_interface import flash_attn_func
+
+    return flash_attn_func
+
+
+def _fa3_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """FlashAttention-3's forward in bf16/fp16."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise BackendCannotServe(f"fa3 takes fp16/bf16, not {q.dtype}")
+    result = _fa3_flash_attn_func()(q, k, v, softmax_scale=scale)
+    return result[0] if isinstance(result, tuple) else result
+
+
+@dataclass(frozen=True)
+class Fa3Fp8Inputs:
+    """e4m3 q/k/v [B, S, H, D] with FA3's per-(batch, head) fp32 descales [B, H] (amax / 448)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    descale: torch.Tensor  # [3, B, H]: q, k, v
+    scale: float | None
+    out_dtype: torch.dtype
+
+
+def _fa3_fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> Fa3Fp8Inputs:
+    """FA3 FP8's inputs: the same per-(batch, head) e4m3 codes as our prep (round to nearest of x * 448 /
+    amax), in FA3's [B, S, H, D] layout. This is FA3 FP8's prep, timed as such."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise BackendCannotServe(f"fa3-fp8 outputs fp16/bf16 like its input, not {q.dtype}")
+    from ..kernels.fp8_attention.prep import head_amax, quantize, scales_from_amax
+
+    amax = torch.stack([head_amax(x) for x in (q, k, v)])
+    descale, quant = scales_from_amax(amax)
+    codes = [quantize(x, quant[i]).contiguous() for i, x in enumerate((q, k, v))]
+    return Fa3Fp8Inputs(*codes, descale.view(3, q.shape[0], q.shape[2]), scale, q.dtype)
+
+
+def _fa3_fp8_kernel(inputs: Fa3Fp8Inputs) -> torch.Tensor:
+    """FA3's FP8 forward (P.V accumulated in the FP8 wgmma accumulator across key blocks), output in
+    the input dtype."""
+    d = inputs.descale
+    result = _fa3_flash_attn_func()(inputs.q, inputs.k, inputs.v, softmax_scale=inputs.scale,
+                                     q_descale=d[0], k_descale=d[1], v_descale=d[2])
+    out = result[0] if isinstance(result, tuple) else result
+    return out.to(inputs.out_dtype)
+
+
 # --- cuDNN FP8 through the cudnn frontend (benchmark only) --------------------------------------
 
 @dataclass(frozen=True)
@@ -317,6 +368,9 @@ def _cudnn_fp8_kernel(inputs: CudnnFp8Inputs) -> torch.Tensor:
 
 # --- the registry -------------------------------------------------------------------------------
 
+_FA3_REQUIREMENTS = _requirements(_needs_cuda((9, 0), "FlashAttention-3"),
+                                  _needs_module("fa3_fwd_interface", "pip install 'dit-accel[peers]'"))
+
 BACKENDS: dict[str, AttentionBackend] = {
     backend.name: backend
     for backend in (
@@ -344,6 +398,13 @@ BACKENDS: dict[str, AttentionBackend] = {
             _requirements(_needs_cuda((9, 0), "fa4"),
                           _needs_module("flash_attn.cute", "pip install flash-attn-4")),
             routed=True),
+        AttentionBackend(
+            "fa3", "FlashAttention-3 forward (fa3-fwd), bf16/fp16",
+            _fa3_run, _FA3_REQUIREMENTS, routed=True),
+        AttentionBackend(
+            "fa3-fp8", "FlashAttention-3 FP8 forward (fa3-fwd), per-(batch, head) e4m3 scales, its quantization as prep",
+            lambda q, k, v, scale=None: _fa3_fp8_kernel(_fa3_fp8_quantize(q, k, v, scale)), _FA3_REQUIREMENTS,
+            phases=TwoPhases(prepare=_fa3_fp8_quantize, kernel=_fa3_fp8_kernel)),
         _fp8_backend("fp8", "auto", "ours: CuTe DSL FP8 attention, prep included (sm_90: wgmma kernel; else v1)"),
         _fp8_backend("fp8-v1", "mma_sync", "ours, v1: the mma.sync FP8 kernel (sm_89/sm_90/sm_120), prep included"),
         AttentionBackend(

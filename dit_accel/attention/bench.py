@@ -1,7 +1,7 @@
 """Attention backends side by side on the same tensors: time, TFLOP/s, and error against a reference.
 
-Per shape, one set of fresh N(0,1) q/k/v (optionally with 0.1% of entries scaled 50x) is shared by
-every backend. Each row holds the median of `runs` timed calls after `warmup` calls (CUDA events on a
+Per shape, one set of fresh q/k/v is shared by every backend: N(0,1), with 0.1% of entries scaled
+50x, with flat softmax rows, or the q/k/v a MiniMax-H3 block feeds its attention (`INPUT_KINDS`). Each row holds the median of `runs` timed calls after `warmup` calls (CUDA events on a
 GPU), `tflops` = 4*B*H*Sq*Skv*D / median time, and `rel_rms_err` = ||out - ref|| / ||ref|| against a
 reference computed in float64, or in float32 on a GPU when the score count B*H*Sq*Skv exceeds
 `reference.FP64_REFERENCE_MAX_SCORES` (the `reference` field says which). Backends with separate phases (cuDNN
@@ -99,11 +99,44 @@ class BenchRow:
 
 # --- inputs and reference -----------------------------------------------------------------------
 
-def make_inputs(shape: AttentionShape, *, dtype: torch.dtype, device: torch.device, outliers: bool,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fresh N(0,1) q, k, v of `shape` in `dtype` (`reference.random_qkv`, with its outliers)."""
-    return random_qkv(shape.batch, shape.seq_q, shape.seq_kv, shape.heads, shape.head_dim, outliers,
-                      device=device, dtype=dtype, generator=generator)
+INPUT_KINDS = {
+    "normal": "N(0,1)",
+    "outliers": "N(0,1) + 0.1% outliers x50",
+    "flat": "N(0,1), q x 0.05: flat softmax rows",
+    "block": "the q/k/v a MiniMax-H3 block feeds its attention (synthetic weights)",
+}
+
+
+def make_inputs(shape: AttentionShape, *, dtype: torch.dtype, device: torch.device, generator: torch.Generator,
+                inputs: str = "normal") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fresh q, k, v of `shape` in `dtype`, of one of INPUT_KINDS (`reference.random_qkv`, or for
+    "block" the block's own, `block_qkv`)."""
+    if inputs == "block":
+        return block_qkv(shape, dtype=dtype, device=device, seed=int(generator.initial_seed()))
+    return random_qkv(shape.batch, shape.seq_q, shape.seq_kv, shape.heads, shape.head_dim, inputs == "outliers",
+                      device=device, dtype=dtype, generator=generator, flat_rows=inputs == "flat")
+
+
+def block_qkv(shape: AttentionShape, *, dtype: torch.dtype, device: torch.device,
+              seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The q, k, v the MiniMax-H3 block (synthetic weights from `seed`; on the CPU its scaled-down
+    config) feeds its self-attention at S = shape.seq_q: flat rows (max probability ~0.001 at S =
+    30272), per-head scales after QK-norm and RoPE, what FP8 attention meets in a real model."""
+    from ..adapters import adapter_for_preset
+    from ..loading.block import synthetic_block
+    from ..profiling.attention_error import capture_attention_inputs
+
+    adapter = adapter_for_preset("minimax-h3")
+    if device.type == "cpu":
+        adapter = type(adapter)(adapter.scaled_down_config(), preset=adapter.preset)
+    heads, head_dim = adapter.config["num_attention_heads"], adapter.config["attention_head_dim"]
+    if (shape.heads, shape.head_dim) != (heads, head_dim) or shape.seq_q != shape.seq_kv:
+        raise UserError(f"--inputs block feeds the {adapter.display_name} block's own q/k/v: give self-attention "
+                        f"shapes Bx{heads}xSx{head_dim} on this device, not {shape.label}")
+    block = synthetic_block(adapter, 0, device, dtype, seed=seed).block
+    workload = adapter.workload_from_seq_len(shape.seq_q, shape.batch)
+    block_inputs = adapter.make_inputs(workload, device, dtype, torch.Generator(device=device).manual_seed(seed))
+    return capture_attention_inputs(block, block_inputs, adapter)
 
 
 # --- measuring ----------------------------------------------------------------------------------
@@ -137,10 +170,10 @@ def _measure_backend(backend: AttentionBackend, shape: AttentionShape, q, k, v, 
 
 
 def bench_shape(shape: AttentionShape, backends: list[AttentionBackend], *, dtype: torch.dtype, device: torch.device,
-                outliers: bool, warmup: int, runs: int, seed: int) -> list[BenchRow]:
+                warmup: int, runs: int, seed: int, inputs: str = "normal") -> list[BenchRow]:
     """Every backend on one fresh set of inputs of `shape`; unavailable ones become rows saying why."""
     generator = torch.Generator(device=device).manual_seed(seed)
-    q, k, v = make_inputs(shape, dtype=dtype, device=device, outliers=outliers, generator=generator)
+    q, k, v = make_inputs(shape, dtype=dtype, device=device, generator=generator, inputs=inputs)
     ref_dtype = reference_dtype(shape.scores, device)
     reference = reference_attention(q, k, v, dtype=ref_dtype)
     reference_name = str(ref_dtype).removeprefix("torch.").replace("float", "fp")

@@ -7,7 +7,7 @@ import click
 from rich.table import Table
 
 from ..attention.backends import BACKENDS, get_backend
-from ..attention.bench import (BASELINE_BACKEND, CPU_DEFAULT_SHAPE, GPU_DEFAULT_SHAPE, BenchRow, bench_shape,
+from ..attention.bench import (BASELINE_BACKEND, CPU_DEFAULT_SHAPE, GPU_DEFAULT_SHAPE, INPUT_KINDS, BenchRow, bench_shape,
                                parse_shapes, plot_tflops)
 from ..device import DeviceInfo, pick_device
 from ..report_io import command_line, console, write_csv, write_json
@@ -26,14 +26,17 @@ GPU_SKIPPED_BY_DEFAULT = ("math",)  # materializes B*H*S*S scores: out of memory
                    f"{', '.join(GPU_SKIPPED_BY_DEFAULT)}] Unavailable ones are listed with the reason.")
 @click.option("--dtype", type=DtypeChoice(("bf16", "fp16")), default="bf16", show_default=True,
               help="Input and output dtype.")
-@click.option("--outliers", is_flag=True, help="Scale 0.1% of the entries of q, k and v by 50x (FP8's hard case).")
+@click.option("--inputs", type=click.Choice(list(INPUT_KINDS)), default="normal", show_default=True,
+              help="normal: N(0,1); outliers: 0.1% of the entries scaled 50x (FP8's hard case); flat: q x 0.05, "
+                   "flat softmax rows; block: the q/k/v a MiniMax-H3 block feeds its attention (shapes Bx56xSx128).")
+@click.option("--outliers", is_flag=True, help="The same as --inputs outliers.")
 @click.option("--warmup", type=AtLeast(1), default=3, show_default=True, help="Untimed calls first.")
 @click.option("--runs", type=AtLeast(10), default=10, show_default=True, help="Timed calls; the median is reported.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--device", "device_name", default=None, help="cuda, cuda:1 or cpu. [default: the GPU if there is one]")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for report.json, results.csv and tflops.png. [default: outputs/bench-attention_<shape>_<time>/]")
-def bench_attention(shapes_text, choices, dtype, outliers, warmup, runs, seed, device_name, out_dir) -> None:
+def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, device_name, out_dir) -> None:
     """Time every attention backend on the same random q/k/v, with TFLOP/s and error against an fp64 reference.
 
     Our FP8 kernel and cuDNN FP8 are timed end to end (prep included) and also as prep alone and kernel
@@ -51,19 +54,20 @@ def bench_attention(shapes_text, choices, dtype, outliers, warmup, runs, seed, d
     final_dir = out_dir or DEFAULT_OUTPUT_ROOT / default_run_name("bench-attention", tag)
     device_info = DeviceInfo.of(device)
     dtype_name = DTYPE_NAMES[dtype]
-    title = _title(device_info, dtype_name, outliers, is_cpu_run)
+    inputs = "outliers" if outliers else inputs
+    title = _title(device_info, dtype_name, inputs, is_cpu_run)
 
     with staged_run_dir(final_dir) as staging:
         rows: list[BenchRow] = []
         for shape in shapes:
-            rows += bench_shape(shape, backends, dtype=dtype, device=device, outliers=outliers,
+            rows += bench_shape(shape, backends, dtype=dtype, device=device, inputs=inputs,
                                 warmup=warmup, runs=runs, seed=seed)
         write_json(staging / "report.json", {
             "command_line": command_line(),
             "device": device_info.as_dict(),
             "cpu_run_not_representative": is_cpu_run,
             "settings": {"shapes": [s.label for s in shapes], "backends": [b.name for b in backends], "dtype": dtype_name,
-                         "outliers": outliers, "warmup": warmup, "runs": runs, "seed": seed,
+                         "inputs": inputs, "outliers": inputs == "outliers", "warmup": warmup, "runs": runs, "seed": seed,
                          "baseline_backend": BASELINE_BACKEND},
             "rows": [r.as_dict() for r in rows],
         })
@@ -77,8 +81,8 @@ def bench_attention(shapes_text, choices, dtype, outliers, warmup, runs, seed, d
     console.print(f"wrote {final_dir}/ (report.json, results.csv, tflops.png)")
 
 
-def _title(info: DeviceInfo, dtype_name: str, outliers: bool, is_cpu_run: bool) -> str:
-    inputs = f"{dtype_name}, N(0,1)" + (" + 0.1% outliers x50" if outliers else "")
+def _title(info: DeviceInfo, dtype_name: str, input_kind: str, is_cpu_run: bool) -> str:
+    inputs = f"{dtype_name}, {INPUT_KINDS[input_kind]}"
     if is_cpu_run:
         return f"Attention on the CPU ({info.name}), {inputs}: scaled-down CPU run, NOT representative of GPU speed"
     return f"Attention on {info.label}, {inputs}"
