@@ -12,8 +12,9 @@ The swap, like `patch_attention`:
 
 It replaces the `_apply_rotary_emb` global of the model file with a dispatcher: CUDA tensors the
 kernel supports go to the Triton kernel, anything else (CPU tensors, other dtypes or shapes,
-autograd, torch.compile tracing, no Triton) to the original function, counted by reason in every
-live handle. The global belongs to the model file, so while a handle is live every model of that
+autograd, no Triton) to the original function, counted by reason in every live handle. Inside a
+torch.compile'd graph the dispatcher steps aside, uncounted: the original is traced, and inductor
+fuses it with the QK-norm before it into one kernel. The global belongs to the model file, so while a handle is live every model of that
 file in the process gets the dispatcher, not only the one passed. Installs are reference-counted
 across nested handles, and the original global comes back when the last one leaves
 (`model_globals.ModelGlobalSwap`, shared with attention routing).
@@ -52,8 +53,6 @@ def fallback_reason(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> st
         return "not a CUDA tensor"
     if cos.device != x.device or sin.device != x.device:
         return "cos/sin on another device"
-    if torch.compiler.is_compiling():
-        return "torch.compile tracing"
     if not is_available():
         return "Triton not importable"
     return None
