@@ -84,10 +84,11 @@ def _dynamo_counts() -> tuple[int, int]:
 
 @contextlib.contextmanager
 def recipe_block(block: torch.nn.Module, recipe: Recipe, adapter: BlockAdapter) -> Iterator[tuple[torch.nn.Module, Any]]:
-    """The block `recipe` runs, and its FP8-linear summary (or None).
+    """The block `recipe` runs, and its `Fp8LinearSwap` (or None).
 
     Attention and RoPE swaps are undone on exit; FP8 linears (torchao replaces the weights) and
-    compilation cannot be, so those recipes run on a deep copy of the block, dropped on exit.
+    compilation cannot be, so those recipes run on a deep copy of the block, dropped on exit with
+    dynamo's caches (which hold the compiled copy, and with it its weights).
     """
     owned = recipe.fp8_linear or recipe.compile_mode is not None
     work = copy.deepcopy(block) if owned else block
@@ -100,6 +101,8 @@ def recipe_block(block: torch.nn.Module, recipe: Recipe, adapter: BlockAdapter) 
         yield work, linears
     finally:
         del work
+        if recipe.compile_mode is not None:
+            torch._dynamo.reset()
         if owned and torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -162,6 +165,7 @@ def run_session(settings: ProfileSettings, run_dir: Path) -> SessionResult:
             if compile_stats is not None and compile_stats.graphs_after_first_call:
                 notes.append(f"{recipe.label}: {compile_stats.graphs_after_first_call} graph(s) recompiled after the "
                              f"first call, during warm-up or the timed runs (the timings may include compiling)")
+        del block  # an owned copy goes with its recipe
         error = None if reference_output is None else output_error(output, reference_output)
         reference_output = output if reference_output is None else reference_output
         extrapolation = Extrapolation(s.adapter.num_blocks, profile.timing.median_ms, s.outside_ms or 0.0,
