@@ -10,7 +10,7 @@ from dit_accel.attention.backends import BACKENDS, BackendCannotServe, get_backe
 from dit_accel.errors import UserError
 
 CPU = torch.device("cpu")
-ALL_NAMES = ["native", "flash", "cudnn", "efficient", "math", "fa4", "fp8", "fp8-v1", "cudnn-fp8"]
+ALL_NAMES = ["native", "flash", "cudnn", "efficient", "math", "fa4", "fa3", "fa3-fp8", "fp8", "fp8-v1", "cudnn-fp8"]
 
 
 def fp64_attention(q, k, v):
@@ -31,9 +31,10 @@ def test_how_each_backend_runs_in_models():
     assert {n: b.diffusers_backend for n, b in BACKENDS.items() if b.diffusers_backend} == {
         "native": "native", "flash": "_native_flash", "cudnn": "_native_cudnn",
         "efficient": "_native_efficient", "math": "_native_math"}
-    assert [n for n, b in BACKENDS.items() if b.routed] == ["fa4", "fp8", "fp8-v1"]
+    assert [n for n, b in BACKENDS.items() if b.routed] == ["fa4", "fa3", "fp8", "fp8-v1"]
     assert get_backend("cudnn-fp8").in_models == "benchmark only"
-    assert [n for n, b in BACKENDS.items() if b.phases] == ["fp8", "fp8-v1", "cudnn-fp8"]
+    assert get_backend("fa3-fp8").in_models == "benchmark only"
+    assert [n for n, b in BACKENDS.items() if b.phases] == ["fa3-fp8", "fp8", "fp8-v1", "cudnn-fp8"]
 
 
 def test_diffusers_knows_every_native_name():
