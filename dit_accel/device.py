@@ -24,12 +24,29 @@ def parse_bytes(text: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
+DEVICE_FORMS = "cuda, cuda:N or cpu"  # what --device takes
+_DEVICE_PATTERN = re.compile(r"cpu|cuda(:[0-9]+)?")
+
+
 def pick_device(requested: str | None) -> torch.device:
-    """The CUDA device when there is one (or the one asked for), else the CPU."""
+    """The CUDA device when there is one (or the one asked for), else the CPU.
+
+    Only `cuda`, `cuda:N` and `cpu` are accepted: dit-accel times work on CUDA GPUs and runs its
+    scaled-down checks on the CPU; other torch device types (meta holds no data, mps, xpu...) are
+    refused with one line, before anything is loaded."""
+    if requested is not None and not _DEVICE_PATTERN.fullmatch(requested):
+        kind = requested.split(":")[0]
+        why = ("meta tensors hold no data, so nothing can run or be timed" if kind == "meta"
+               else f"dit-accel runs on CUDA GPUs and on the CPU, not on {kind!r}")
+        raise UserError(f"--device {requested}: {why}; pass {DEVICE_FORMS} (or leave --device out)")
     device = torch.device(requested or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UserError(f"--device {requested} asked for, but this machine has no CUDA GPU; leave --device out")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise UserError(f"--device {requested} asked for, but this machine has {count} CUDA GPU(s), "
+                            f"cuda:0 to cuda:{count - 1}; pass one of them")
         if device.index is None:  # memory queries and caps need an explicit index
             device = torch.device("cuda", torch.cuda.current_device())
     return device

@@ -7,3 +7,12 @@ class UserError(Exception):
     The CLI prints `error: <message>` and exits with status 2, without a traceback. The message is one
     line and ends with what to do about it.
     """
+
+
+class Terminated(BaseException):
+    """The process got SIGTERM (a job scheduler, `kill`, torchrun stopping its workers).
+
+    Raised by the CLI's signal handler in the main thread, it unwinds like Ctrl-C's KeyboardInterrupt, so
+    every `finally` runs and a staged run folder is removed (`run_dir.staged_run_dir`). A BaseException,
+    as KeyboardInterrupt is, so an `except Exception` on the way does not swallow it.
+    """

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from diffusers.models.transformers import transformer_wan as wan
 
+from ..errors import UserError
 from .base import AttentionCall, BlockAdapter, ModuleRange, Workload, check_video_rows
 
 _WAN_MODULE = wan.__name__
@@ -76,15 +77,40 @@ class WanAdapter(BlockAdapter):
             )
 
     def workload_from_seq_len(self, seq_len: int, batch: int) -> Workload:
-        return Workload(seq_len, batch, {"video": seq_len, "text context": TEXT_ROWS}, f"--seq-len {seq_len}")
+        workload = Workload(seq_len, batch, {"video": seq_len, "text context": TEXT_ROWS}, f"--seq-len {seq_len}")
+        self._check_rope_positions(workload)
+        return workload
 
     def workload_from_video(self, frames: int, height: int, width: int, batch: int) -> Workload:
         pt, ph, pw = self.config["patch_size"]
         grid = ((frames - 1) // VAE_TEMPORAL // pt + 1, height // VAE_SPATIAL // ph, width // VAE_SPATIAL // pw)
         video = grid[0] * grid[1] * grid[2]
         check_video_rows(video, height, width, VAE_SPATIAL * ph)
-        return Workload(video, batch, {"video": video, "text context": TEXT_ROWS}, f"{frames} frames {height}x{width}",
-                        grid)
+        workload = Workload(video, batch, {"video": video, "text context": TEXT_ROWS},
+                            f"{frames} frames {height}x{width}", grid)
+        self._check_rope_positions(workload)
+        return workload
+
+    def _positions(self, workload: Workload) -> tuple[int, int, int]:
+        """How many (frame, row, column) positions of the patch grid the workload's rows reach."""
+        _, grid_height, grid_width = workload.video_grid or (None, GRID_HEIGHT, GRID_WIDTH)
+        last = workload.seq_len - 1
+        return (last // (grid_height * grid_width) + 1, min(grid_height, last // grid_width + 1),
+                min(grid_width, workload.seq_len))
+
+    def _check_rope_positions(self, workload: Workload) -> None:
+        """UserError when a grid axis reaches past the model's RoPE table (`rope_max_seq_len` positions
+        per axis: 1024 for Wan 2.1, 64 for a tiny test pipeline), which would fail deep in the block."""
+        table = self.config.get("rope_max_seq_len", 1024)
+        positions = self._positions(workload)
+        if max(positions) <= table:
+            return
+        layout = ("" if workload.video_grid else
+                  f" (its rows laid out on the {GRID_HEIGHT}x{GRID_WIDTH} patch grid of a 720x1280 frame)")
+        raise UserError(f"the {workload.source} workload{layout} needs {max(positions)} RoPE positions on one axis "
+                        f"({positions[0]} frames x {positions[1]} rows x {positions[2]} columns of patches), but this "
+                        f"Wan config has {table} (rope_max_seq_len); give a smaller video with --frames, --height and "
+                        f"--width (e.g. --frames 9 --height 64 --width 64)")
 
     def _rope(self, workload: Workload, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [1, S, 1, head_dim] for the rows laid out frame by frame on the video's patch grid

@@ -2,31 +2,36 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
 
-from ..attention.backends import BACKENDS, get_backend
-from ..attention.bench import (BASELINE_BACKEND, CPU_DEFAULT_SHAPE, GPU_DEFAULT_SHAPE, INPUT_KINDS, BenchRow, bench_shape,
-                               parse_shapes, plot_tflops)
-from ..device import DeviceInfo, pick_device
-from ..report_io import command_line, console, write_csv, write_json
+from ..report_io import console
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
-from .options import DTYPE_NAMES, AtLeast, RecipeParam, DtypeChoice
+from .options import ATTENTION_BACKENDS, AtLeast, DtypeChoice, RecipeParam
+
+if TYPE_CHECKING:  # torch loads when the command runs, not for --help (see cli.py)
+    from ..attention.bench import BenchRow
+    from ..device import DeviceInfo
 
 GPU_SKIPPED_BY_DEFAULT = ("math",)  # materializes B*H*S*S scores: out of memory at video lengths
+# For --help without importing torch, as text: `attention.bench`'s GPU_DEFAULT_SHAPE and CPU_DEFAULT_SHAPE,
+# and the keys of its INPUT_KINDS (tests/test_cli_errors.py checks them against the library's).
+HELP_GPU_DEFAULT_SHAPE, HELP_CPU_DEFAULT_SHAPE = "1x56x30272x128", "1x2x256x64"
+INPUT_CHOICES = ("normal", "outliers", "flat", "block")
 
 
 @click.command("bench-attention")
 @click.option("--shapes", "shapes_text", default=None, metavar="BxHxSxD[,...]",
               help=f"Comma-separated shapes, BxHxSxD (self-attention) or BxHxSqxSkvxD. "
-                   f"[default: {GPU_DEFAULT_SHAPE} (MiniMax-H3) on a GPU, {CPU_DEFAULT_SHAPE} on the CPU]")
+                   f"[default: {HELP_GPU_DEFAULT_SHAPE} (MiniMax-H3) on a GPU, {HELP_CPU_DEFAULT_SHAPE} on the CPU]")
 @click.option("--backends", "choices", type=RecipeParam(many=True, allow_options=False), default=None, metavar="NAME[,...]",
-              help=f"Comma-separated, from: {', '.join(BACKENDS)}. [default: all; on a GPU all but "
+              help=f"Comma-separated, from: {', '.join(ATTENTION_BACKENDS)}. [default: all; on a GPU all but "
                    f"{', '.join(GPU_SKIPPED_BY_DEFAULT)}] Unavailable ones are listed with the reason.")
 @click.option("--dtype", type=DtypeChoice(("bf16", "fp16")), default="bf16", show_default=True,
               help="Input and output dtype.")
-@click.option("--inputs", type=click.Choice(list(INPUT_KINDS)), default="normal", show_default=True,
+@click.option("--inputs", type=click.Choice(INPUT_CHOICES), default="normal", show_default=True,
               help="normal: N(0,1); outliers: 0.1% of the entries scaled 50x (FP8's hard case); flat: q x 0.05, "
                    "flat softmax rows; block: the q/k/v a MiniMax-H3 block feeds its attention (shapes Bx56xSx128).")
 @click.option("--outliers", is_flag=True, help="The same as --inputs outliers.")
@@ -43,6 +48,12 @@ def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs,
     alone. On a machine without a GPU this is a scaled-down CPU run: it checks the tool, its numbers
     say nothing about GPU speed.
     """
+    from ..attention.backends import BACKENDS, get_backend
+    from ..attention.bench import BASELINE_BACKEND, CPU_DEFAULT_SHAPE, GPU_DEFAULT_SHAPE, bench_shape, parse_shapes, plot_tflops
+    from ..device import DeviceInfo, pick_device
+    from ..report_io import command_line, write_csv, write_json
+    from .options import DTYPE_NAMES
+
     device = pick_device(device_name)
     is_cpu_run = device.type == "cpu"
     shapes = parse_shapes(shapes_text or (CPU_DEFAULT_SHAPE if is_cpu_run else GPU_DEFAULT_SHAPE))
@@ -82,6 +93,8 @@ def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs,
 
 
 def _title(info: DeviceInfo, dtype_name: str, input_kind: str, is_cpu_run: bool) -> str:
+    from ..attention.bench import INPUT_KINDS
+
     inputs = f"{dtype_name}, {INPUT_KINDS[input_kind]}"
     if is_cpu_run:
         return f"Attention on the CPU ({info.name}), {inputs}: scaled-down CPU run, NOT representative of GPU speed"
@@ -93,6 +106,8 @@ def _number(value: float | None, fmt: str, scale: float = 1.0, suffix: str = "")
 
 
 def _results_table(rows: list[BenchRow], title: str) -> Table:
+    from ..attention.bench import BASELINE_BACKEND
+
     table = Table(title=title, title_justify="left")
     for column, justify in [("backend", "left"), ("timed", "left"), ("shape", "left"), ("median ms", "right"),
                             ("TFLOP/s", "right"), (f"vs {BASELINE_BACKEND}", "right"), ("error %", "right"),

@@ -7,25 +7,25 @@ import math
 import statistics
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..patching.recipe import Recipe, parse_recipe
-from ..device import pick_device
 from ..errors import UserError
-from ..loading.offload import OFFLOAD_CHOICES, check_offload, host_to_device_gbps
-from ..pipelines.loading import inspect_pipeline_folder, load_pipeline, streamed_bytes
-from ..pipelines.parallel import UNEVEN_SEQUENCE, apply_ulysses, start_ulysses, stop_ulysses
-from ..pipelines.report import (GenerateSettings, build_header, build_report, compare_runs, streaming_figures,
-                                write_outputs)
-from ..pipelines.running import Request, RunResult, check_attention, run_once, warm_up
+from ..loading import OFFLOAD_CHOICES
 from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
-from ..report_io import console, write_json
+from ..report_io import console
 from ..run_dir import DEFAULT_OUTPUT_ROOT, check_run_dir, default_run_name, staged_run_dir
 from .options import ATTENTION_HELP, AtLeast, DtypeChoice, RecipeParam, compile_option, linear_option
+
+if TYPE_CHECKING:  # torch and diffusers load when a command runs, not for --help (see cli.py)
+    import torch
+    from rich.progress import Progress
+
+    from ..patching.recipe import Recipe
+    from ..pipelines.report import GenerateSettings
+    from ..pipelines.running import Request, RunResult
 
 DEFAULT_PROMPT = "a red fox running through fresh snow at sunset, wide shot"
 MAX_STEPS_LISTED = 12  # step rows printed in full; more are summarised
@@ -50,11 +50,15 @@ def make_tiny_pipeline(family, directory, seed):
 
 
 def _progress() -> Progress:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console, transient=True)
 
 
 def _run(pipe, request: Request, device: torch.device, attention: Recipe, warmup: bool) -> RunResult:
+    from ..pipelines.running import run_once, warm_up
+
     if warmup:
         with console.status(f"warm-up call ({attention.label} attention, 1 step)"):
             warm_up(pipe, request, device=device, attention=attention)
@@ -64,13 +68,15 @@ def _run(pipe, request: Request, device: torch.device, attention: Recipe, warmup
                         on_step=lambda done: progress.update(task, completed=done))
 
 
-def _stage_table(runs: list[RunResult]) -> Table:
+def _stage_table(runs: list[RunResult], dtype_name: str) -> Table:
+    """Stage times of each run, one column per run, headed by its attention name (`bf16` is the name of
+    the model's own attention, `native`, not a dtype: the title names the run's dtype)."""
     compare = len(runs) == 2
-    table = Table(title="Stage times (ms)" + (f" — speed-up = {runs[1].attention} over {runs[0].attention}"
-                                              if compare else ""))
+    table = Table(title=f"Stage times (ms), dtype {dtype_name}"
+                        + (f" — speed-up = {runs[1].attention} over {runs[0].attention} attention" if compare else ""))
     table.add_column("stage")
     for run in runs:
-        table.add_column(f"{run.attention} ms", justify="right")
+        table.add_column(f"{run.attention} attention, ms", justify="right")
     if compare:
         table.add_column("speed-up", justify="right")
 
@@ -160,6 +166,16 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
 def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, height, width, steps, seed, guidance, device_name,
              dtype, warmup, offload, ulysses, out):
     """Run a whole diffusers pipeline from a local folder: stage timings, the video (MP4), report.json."""
+    import torch
+
+    from ..device import pick_device
+    from ..loading.offload import check_offload
+    from ..patching.recipe import parse_recipe
+    from ..pipelines.loading import inspect_pipeline_folder
+    from ..pipelines.parallel import UNEVEN_SEQUENCE, start_ulysses, stop_ulysses
+    from ..pipelines.report import GenerateSettings
+    from ..pipelines.running import AttentionUnavailable, Request
+
     attention = (attn or parse_recipe("fp8" if compare else "bf16")).with_options(
         fp8_linear=linear == "fp8", compile_mode=compile_mode)  # the reference (--compare) runs as named
     if compare and attention.label == compare.label:
@@ -189,7 +205,11 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
             console.quiet = True  # rank 0 speaks and writes for all
         order = (compare, attention) if compare else (attention,)  # the reference first
         for choice in order:
-            check_attention(choice, device)
+            try:
+                check_attention(choice, device)
+            except AttentionUnavailable as exc:
+                raise UserError(_unavailable_line(exc, as_reference=choice is compare,
+                                                  defaulted=attn is None and choice is attention)) from exc
         check_offload(offload, device)
         settings = GenerateSettings(folder, request, device, dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32),
                                     order, warmup, offload, group)
@@ -213,6 +233,26 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
     return report
 
 
+def check_attention(attention: Recipe, device: torch.device) -> None:
+    """`pipelines.running.check_attention` (a name of this module, so tests can stand in for it)."""
+    from ..pipelines.running import check_attention as check
+
+    check(attention, device)
+
+
+def _unavailable_line(exc, *, as_reference: bool, defaulted: bool) -> str:
+    """The one line for an attention that cannot run here, naming the option the user wrote, or saying
+    that nobody wrote it (--compare's default candidate is fp8)."""
+    label, reason = exc.attention.label, exc.reason
+    if as_reference:
+        return f"--compare {label} cannot run here: {reason}; compare against --compare bf16 (or run on an sm_89+ GPU)"
+    if defaulted:
+        return (f"--compare runs {label} attention (the default --attn with --compare) against the reference, and "
+                f"{label} cannot run here: {reason}; pass --attn with an attention that runs here (e.g. --attn math) "
+                f"or run on an sm_89+ GPU")
+    return str(exc)
+
+
 @contextlib.contextmanager
 def _scratch_dir():
     """Where a rank other than 0 writes its (identical) outputs, deleted afterwards."""
@@ -221,6 +261,12 @@ def _scratch_dir():
 
 
 def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
+    from ..loading.offload import host_to_device_gbps
+    from ..pipelines.loading import load_pipeline, streamed_bytes
+    from ..pipelines.parallel import apply_ulysses
+    from ..pipelines.report import build_header, build_report, compare_runs, streaming_figures, write_outputs
+    from ..report_io import write_json
+
     s = settings
     with console.status(f"loading {s.folder.class_name} from {s.folder.path}"):
         pipe = load_pipeline(s.folder, device=s.device, dtype=s.dtype, offload=s.offload)
@@ -232,7 +278,7 @@ def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
     header = build_header(s, runs, streaming)
     for key, value in header.items():
         console.print(f"[bold]{key}:[/bold] {value}", style="red" if key == "NOTE" else None)
-    console.print(_stage_table(runs))
+    console.print(_stage_table(runs, header["dtype"]))
     for run in runs:
         if run.attention_summary:
             console.print(f"{run.attention} attention patch: {run.attention_summary}")

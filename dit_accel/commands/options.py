@@ -1,18 +1,35 @@
 """Click parameter types the commands share. A bad value fails with `OptionError`, whose message is
 written to follow the option's name: the CLI prints `error: --frames must be at least 1, got 0`,
-one line, exit status 2 (see `cli._Group`)."""
+one line, exit status 2 (see `cli._Group`).
+
+This module imports neither torch nor the attention registry: every command's --help reads it, and
+`dit-accel CMD --help` must not pay for torch. Values are converted (and torch imported) when a
+command runs; the --help text of the attention names is kept here as text
+(`tests/test_cli_errors.py` checks it against `patching.recipe.vocabulary_help()`).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import click
-import torch
 
-from ..patching.recipe import Recipe, parse_recipe, parse_recipe_list, vocabulary_help
-from ..device import parse_bytes
+DTYPE_CHOICES = ("bf16", "fp16", "fp32")
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+def torch_dtype(name: str):
+    """'bf16' -> torch.bfloat16 (torch imported on use)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def __getattr__(name: str):
+    """DTYPES (name -> torch dtype) and DTYPE_NAMES (its inverse), built on first use (torch is imported then)."""
+    if name == "DTYPES":
+        return {choice: torch_dtype(choice) for choice in DTYPE_CHOICES}
+    if name == "DTYPE_NAMES":
+        return {torch_dtype(choice): choice for choice in DTYPE_CHOICES}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class OptionError(click.BadParameter):
@@ -37,15 +54,17 @@ class DtypeChoice(click.Choice):
 
     name = "dtype"
 
-    def __init__(self, names: tuple[str, ...] = tuple(DTYPES)):
+    def __init__(self, names: tuple[str, ...] = DTYPE_CHOICES):
         super().__init__(list(names))
 
     def convert(self, value, param, ctx):
+        import torch
+
         if isinstance(value, torch.dtype):
             return value
         if value not in self.choices:
             raise OptionError(f"has an unsupported dtype {value!r}; use {', '.join(self.choices)}", ctx=ctx, param=param)
-        return DTYPES[value]
+        return torch_dtype(value)
 
 
 @dataclass(frozen=True)
@@ -62,6 +81,8 @@ class MemorySize(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, MemoryBudget):
             return value
+        from ..device import parse_bytes
+
         return MemoryBudget(value, parse_bytes(value))
 
 
@@ -75,6 +96,8 @@ class RecipeParam(click.ParamType):
         self.allow_options = allow_options
 
     def convert(self, value, param, ctx):
+        from ..patching.recipe import Recipe, parse_recipe, parse_recipe_list
+
         if isinstance(value, (Recipe, list)):
             return value
         if self.many:
@@ -82,7 +105,12 @@ class RecipeParam(click.ParamType):
         return parse_recipe(value, allow_options=self.allow_options)
 
 
-ATTENTION_HELP = vocabulary_help()
+# `patching.recipe.vocabulary_help()`, as text (see the module docstring); the names of the backends
+# in `attention.backends.BACKENDS`, in its order.
+ATTENTION_BACKENDS = ("native", "flash", "cudnn", "efficient", "math", "fa4", "fa3", "fa3-fp8", "fp8", "fp8-v1",
+                      "cudnn-fp8")
+ATTENTION_HELP = (f"{', '.join(ATTENTION_BACKENDS)}; alias bf16 (= native); options +rope, +fp8-linear, +compile, "
+                  f"+max-autotune (fused RoPE for MiniMax-H3, torchao FP8 linears, torch.compile)")
 
 
 def linear_option():

@@ -39,6 +39,10 @@ def load_block_from_checkpoint(adapter: BlockAdapter, folder: Path, index: int, 
     folder = transformer_folder(folder)
     layout = read_layout(folder)
     available = count_blocks(layout, adapter.block_key_template)
+    if available == 0:
+        raise UserError(f"the checkpoint in {folder} holds no {adapter.display_name} block tensors (no key starts "
+                        f"with {adapter.block_prefix(0)!r}); pass the folder of a {adapter.display_name} transformer "
+                        f"with its weights")
     if not 0 <= index < available:
         raise UserError(f"block {index} is out of range: the checkpoint in {folder} has {available} blocks "
                         f"(0..{available - 1}); pass --block between them")

@@ -51,6 +51,9 @@ class LoadStats:
 def transformer_folder(path: Path) -> Path:
     """The transformer folder itself, or the `transformer/` folder of a pipeline folder."""
     path = Path(path)
+    if path.is_file():
+        raise UserError(f"--checkpoint {path} is a file; pass the folder that holds it, with config.json and the "
+                        f"safetensors (a diffusers transformer folder, or a pipeline folder)")
     if not path.is_dir():
         raise UserError(f"checkpoint folder {path} does not exist; pass a local diffusers transformer folder")
     if not (path / CONFIG_NAME).is_file() and (path / "transformer" / CONFIG_NAME).is_file():

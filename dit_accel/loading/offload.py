@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-
-OFFLOAD_CHOICES = ("resident", "stream")
+from . import OFFLOAD_CHOICES  # noqa: F401 (where the commands have long imported it from)
 
 
 def check_offload(offload: str, device: torch.device) -> None:

@@ -13,7 +13,9 @@ for the duration of the call (and `+rope` swaps in the fused RoPE kernel too) an
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -60,15 +62,25 @@ class RunResult:
                 "audio": audio, "stages": self.times.as_dict(), "attention_patch": self.attention_summary}
 
 
+class AttentionUnavailable(UserError):
+    """`attention` cannot run on this device, for `reason` (the backend's own words)."""
+
+    def __init__(self, attention: Recipe, reason: str):
+        self.attention, self.reason = attention, reason
+        super().__init__(f"--attn {attention.label} cannot run here: {reason}; use --attn bf16 (or run on an "
+                         f"sm_89+ GPU)")
+
+
 def check_attention(attention: Recipe, device: torch.device) -> None:
-    """UserError now, before any weight is read, when `attention` cannot run on `device` (fp8 on a CPU)."""
+    """AttentionUnavailable now, before any weight is read, when `attention` cannot run on `device`
+    (fp8 on a CPU)."""
     if attention.is_default:
         return
     from ..attention.backends import get_backend
 
     reason = get_backend(attention.backend).unavailable_reason(device)
     if reason:
-        raise UserError(f"--attn {attention.label} cannot run here: {reason}; use --attn bf16 (or run on an sm_89+ GPU)")
+        raise AttentionUnavailable(attention, reason)
 
 
 class _Patch:
@@ -157,15 +169,59 @@ def _h3_call(request: Request, generator: torch.Generator) -> dict:
     return {k: v for k, v in wanted.items() if v is not None}
 
 
+def _refused(pipe: Any, exc: ValueError) -> UserError:
+    """The pipeline's own check of the request (duration, frame count, size multiple...) as our one line."""
+    reason = str(exc).strip().splitlines()[0].rstrip(".")
+    hint = ("; change --frames, --height or --width"
+            if any(word in reason.lower() for word in ("frame", "height", "width", "duration", "second"))
+            else "")
+    return UserError(f"{type(pipe).__name__} refused the request: {reason}{hint}")
+
+
+def _raised_in(exc: BaseException, function: str) -> bool:
+    """Whether `exc` was raised inside a function named `function` (a pipeline's `check_inputs`)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == function:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+class _DropBlockErrorLogs(logging.Filter):
+    """diffusers' modular pipeline logs a failing block's error with its whole traceback ("Error in
+    block: ...", level ERROR) and then raises it; the raised error becomes our one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().lstrip().startswith("Error in block")
+
+
+@contextlib.contextmanager
+def _without_block_error_logs():
+    logger = logging.getLogger("diffusers.modular_pipelines.modular_pipeline")
+    drop = _DropBlockErrorLogs()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
 def _call_h3(pipe: Any, request: Request, generator: torch.Generator) -> dict:
     try:
-        return pipe(**_h3_call(request, generator), output=["videos", "audio", "sampling_rate"])
+        with _without_block_error_logs():
+            return pipe(**_h3_call(request, generator), output=["videos", "audio", "sampling_rate"])
     except ValueError as exc:  # the pipeline's own checks of the request (duration, frame count, size multiple...)
-        reason = str(exc).strip().splitlines()[0].rstrip(".")
-        hint = ("; change --frames, --height or --width"
-                if any(word in reason.lower() for word in ("frame", "height", "width", "duration", "second"))
-                else "")
-        raise UserError(f"{type(pipe).__name__} refused the request: {reason}{hint}") from exc
+        raise _refused(pipe, exc) from exc
+
+
+def _call_diffusion(pipe: Any, kwargs: dict) -> Any:
+    try:
+        return pipe(**kwargs)
+    except ValueError as exc:
+        if _raised_in(exc, "check_inputs"):  # e.g. WanPipeline: height and width divisible by 16
+            raise _refused(pipe, exc) from exc
+        raise
 
 
 def _is_modular(pipe: Any) -> bool:
@@ -211,7 +267,7 @@ def run_once(pipe: Any, request: Request, *, device: torch.device, attention: Re
             if modular:
                 output = _call_h3(pipe, request, generator)
             else:
-                output = pipe(**_diffusion_call(pipe, request, generator, step_callback))
+                output = _call_diffusion(pipe, _diffusion_call(pipe, request, generator, step_callback))
         summary = patch.summary() if patch is not None else {}
     finally:
         if patch is not None:
