@@ -1,13 +1,20 @@
 """Output folders that appear whole or not at all.
 
 A command writes its files into a hidden staging folder beside the final one and renames it into
-place only when everything was written, so an error (bad input, out of memory, Ctrl-C) never leaves
-a half-written run under `outputs/`.
+place only when everything was written, so an error (bad input, out of memory, Ctrl-C, SIGTERM: the
+CLI turns both signals into exceptions) never leaves a half-written run under `outputs/`.
+
+A process killed outright (SIGKILL, the kernel's out-of-memory killer) cannot clean up, so the
+staging folder's name carries the process id, `.<name>.<pid>.<random>.partial`, and the next run
+into the same parent folder removes every such folder whose process is gone. One whose process still
+runs (another run, writing now) is left alone.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -16,6 +23,8 @@ from typing import Iterator
 from .errors import UserError
 
 DEFAULT_OUTPUT_ROOT = Path("outputs")
+# `.<name>.<pid>.<8 characters of tempfile.mkdtemp>.partial`
+_STAGING_NAME = re.compile(r"\..+\.(?P<pid>[0-9]+)\.[a-z0-9_]{8}\.partial")
 
 
 def default_run_name(command: str, tag: str) -> str:
@@ -32,6 +41,34 @@ def check_run_dir(final_dir: Path) -> None:
         raise UserError(f"{final_dir} is {kind}; pass --out a new folder (runs never overwrite)")
 
 
+def _process_is_gone(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)  # no signal sent: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, owned by someone else
+        return False
+    return False
+
+
+def remove_stale_staging(parent: Path) -> list[Path]:
+    """Remove the staging folders in `parent` left by runs that were killed outright (their process
+    is gone); returns what was removed. Folders of other names, and those of live runs, stay."""
+    removed = []
+    try:
+        entries = list(Path(parent).iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _STAGING_NAME.fullmatch(entry.name)
+        if match and entry.is_dir() and not entry.is_symlink() and _process_is_gone(int(match["pid"])):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
 @contextlib.contextmanager
 def staged_run_dir(final_dir: Path) -> Iterator[Path]:
     """Yield a staging folder; on success it becomes `final_dir`, on any exception it is removed.
@@ -43,7 +80,9 @@ def staged_run_dir(final_dir: Path) -> Iterator[Path]:
     check_run_dir(final_dir)
     try:
         final_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", suffix=".partial", dir=final_dir.parent))
+        remove_stale_staging(final_dir.parent)
+        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.{os.getpid()}.", suffix=".partial",
+                                        dir=final_dir.parent))
     except OSError as exc:
         raise UserError(f"cannot create the output folder {final_dir.parent} ({exc.strerror}); pass --out DIR") from exc
     try:
