@@ -18,12 +18,31 @@ from typing import Iterator
 
 
 @contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Ctrl-C (SIGINT) held back inside the block and delivered when it ends. A SIGINT that lands inside
+    a C++ library's initialisation (torch's pybind11 modules) can abort the process or leave a module
+    half-imported with a misleading error; held, it becomes a plain KeyboardInterrupt right after."""
+    import signal
+    import threading
+
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
 def quiet_imports() -> Iterator[None]:
-    """Log records of level WARNING and below, and Python warnings, are dropped inside the block."""
+    """Log records of level WARNING and below, and Python warnings, are dropped inside the block, and
+    a Ctrl-C is held until it ends (`_sigint_held`)."""
     previous = logging.root.manager.disable
     logging.disable(max(previous, logging.WARNING))
     try:
-        with warnings.catch_warnings():
+        with _sigint_held(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:

@@ -32,6 +32,22 @@ def _python(*args: str, **kwargs) -> subprocess.Popen:
                             **kwargs)
 
 
+def _wait_until_loaded(proc: subprocess.Popen, library: str, timeout: float = 60) -> None:
+    """Until the process has mapped a shared library whose path holds `library` (Linux /proc)."""
+    deadline = time.monotonic() + timeout
+    maps = Path(f"/proc/{proc.pid}/maps")
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the process ended (status {proc.returncode}) before loading {library}")
+        try:
+            if library in maps.read_text():
+                return
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"{library} not loaded within {timeout} s")
+
+
 def _dit_accel(*args, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dit_accel", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout)
@@ -224,7 +240,7 @@ def test_a_signal_mid_run_leaves_nothing_behind(tmp_path, signum, exit_code, lin
 def test_ctrl_c_during_the_imports_is_one_line(tmp_path):
     """Ctrl-C in the first seconds, while torch and diffusers import: `interrupted`, 130, no traceback."""
     proc = _python("-m", "dit_accel", "profile-block", "--device", "cpu", "--out", str(tmp_path / "run"))
-    time.sleep(0.6)
+    _wait_until_loaded(proc, "libtorch")  # inside the imports: torch's library is mapped, the run not begun
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
