@@ -17,13 +17,30 @@ class TimingStats:
     min_ms: float
     max_ms: float
     runs: int
+    samples_ms: tuple[float, ...] = ()  # every timed run, in order (empty when built from a summary)
 
     @classmethod
     def from_samples(cls, samples_ms: list[float]) -> "TimingStats":
-        return cls(statistics.median(samples_ms), min(samples_ms), max(samples_ms), len(samples_ms))
+        return cls(statistics.median(samples_ms), min(samples_ms), max(samples_ms), len(samples_ms),
+                   tuple(samples_ms))
+
+    @property
+    def max_over_min(self) -> float | None:
+        """Slowest run over fastest (1.0: every run took the same time); None for a 0 ms fastest run."""
+        return self.max_ms / self.min_ms if self.min_ms > 0 else None
+
+    @property
+    def cv_pct(self) -> float | None:
+        """Coefficient of variation of the kept samples (sample standard deviation over mean), in
+        percent; None with fewer than two samples."""
+        if len(self.samples_ms) < 2:
+            return None
+        mean = statistics.fmean(self.samples_ms)
+        return 100 * statistics.stdev(self.samples_ms) / mean if mean > 0 else None
 
     def as_dict(self) -> dict:
-        return {"median_ms": self.median_ms, "min_ms": self.min_ms, "max_ms": self.max_ms, "runs": self.runs}
+        return {"median_ms": self.median_ms, "min_ms": self.min_ms, "max_ms": self.max_ms, "runs": self.runs,
+                "max_over_min": self.max_over_min, "cv_pct": self.cv_pct, "samples_ms": list(self.samples_ms)}
 
 
 def time_region(fn: Callable[[], object], *, device: torch.device, warmup: int = 3, runs: int = 10) -> TimingStats:

@@ -1,23 +1,31 @@
 """`dit-accel profile-block`: one DiT block streamed onto the GPU, profiled, extrapolated to the model.
 
-This module parses the options into `profiling.session.ProfileSettings` and prints; the work is
+This module parses the options into `profiling.session.ProfileSettings`, checks the memory
+estimate (`profiling.memory`) and prints, with the session's progress; the work is
 `profiling.session.run_session`, the report `profiling.report`."""
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 import click
 import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..adapters import ADAPTERS, DEFAULT_FAMILY, BlockAdapter, adapter_for_config, adapter_for_preset, read_transformer_config
 from ..device import apply_memory_budget, device_ceilings, pick_device
 from ..errors import UserError
 from ..loading.checkpoint import CONFIG_NAME, transformer_folder
 from ..loading.offload import OFFLOAD_CHOICES, check_offload
+from ..profiling.memory import check_fits
+from ..profiling.progress import NO_PROGRESS, SessionProgress
 from ..profiling.report import build_report, render, write_files
 from ..patching.recipe import check_recipes
 from ..profiling.session import ProfileSettings, run_session
-from ..report_io import console
+from ..report_io import console, err_console, to_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
 from .options import ATTENTION_HELP, AtLeast, DtypeChoice, MemorySize, RecipeParam, compile_option, linear_option
 
@@ -30,6 +38,39 @@ def _adapter(model: str | None, preset: str | None, checkpoint: Path | None) -> 
     if model and model != adapter.family:
         raise UserError(f"--model {model} does not match the checkpoint, which is {adapter.family}; drop --model")
     return adapter
+
+
+class _TerminalProgress(SessionProgress):
+    """Each stage as a live bar with its count while it runs (on a terminal; transient), and, once
+    the session has finished, one line per stage with its count and seconds. Nothing is left
+    behind when the session fails: a user error stays one line."""
+
+    def __init__(self, out: Console):
+        self.out = out
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=out, transient=True)
+        self.done: list[str] = []
+
+    def __enter__(self) -> "_TerminalProgress":
+        self.bar.start()
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.bar.stop()
+        if exc_type is None:
+            for line in self.done:
+                self.out.print(f"[dim]  {line}[/dim]")
+
+    @contextlib.contextmanager
+    def stage(self, label: str, total: int | None = None) -> Iterator[Callable[[], None]]:
+        task = self.bar.add_task(label, total=total)
+        start = time.perf_counter()
+        try:
+            yield lambda: self.bar.advance(task)
+        finally:
+            self.bar.remove_task(task)
+        count = f" {total}/{total}" if total else ""
+        self.done.append(f"{label}{count}: {time.perf_counter() - start:.1f} s")
 
 
 @click.command("profile-block")
@@ -76,9 +117,12 @@ def _adapter(model: str | None, preset: str | None, checkpoint: Path | None) -> 
 @click.option("--refresh-ceilings", is_flag=True, help="Measure the device's GEMM and copy ceilings again.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run folder (default outputs/profile-block_<model>_<time>/).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines (the tables, warnings and the folder still print).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print report.json's content to stdout and nothing else there (progress and warnings go to stderr).")
 def profile_block(model, preset, checkpoint, block_index, seq_len, frames, height, width, batch, dtype, attn,
                   compare_attn, linear, compile_mode, warmup, runs, steps, guidance_passes, outside_ms, validate_blocks, offload,
-                  memory_budget, trace, device_name, seed, refresh_ceilings, out):
+                  memory_budget, trace, device_name, seed, refresh_ceilings, out, quiet, as_json):
     """Profile ONE transformer block: per-op and per-module time, memory, and the whole-model extrapolation.
 
     With no options: the MiniMax-H3 block at S=30272 in bf16 on the GPU, synthetic weights. Without a GPU:
@@ -112,23 +156,37 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
         memory_budget=memory_budget.text if memory_budget else None, trace=trace, seed=seed, scaled_down=scaled_down)
 
     final_dir = out or DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", adapter.family)
-    # Measured (once per device) before the budget applies: the measurement itself takes ~4 GiB.
-    ceilings, ceilings_cached = device_ceilings(device, dtype, refresh=refresh_ceilings)
-    if memory_budget:
-        apply_memory_budget(device, memory_budget.nbytes)
+    if memory_budget and device.type != "cuda":
+        apply_memory_budget(device, memory_budget.nbytes)  # its one-line refusal on the CPU
+    # Before anything large exists: weights, activations and what profiling adds, against the room there is.
+    estimate = check_fits(settings, memory_budget.nbytes if memory_budget else None,
+                          memory_budget.text if memory_budget else None)
+    out_console = err_console if as_json else console  # with --json stdout carries the report alone
+    progress = contextlib.nullcontext(NO_PROGRESS) if quiet else _TerminalProgress(err_console if as_json else console)
     try:
-        with staged_run_dir(final_dir) as run_dir:
-            result = run_session(settings, run_dir)
-            for note in result.notes:
-                console.print(f"[yellow]note: {note}[/yellow]")
+        with progress as shown, staged_run_dir(final_dir) as run_dir:
+            # Measured (once per device) before the budget applies: the measurement itself takes ~4 GiB.
+            with shown.stage("device ceilings (GEMM and copy; measured once per device, then cached)"):
+                ceilings, ceilings_cached = device_ceilings(device, dtype, refresh=refresh_ceilings)
+            if memory_budget:
+                apply_memory_budget(device, memory_budget.nbytes)
+            result = run_session(settings, run_dir, shown)
+            result.memory_estimate = estimate.as_dict()
             report = build_report(settings, result, ceilings, ceilings_cached)
-            render(console, report, result.runs, ceilings, result.validation)
             write_files(run_dir, report, result.runs)
     except torch.OutOfMemoryError as exc:
         budget = f"the {memory_budget.text} budget" if memory_budget else "this GPU's memory"
         raise UserError(f"out of memory: the {adapter.display_name} block at S={workload.seq_len} (batch "
                         f"{workload.batch}) with its profiling{' and --validate' if validate_blocks else ''} does not "
                         f"fit in {budget}; lower --seq-len or --batch, or raise --memory-budget") from exc
+    for note in result.notes:
+        out_console.print(f"[yellow]note: {note}[/yellow]")
     traces = "".join(f", {settings.trace_name(recipe)}" for recipe in settings.recipes) if trace else ""
-    console.print(f"\nwrote {final_dir}/: report.json, ops.csv, breakdown.png{traces}")
+    if as_json:
+        for warning in report["warnings"]:
+            err_console.print(f"[yellow]warning: {warning}[/yellow]")
+        click.echo(to_json(report))
+    else:
+        render(console, report, result.runs, ceilings, result.validation)
+    out_console.print(f"\nwrote {final_dir}/: report.json, ops.csv, breakdown.png{traces}")
     return report

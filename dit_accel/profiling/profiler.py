@@ -2,7 +2,11 @@
 every GPU kernel (on the CPU: every aten op's own time) to a category and to a named range."""
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +21,43 @@ from ..loading.block import param_bytes
 from ..timing import TimingStats, time_region
 from .classify import CATEGORIES, classify
 from .op_bytes import count_op_bytes
+from .progress import NO_PROGRESS, SessionProgress
 from .ranges import instrument, range_label
+
+# libkineto (torch.profiler's tracer) writes one line to stderr at every profiler start and stop,
+# `USDT:<time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start` (and `:59]
+# profiler_stop`). They are its USDT severity, 5, above ERROR, 4: the only switch,
+# KINETO_LOG_LEVEL=6, would hide kineto's errors too, and it is read once, at the first profiler
+# start of the process (not at torch's import; setting it later does nothing). TORCH_CPP_LOG_LEVEL
+# does not reach kineto's logger. So the two markers are dropped by matching them, and every other
+# line kineto writes meanwhile is passed on.
+_KINETO_MARKER = re.compile(r"^USDT:.*\] profiler_(start|stop)\s*$")
+
+
+@contextlib.contextmanager
+def kineto_markers_dropped():
+    """Around a profiler start or stop: stderr (file descriptor 2, where libkineto writes) goes to a
+    temporary file, and afterwards every line of it but kineto's start/stop markers goes to stderr."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            lines = capture.read().decode(errors="replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not _KINETO_MARKER.match(line))
+            if kept:
+                os.write(2, kept.encode())
 
 
 @dataclass(frozen=True)
@@ -152,36 +192,56 @@ def _collect(prof, runs: int, device_kind: str, body_label: str,
 
 def profile_block(block: nn.Module, inputs: dict[str, Any], adapter: BlockAdapter, *, device: torch.device,
                   warmup: int, runs: int, profiled_runs: int = 2, trace_path: Path | None = None,
-                  named_ranges: bool = True) -> BlockProfile:
+                  named_ranges: bool = True, progress: SessionProgress = NO_PROGRESS,
+                  label: str = "block") -> BlockProfile:
     """Time `block(**inputs)` and attribute its work; the inputs are reused (the block does not modify them).
 
     named_ranges=False (a compiled block): no module ranges and no per-op byte count. Hooks and
     dispatch modes around a compiled graph would be traced into it or force recompiles, and its
     kernels are fused across modules anyway; every kernel then counts in the block-body range and
-    is classified by its name alone.
+    is classified by its name alone. `progress` gets the warm-up, the timed runs and the profiler
+    pass (the op-byte count run and the profiled runs), each stage named after `label`.
     """
 
     def step():
         with torch.no_grad():
             block(**inputs)
 
+    def counted(done):
+        def run():
+            step()
+            done()
+        return run
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    timing = time_region(step, device=device, warmup=warmup, runs=runs)
+    if warmup:
+        with progress.stage(f"{label}: warm-up", warmup) as done:
+            for _ in range(warmup):  # what time_region's own warm-up does, with a count
+                counted(done)()
+    with progress.stage(f"{label}: timed runs", runs) as done:
+        timing = time_region(counted(done), device=device, warmup=0, runs=runs)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     ranges = adapter.module_ranges if named_ranges else ()
-    with instrument(block, ranges, use_nvtx=device.type == "cuda"):
-        op_bytes = count_op_bytes(step, adapter.body_label) if named_ranges else {}
-        with torch.profiler.profile(activities=activities) as prof:
+    with progress.stage(f"{label}: profiler pass", profiled_runs + named_ranges) as done, \
+            instrument(block, ranges, use_nvtx=device.type == "cuda"):
+        op_bytes = count_op_bytes(counted(done), adapter.body_label) if named_ranges else {}
+        prof = torch.profiler.profile(activities=activities)
+        with kineto_markers_dropped():  # the `with profile(...)` statement's enter and exit, filtered
+            prof.__enter__()
+        try:
             for _ in range(profiled_runs):
-                step()
+                counted(done)()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+        finally:
+            with kineto_markers_dropped():
+                prof.__exit__(None, None, None)
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
     kernels = _collect(prof, profiled_runs, device.type, adapter.body_label, op_bytes)

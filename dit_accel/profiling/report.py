@@ -13,7 +13,8 @@ from rich.table import Table
 
 from .. import __version__
 from ..device import Ceilings, DeviceInfo
-from ..report_io import command_line, write_csv, write_json
+from ..report_io import command_line, provenance, write_csv, write_json
+from ..timing import TimingStats
 from .classify import MATMUL_CATEGORIES
 from .extrapolate import Extrapolation, Validation
 from .profiler import BlockProfile
@@ -27,6 +28,25 @@ GAPS_LABEL = {"cuda": "gaps between kernels", "cpu": "outside aten ops"}
 
 
 COMPILED_RANGE_NOTE = "compiled graph (kernels fused across modules: not attributed to them)"
+
+# Timed runs this spread out make the median a guess: the report and the terminal say so.
+NOISY_MAX_OVER_MIN = 1.3  # slowest run / fastest run
+NOISY_CV_PCT = 10.0  # standard deviation / mean of the runs, percent
+
+SCALED_DOWN_NOTE = ("scaled-down CPU block: its times and the whole-model figures built from them "
+                    "say nothing about a GPU")
+
+
+def timing_noise(timing: TimingStats, label: str) -> str | None:
+    """A warning when the timed runs spread widely (max/min or CV past the thresholds), else None."""
+    ratio, cv = timing.max_over_min, timing.cv_pct
+    if not ((ratio is not None and ratio > NOISY_MAX_OVER_MIN) or (cv is not None and cv > NOISY_CV_PCT)):
+        return None
+    cv_text = f", CV {cv:.0f}%" if cv is not None else ""
+    more = max(30, 3 * timing.runs)
+    return (f"{label}: the {timing.runs} timed runs spread widely ({timing.min_ms:.2f} to {timing.max_ms:.2f} ms, "
+            f"max/min {ratio:.2f}{cv_text}): the median {timing.median_ms:.2f} ms is uncertain; "
+            f"rerun with --runs {more} on a quieter machine")
 
 
 @dataclass
@@ -107,6 +127,7 @@ class BackendRun:
         p = self.profile
         return {
             "backend": self.backend, "block_ms": self.block_ms, "timing": p.timing.as_dict(),
+            "timing_noise": timing_noise(p.timing, self.backend),
             "kernel_time_ms": p.kernel_time_us / 1e3, "profiled_runs": p.profiled_runs,
             "peak_memory_bytes": p.peak_memory_bytes, "weights_bytes": p.weights_bytes,
             "attention_flops": self.attention_flops, "linear_flops": self.linear_flops,
@@ -136,9 +157,14 @@ def build_report(settings: "ProfileSettings", result: "SessionResult", ceilings:
                     f"({', '.join(f'{k} {v}' for k, v in workload.rows.items())}); {workload.source}",
         "dtype": dtype,
         "device": info.label,
-        "block time": ", ".join(f"{r.backend} {r.block_ms:.2f} ms (median of {r.profile.timing.runs})" for r in runs),
+        "block time": ", ".join(f"{r.backend} {r.block_ms:.2f} ms (median of {r.profile.timing.runs}"
+                                + (f", max/min {r.profile.timing.max_over_min:.2f}" if r.profile.timing.max_over_min else "")
+                                + ")" for r in runs),
         "peak memory": f"{peak / 2**30:.2f} GiB" if peak is not None else "n/a on the CPU",
     }
+    if result.memory_estimate:
+        m = result.memory_estimate
+        header["memory estimate"] = f"~{m['total_bytes'] / 2**30:.2f} GiB with a {m['margin']:.0%} margin ({m['summary']})"
     if s.memory_budget:
         header["memory budget"] = s.memory_budget
     if s.offload == "stream":
@@ -150,9 +176,14 @@ def build_report(settings: "ProfileSettings", result: "SessionResult", ceilings:
         header["NOTE"] = (f"no GPU: scaled-down {adapter.display_name} block (hidden {adapter.hidden_size}, "
                           f"{adapter.config['num_attention_heads']} heads) at S={workload.seq_len}; run on a GPU for real numbers")
     validation = result.validation
+    warnings = [w for w in (timing_noise(r.profile.timing, r.backend) for r in runs) if w]
     return {
         "dit_accel_version": __version__, "command": command_line(),
+        "provenance": provenance(seed=s.seed, device=s.device),
         "run_kind": "gpu" if s.device.type == "cuda" else ("cpu-scaled-down" if s.scaled_down else "cpu"),
+        "scaled_down": s.scaled_down, "scaled_down_note": SCALED_DOWN_NOTE if s.scaled_down else None,
+        "warnings": warnings,
+        "memory_estimate": result.memory_estimate,
         "header": header, "device": info.as_dict(), "ceilings": {**ceilings.as_dict(), "from_cache": ceilings_cached},
         "model": adapter.describe(), "block": loaded.as_dict(), "workload": workload.as_dict(),
         "dtype": dtype, "memory_budget": s.memory_budget, "offload": s.offload,
@@ -198,9 +229,14 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
             modules.add_row(label, f"{row['ms']:.2f}", f"{row['share_pct']:.1f}%")
         console.print(modules)
 
-    whole = Table(title="Whole model, extrapolated from one block",
-                  caption=f"attention error: each backend on the block's own q, k, v against a "
-                          f"{report['attention_reference']} reference; block output: against the first backend")
+    scaled = bool(report.get("scaled_down"))
+    mark = "*" if scaled else ""
+    caption = (f"attention error: each backend on the block's own q, k, v against a "
+               f"{report['attention_reference']} reference; block output: against the first backend")
+    if scaled:
+        caption += f"\n* {SCALED_DOWN_NOTE}"
+    whole = Table(title="Whole model, extrapolated from one block" + (" (* scaled-down: not GPU figures)" if scaled else ""),
+                  caption=caption)
     whole.add_column("attention")
     for col in ("block ms", "per pass", "per step", "per video", "speedup", "attention error", "block output vs first"):
         whole.add_column(col, justify="right")
@@ -208,10 +244,11 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
     for run in runs:
         e = run.extrapolation
         err = run.output_vs_reference
-        whole.add_row(run.backend, f"{run.block_ms:.2f}", f"{e.pass_ms / 1e3:.2f} s", f"{e.step_ms / 1e3:.2f} s",
-                      f"{e.video_s / 60:.1f} min", f"{base.block_ms / run.block_ms:.2f}x",
+        whole.add_row(run.backend, f"{run.block_ms:.2f}{mark}", f"{e.pass_ms / 1e3:.2f} s{mark}",
+                      f"{e.step_ms / 1e3:.2f} s{mark}", f"{e.video_s / 60:.1f} min{mark}", f"{base.block_ms / run.block_ms:.2f}x",
                       f"{100 * run.attention_rel_err:.3g}%" if run.attention_rel_err is not None else "—",
-                      f"rel L2 {100 * err['rel_l2']:.3g}%, cos {err['cosine']:.6f}" if err else "—")
+                      f"rel L2 {100 * err['rel_l2']:.3g}%, cos {err['cosine']:.6f}" if err else "—",
+                      style="dim" if scaled else None)
     console.print(whole)
     for run in runs:
         c = run.compile_stats
@@ -233,6 +270,8 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
                       f"extrapolated {v.extrapolated_ms:.1f} ms, ratio {v.ratio:.3f} ({v.error_pct:+.1f}%)")
         if v.streamed:
             console.print(f"  offload stream: {v.streamed.summary()}")
+    for warning in report.get("warnings", []):
+        console.print(f"[yellow]warning: {warning}[/yellow]")
 
 
 def write_files(run_dir: Path, report: dict[str, Any], runs: list[BackendRun]) -> None:
@@ -249,6 +288,7 @@ def plot_breakdown(path: Path, report: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     runs = report["runs"]
+    scaled = bool(report.get("scaled_down"))
     fig, axes = plt.subplots(2, 1, figsize=(11, 2 * (1.4 + 0.6 * len(runs))), squeeze=False)
     for ax, key, title in ((axes[0][0], "categories", "by kind of work"), (axes[1][0], "modules", "by module")):
         labels = list(dict.fromkeys(label for run in runs for label in run[key]))
@@ -257,12 +297,16 @@ def plot_breakdown(path: Path, report: dict[str, Any]) -> None:
             left = 0.0
             for i, label in enumerate(labels):
                 ms = run[key].get(label, {}).get("ms", 0.0)
-                ax.barh(y, ms, left=left, color=cmap(i % 20), label=label if y == 0 else None)
+                ax.barh(y, ms, left=left, color=cmap(i % 20), label=label if y == 0 else None,
+                        alpha=0.45 if scaled else 1.0, hatch="//" if scaled else None)
                 left += ms
         ax.set_yticks(range(len(runs)), [r["backend"] for r in runs])
-        ax.set_xlabel("ms per block")
-        ax.set_title(f"{report['header']['model']} block, {title}")
+        ax.set_xlabel("ms per block" + ("*" if scaled else ""))
+        ax.set_title(f"{report['header']['model']} block, {title}" + (" (SCALED-DOWN CPU RUN*)" if scaled else ""),
+                     color="dimgray" if scaled else "black")
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.tight_layout()
+    if scaled:
+        fig.text(0.01, -0.02, f"* {SCALED_DOWN_NOTE}", fontsize=8, color="dimgray", ha="left", va="top")
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

@@ -22,6 +22,7 @@ from ..timing import wall_seconds
 from .attention_error import attention_errors, capture_attention_inputs
 from .extrapolate import Extrapolation, Validation
 from .profiler import profile_block
+from .progress import NO_PROGRESS, SessionProgress
 from .report import BackendRun, CompileStats
 from .validate import validate_chain
 
@@ -66,6 +67,7 @@ class SessionResult:
     attention_reference: str  # the dtype the attention errors were measured against
     validation: Validation | None
     notes: list[str] = field(default_factory=list)  # things the user should know (fallbacks)
+    memory_estimate: dict[str, Any] | None = None  # `memory.MemoryEstimate.as_dict()`, set by the command
 
 
 def rope_swap(block: torch.nn.Module, fuse: bool):
@@ -123,12 +125,16 @@ def _compile(block: torch.nn.Module, inputs: dict[str, Any], mode: str, device: 
     return CompileStats(mode, seconds, breaks - breaks_before, graphs - graphs_before, graphs)
 
 
-def run_session(settings: ProfileSettings, run_dir: Path) -> SessionResult:
+def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgress = NO_PROGRESS) -> SessionResult:
+    """Every recipe profiled on one block, then the attention check and the --validate chain;
+    `progress` is told each stage as it starts and each unit of it as it ends."""
     s = settings
     if s.checkpoint is not None:
-        loaded = load_block_from_checkpoint(s.adapter, s.checkpoint, s.block_index, s.device, s.dtype)
+        with progress.stage(f"loading block {s.block_index} from {s.checkpoint}"):
+            loaded = load_block_from_checkpoint(s.adapter, s.checkpoint, s.block_index, s.device, s.dtype)
     else:
-        loaded = synthetic_block(s.adapter, s.block_index, s.device, s.dtype, seed=s.seed)
+        with progress.stage(f"building block {s.block_index} (synthetic weights)"):
+            loaded = synthetic_block(s.adapter, s.block_index, s.device, s.dtype, seed=s.seed)
     generator = torch.Generator(device=s.device).manual_seed(s.seed)
     inputs = s.adapter.make_inputs(s.workload, s.device, s.dtype, generator)
 
@@ -145,10 +151,11 @@ def run_session(settings: ProfileSettings, run_dir: Path) -> SessionResult:
             del linears  # it holds the block
             compile_stats = None
             if recipe.compile_mode is not None:
-                compile_stats = _compile(block, inputs, recipe.compile_mode, s.device)
+                with progress.stage(f"{recipe.label}: torch.compile and its first call"):
+                    compile_stats = _compile(block, inputs, recipe.compile_mode, s.device)
             profile = profile_block(block, inputs, s.adapter, device=s.device, warmup=s.warmup, runs=s.runs,
                                     trace_path=run_dir / s.trace_name(recipe) if s.trace else None,
-                                    named_ranges=recipe.compile_mode is None)
+                                    named_ranges=recipe.compile_mode is None, progress=progress, label=recipe.label)
             if compile_stats is not None:
                 compile_stats.graphs_after_first_call = _dynamo_counts()[1] - compile_stats.graphs
             with torch.no_grad():
@@ -174,10 +181,11 @@ def run_session(settings: ProfileSettings, run_dir: Path) -> SessionResult:
                                compile_stats=compile_stats,
                                fp8_linears=linear_summary))
 
-    attention_inputs = capture_attention_inputs(loaded.block, inputs, s.adapter)
     backends = list(dict.fromkeys(recipe.backend for recipe in s.recipes))
-    attention_rel_err, attention_reference = attention_errors(*attention_inputs, backends)
-    del attention_inputs
+    with progress.stage(f"attention error on the block's own q/k/v ({len(backends)} backend(s))"):
+        attention_inputs = capture_attention_inputs(loaded.block, inputs, s.adapter)
+        attention_rel_err, attention_reference = attention_errors(*attention_inputs, backends)
+        del attention_inputs
     for run, recipe in zip(runs, s.recipes):
         run.attention_rel_err = attention_rel_err[recipe.backend]
 
@@ -188,5 +196,6 @@ def run_session(settings: ProfileSettings, run_dir: Path) -> SessionResult:
         with rope_swap(loaded.block, recipe.fused_rope):  # the rotary global is per model file: covers the chain
             validation = validate_chain(s.adapter, loaded.block, inputs, s.validate_blocks, attention=recipe.backend,
                                         device=s.device, dtype=s.dtype, block_ms=first.block_ms,
-                                        activation_bytes=max(0, activation_bytes), offload=s.offload)
+                                        activation_bytes=max(0, activation_bytes), offload=s.offload,
+                                        progress=progress)
     return SessionResult(loaded, runs, attention_reference, validation, notes)

@@ -13,6 +13,7 @@ from ..loading.block import param_bytes, synthetic_block
 from .extrapolate import Validation
 from ..loading.offload import StreamedRun, host_to_device_gbps, pin_to_host, stream_blocks
 from ..timing import time_region
+from .progress import NO_PROGRESS, SessionProgress
 
 # Activation headroom kept free when deciding how many distinct blocks fit: the single-block peak
 # minus its weights, times this factor.
@@ -45,7 +46,8 @@ class BlockChain(nn.Module):
 
 def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: dict[str, Any], n: int, *,
                    attention: str, device: torch.device, dtype: torch.dtype, block_ms: float,
-                   activation_bytes: int, offload: str = "resident", warmup: int = 1, runs: int = 3) -> Validation:
+                   activation_bytes: int, offload: str = "resident", warmup: int = 1, runs: int = 3,
+                   progress: SessionProgress = NO_PROGRESS) -> Validation:
     """Time `n` blocks run one after another on `inputs`, all on attention backend `attention`.
 
     resident: `first_block` (the profiled one) and fresh synthetic blocks (speed does not depend on
@@ -59,17 +61,24 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
     streamed_bytes = 0
     if offload == "stream":
         blocks = []
-        for i in range(n):  # one block on the device at a time while building
-            block = synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=i).block
-            pin_to_host(block, pin=device.type == "cuda")
-            blocks.append(block)
+        with progress.stage(f"validation chain: building {n} blocks in host memory", n) as built:
+            for i in range(n):  # one block on the device at a time while building
+                block = synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=i).block
+                pin_to_host(block, pin=device.type == "cuda")
+                blocks.append(block)
+                built()
         chain = BlockChain(blocks)
         streamed_bytes = stream_blocks(chain, device)
         distinct = n
     else:
         distinct = distinct_blocks_that_fit(n, param_bytes(first_block), activation_bytes, device)
-        chain = BlockChain([first_block] + [
-            synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=i).block for i in range(1, distinct)])
+        with progress.stage(f"validation chain: building {distinct} blocks", distinct) as built:
+            built()  # the profiled block is the first
+            others = []
+            for i in range(1, distinct):
+                others.append(synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=i).block)
+                built()
+        chain = BlockChain([first_block] + others)
 
     def run_chain():
         with torch.no_grad():
@@ -77,7 +86,14 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
 
     with use_attention_backend(chain, attention):
         # The first streamed pass teaches diffusers the block order it prefetches in: warm up once more.
-        timing = time_region(run_chain, device=device, warmup=warmup + (offload == "stream"), runs=runs)
+        chain_warmup = warmup + (offload == "stream")
+        with progress.stage(f"validation chain: {n} blocks, warm-up and timed passes", chain_warmup + runs) as done:
+            def counted():
+                run_chain()
+                done()
+            for _ in range(chain_warmup):
+                counted()
+            timing = time_region(counted, device=device, warmup=0, runs=runs)
     streamed = None
     if offload == "stream":
         streamed = StreamedRun(streamed_bytes, host_to_device_gbps(device), timing.median_ms, n * block_ms,

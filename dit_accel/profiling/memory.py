@@ -1,0 +1,217 @@
+"""What a profile-block session will need in memory, worked out from the config and the workload
+before anything large is allocated (`estimate_session`), and the check against the room there is
+(`check_fits`: the GPU's free memory and `--memory-budget`, or the host's available memory on the
+CPU), which refuses in one line that says how much and what to lower.
+
+Model (bytes; B batch, S rows, D hidden, I = heads x head dim, e the dtype's bytes, r the
+attention reference's bytes: 8 on the CPU, 4 on a GPU):
+
+- weights: the block's parameters in the dtypes a load gives them (exact, from a meta-device block);
+- inputs: hidden states B*S*D*e, RoPE cos/sin S*2*head_dim*4, indices and positions ~64 B a row;
+- forward: the transient peak of one forward, B*S*D*e*FORWARD_ELEMENTS[device] (+ the S x S
+  scores twice over, for a `math` recipe), and a deep copy of the weights for FP8-linear or
+  compiled recipes;
+- profiling: the reference and current outputs kept (2*B*S*D*e), then the attention check: the
+  block's own q/k/v (3*B*S*I*e), k, v and the output in the reference dtype (3*B*S*I*r), two
+  chunks of scores (each at most REFERENCE_CHUNK_SCORES, `attention.reference`), the backend's
+  output and the error's temporaries in the reference dtype (B*S*I*(e + 2r));
+- validate: the chain's other blocks ((N-1) x weights on the CPU; on a GPU the chain holds what
+  fits and cycles, so only one more block when streaming).
+
+total = (weights + inputs + kept outputs + max(forward, attention check) + validate) * (1 +
+MARGIN) + FIXED_BYTES.
+
+Calibration (CPU, scaled-down H3 block, fp32, RSS high-water mark through /proc/self/clear_refs;
+`measured_peak_bytes`): one forward took 17.7, 17.6 and 19.9 elements of D per row at S = 4096,
+8192 and 16384 (22.3 at the margin between the last two), so FORWARD_ELEMENTS["cpu"] = 22; whole
+sessions (native attention, 1 warm-up, 2 runs) peaked at 0.17, 1.36 and 4.75 GB at S = 1024, 4096
+and 8192 (the float64 attention reference's scores dominate from S = 4096), which the model puts
+10% and 3.5% under at 4096 and 8192 (at 1024 fixed costs dominate: 32% under) before the margin;
+with it the estimate is 2.4x, 1.28x and 1.21x the measured peak. GPU: the real H3 block at S = 30272 in bf16 peaked at
+5.70 GiB (max_memory_allocated over the timed runs) with 1.29 GB of weights: 4.47 GB of inputs
+and activations, 13.75 elements of D per row, hence FORWARD_ELEMENTS["cuda"] = 14; the GPU's
+attention check was not measured apart. MARGIN = 20% covers the calibration's spread, plus
+FIXED_BYTES for the interpreter's and the profiler's own buffers.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from ..attention.reference import REFERENCE_CHUNK_SCORES
+from ..errors import UserError
+
+if TYPE_CHECKING:
+    from .session import ProfileSettings
+
+# Transient peak of one forward, in elements of the block's dtype per row and per hidden unit.
+FORWARD_ELEMENTS = {"cpu": 22.0, "cuda": 14.0}
+MARGIN = 0.20
+FIXED_BYTES = 256 * 2**20
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A session's memory, by what holds it (bytes, before the margin), and the total with it."""
+
+    weights_bytes: int
+    inputs_bytes: int
+    forward_bytes: int  # one forward's transient peak (and a recipe's copy of the block)
+    profiling_bytes: int  # kept outputs, then the attention check: what profiling adds to a plain run
+    validate_bytes: int  # the --validate chain's other blocks
+    device_kind: str
+
+    @property
+    def total_bytes(self) -> int:
+        held = self.weights_bytes + self.inputs_bytes + self.validate_bytes
+        return int((held + max(self.forward_bytes, self.profiling_bytes)) * (1 + MARGIN) + FIXED_BYTES)
+
+    def breakdown(self) -> str:
+        """What holds the memory, in GiB before the margin; the forward and the attention check come
+        one after the other, so the total takes the larger of the two."""
+        parts = [f"weights {self.weights_bytes / GiB:.2f} GiB",
+                 f"inputs and activations {(self.inputs_bytes + self.forward_bytes) / GiB:.2f} GiB",
+                 f"then profiling's kept outputs and attention check {self.profiling_bytes / GiB:.2f} GiB"]
+        if self.validate_bytes:
+            parts.append(f"--validate chain {self.validate_bytes / GiB:.2f} GiB")
+        return ", ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"weights_bytes": self.weights_bytes, "inputs_bytes": self.inputs_bytes,
+                "forward_bytes": self.forward_bytes, "profiling_bytes": self.profiling_bytes,
+                "validate_bytes": self.validate_bytes, "margin": MARGIN, "fixed_bytes": FIXED_BYTES,
+                "total_bytes": self.total_bytes, "device_kind": self.device_kind, "summary": self.breakdown()}
+
+
+def block_weight_bytes(settings: "ProfileSettings") -> int:
+    """The block's parameters in the dtypes a load gives them, counted on a meta-device block."""
+    s = settings
+    block = s.adapter.build_block()
+    prefix = s.adapter.block_prefix(s.block_index) if s.block_index < s.adapter.num_blocks else ""
+    return sum(p.numel() * torch.empty((), dtype=s.adapter.param_dtype(prefix + name, s.dtype)).element_size()
+               for name, p in block.named_parameters())
+
+
+def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = None) -> MemoryEstimate:
+    s = settings
+    c = s.adapter.config
+    kind = "cuda" if s.device.type == "cuda" else "cpu"
+    e = torch.empty((), dtype=s.dtype).element_size()
+    r = 4 if kind == "cuda" else 8
+    batch, rows, hidden = s.workload.batch, s.workload.seq_len, s.adapter.hidden_size
+    heads, head_dim = c["num_attention_heads"], c["attention_head_dim"]
+    inner = heads * head_dim
+    weights = block_weight_bytes(s) if weights_bytes is None else weights_bytes
+    tokens = batch * rows
+
+    inputs = tokens * hidden * e + rows * (2 * head_dim * 4 + 64)
+    forward = tokens * hidden * e * FORWARD_ELEMENTS[kind]
+    if any(recipe.backend == "math" for recipe in s.recipes):
+        forward += 2 * sum(call.batch * call.heads * call.q_len * call.kv_len
+                           for call in s.adapter.attention_calls(s.workload)) * e
+    if any(recipe.fp8_linear or recipe.compile_mode for recipe in s.recipes):
+        forward += weights
+    # The reference's scores per chunk: whole rows, at most REFERENCE_CHUNK_SCORES unless one row is more.
+    chunk_scores = min(heads * rows * rows, max(REFERENCE_CHUNK_SCORES, heads * rows))
+    kept_outputs = 2 * tokens * hidden * e
+    attention_check = 3 * tokens * inner * e + 3 * tokens * inner * r + 2 * chunk_scores * r + tokens * inner * (e + 2 * r)
+    validate = 0
+    if s.validate_blocks > 1:
+        validate = (s.validate_blocks - 1) * weights if kind == "cpu" else (weights if s.offload == "stream" else 0)
+    return MemoryEstimate(int(weights), int(inputs), int(forward), int(kept_outputs + attention_check), int(validate),
+                          kind)
+
+
+def host_available_bytes() -> int | None:
+    """The host's available memory (MemAvailable: free plus what the kernel can reclaim), or None."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _rows_that_fit(settings: "ProfileSettings", weights: int, room: int) -> int:
+    """The largest --seq-len (same batch) whose estimate fits in `room` bytes; 0 if none does."""
+    import dataclasses
+
+    def fits(rows: int) -> bool:
+        workload = dataclasses.replace(settings.workload, seq_len=rows)
+        return estimate_session(dataclasses.replace(settings, workload=workload), weights).total_bytes <= room
+
+    low, high = 0, settings.workload.seq_len
+    while low < high:  # the estimate grows with rows: bisect
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
+
+
+def check_fits(settings: "ProfileSettings", budget_bytes: int | None = None,
+               budget_text: str | None = None) -> MemoryEstimate:
+    """The session's estimate; a UserError (one line: how much, where it does not fit, what to
+    lower) when it exceeds the budget, the GPU's free memory, or the host's available memory."""
+    s = settings
+    estimate = estimate_session(s)
+    rooms: list[tuple[int, str]] = []
+    if s.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(s.device)
+        rooms.append((free, f"this GPU's {free / GiB:.1f} GiB of free memory"))
+        if budget_bytes is not None:
+            rooms.append((budget_bytes, f"the {budget_text} budget"))
+    else:
+        available = host_available_bytes()
+        if available is not None:
+            rooms.append((available, f"this host's {available / GiB:.1f} GiB of available memory"))
+    if not rooms:
+        return estimate
+    room, where = min(rooms, key=lambda pair: pair[0])
+    if estimate.total_bytes <= room:
+        return estimate
+    w = s.workload
+    what = (f"the {s.adapter.display_name} block at S={w.seq_len} (batch {w.batch}) needs about "
+            f"{estimate.total_bytes / GiB:.1f} GiB ({estimate.breakdown()}, +{MARGIN:.0%}): it does not fit in {where}")
+    fixed = (estimate.weights_bytes + estimate.validate_bytes) * (1 + MARGIN) + FIXED_BYTES
+    if fixed > room:
+        lower = "raise --memory-budget" if budget_bytes is not None and room == budget_bytes else "use a larger device"
+        if s.validate_blocks > 1:
+            lower = f"lower --validate, or {lower}"
+        raise UserError(f"{what}; its weights{' and the chain' if s.validate_blocks > 1 else ''} alone take "
+                        f"{fixed / GiB:.2f} GiB: {lower}")
+    rows = _rows_that_fit(s, estimate.weights_bytes, room)
+    hint = f"lower --seq-len (about {rows} fits)" if rows else "lower --seq-len"
+    if w.batch > 1:
+        hint += " or --batch"
+    if budget_bytes is not None and room == budget_bytes:
+        hint += ", or raise --memory-budget"
+    raise UserError(f"{what}; {hint}")
+
+
+def measured_peak_bytes(fn: Callable[[], object]) -> int | None:
+    """The process's resident-memory high-water mark while `fn()` ran, above its resident memory
+    before: Linux only (VmHWM, reset through /proc/self/clear_refs); None elsewhere. Used to
+    calibrate the CPU estimate."""
+    status = Path("/proc/self/status")
+
+    def read(field: str) -> int:
+        for line in status.read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+        raise OSError(field)
+
+    try:
+        before = read("VmRSS:")
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return None
+    fn()
+    return read("VmHWM:") - before
