@@ -269,7 +269,7 @@ def test_a_killed_runs_staging_folder_is_removed_by_the_next_run(tmp_path):
 # --- --help is fast; a normal run is quiet -------------------------------------------------------
 
 @pytest.mark.parametrize("args", [["--help"], ["generate", "--help"], ["make-tiny-pipeline", "--help"],
-                                  ["bench-attention", "--help"]])
+                                  ["bench-attention", "--help"], ["profile-block", "--help"], ["compare", "--help"]])
 def test_help_imports_neither_torch_nor_diffusers(args):
     code = ("import sys; from click.testing import CliRunner; from dit_accel.cli import main; "
             f"r = CliRunner().invoke(main, {args!r}); assert r.exit_code == 0, r.output; print(r.output); "
@@ -306,6 +306,13 @@ def test_the_attention_help_text_is_the_vocabularys():
 
     assert ATTENTION_BACKENDS == tuple(BACKENDS)
     assert ATTENTION_HELP == vocabulary_help()
+
+
+def test_the_model_family_choices_are_the_adapters():
+    from dit_accel.adapters import ADAPTERS, DEFAULT_FAMILY as LIBRARY_DEFAULT
+    from dit_accel.commands.options import DEFAULT_FAMILY, MODEL_FAMILIES
+
+    assert MODEL_FAMILIES == tuple(sorted(ADAPTERS)) and DEFAULT_FAMILY == LIBRARY_DEFAULT
 
 
 @NO_GPU

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 import click
 
 DTYPE_CHOICES = ("bf16", "fp16", "fp32")
+# The model families of `adapters.ADAPTERS`, as text so that --help imports no adapter (and no diffusers);
+# a test checks they agree.
+MODEL_FAMILIES = ("minimax-h3", "wan")
+DEFAULT_FAMILY = "minimax-h3"
 
 
 def torch_dtype(name: str):

@@ -11,26 +11,25 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import click
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..adapters import ADAPTERS, DEFAULT_FAMILY, BlockAdapter, adapter_for_config, adapter_for_preset, read_transformer_config
-from ..device import apply_memory_budget, device_ceilings, pick_device
 from ..errors import UserError
-from ..loading.checkpoint import CONFIG_NAME, transformer_folder
-from ..loading.offload import OFFLOAD_CHOICES, check_offload
-from ..profiling.memory import check_fits
+from ..loading import OFFLOAD_CHOICES
 from ..profiling.progress import NO_PROGRESS, SessionProgress
-from ..profiling.report import build_report, render, write_files
-from ..patching.recipe import check_recipes
-from ..profiling.session import ProfileSettings, run_session
 from ..report_io import console, err_console, to_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
-from .options import ATTENTION_HELP, AtLeast, DtypeChoice, MemorySize, RecipeParam, compile_option, linear_option
+from .options import (ATTENTION_HELP, DEFAULT_FAMILY, MODEL_FAMILIES, AtLeast, DtypeChoice, MemorySize, RecipeParam,
+                      compile_option, linear_option)
+
+# torch, diffusers (through the adapters) and the library load inside the command, not at import:
+# `dit-accel profile-block --help` costs click alone.
 
 
-def _adapter(model: str | None, preset: str | None, checkpoint: Path | None) -> BlockAdapter:
+def _adapter(model: str | None, preset: str | None, checkpoint: Path | None):
+    from ..adapters import adapter_for_config, adapter_for_preset, read_transformer_config
+    from ..loading.checkpoint import CONFIG_NAME, transformer_folder
+
     if checkpoint is None:
         return adapter_for_preset(model or DEFAULT_FAMILY, preset)
     folder = transformer_folder(checkpoint)
@@ -74,7 +73,7 @@ class _TerminalProgress(SessionProgress):
 
 
 @click.command("profile-block")
-@click.option("--model", type=click.Choice(sorted(ADAPTERS)), default=None,
+@click.option("--model", type=click.Choice(MODEL_FAMILIES), default=None,
               help=f"Model family (default {DEFAULT_FAMILY}; taken from the checkpoint when one is given).")
 @click.option("--preset", default=None, help="Embedded config of the family (h3; wan2.1-14b). Ignored with --checkpoint.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
@@ -128,6 +127,15 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
     With no options: the MiniMax-H3 block at S=30272 in bf16 on the GPU, synthetic weights. Without a GPU:
     a scaled-down, clearly labelled CPU run of the same code.
     """
+    import torch
+
+    from ..device import apply_memory_budget, device_ceilings, pick_device
+    from ..loading.offload import check_offload
+    from ..patching.recipe import check_recipes
+    from ..profiling.memory import check_fits
+    from ..profiling.report import build_report, render, write_files
+    from ..profiling.session import ProfileSettings, run_session
+
     video = (frames, height, width)
     if any(v is not None for v in video) and (None in video or seq_len is not None):
         raise UserError("give the workload either as --seq-len or as all of --frames, --height and --width")
