@@ -87,3 +87,4 @@ def test_a_folder_that_is_not_a_run_is_one_line(two_runs, tmp_path, how, message
 def test_compare_module_imports_no_torch():
     code = "import sys, dit_accel.commands.compare; print('torch' in sys.modules or 'diffusers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+

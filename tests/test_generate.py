@@ -260,3 +260,20 @@ def test_generate_with_streamed_transformer_matches_resident(tiny_wan, tmp_path)
     a, b = _read_video(resident / "video.mp4"), _read_video(streamed / "video.mp4")
     assert len(a) == len(b)
     assert max(float(np.abs(x.astype(np.float32) - y.astype(np.float32)).mean()) for x, y in zip(a, b)) < 1.0
+
+
+def test_bench_attention_and_generate_reports_carry_provenance(tmp_path, tiny_wan):
+    from click.testing import CliRunner as Runner
+
+    from dit_accel.cli import main as cli_main
+
+    bench = tmp_path / "bench"
+    result = Runner().invoke(cli_main, ["bench-attention", "--device", "cpu", "--backends", "math", "--out", str(bench)])
+    assert result.exit_code == 0, result.output
+    gen = tmp_path / "gen"
+    result = Runner().invoke(cli_main, ["generate", "--pipeline", str(tiny_wan), "--no-warmup", "--steps", "1",
+                                        "--seed", "7", "--out", str(gen)])
+    assert result.exit_code == 0, result.output
+    for folder, seed in ((bench, 0), (gen, 7)):
+        p = json.loads((folder / "report.json").read_text())["provenance"]
+        assert p["seed"] == seed and p["versions"]["torch"] and p["versions"]["python"] and p["timestamp"]

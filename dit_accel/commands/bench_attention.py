@@ -51,7 +51,7 @@ def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs,
     from ..attention.backends import BACKENDS, get_backend
     from ..attention.bench import BASELINE_BACKEND, CPU_DEFAULT_SHAPE, GPU_DEFAULT_SHAPE, bench_shape, parse_shapes, plot_tflops
     from ..device import DeviceInfo, pick_device
-    from ..report_io import command_line, write_csv, write_json
+    from ..report_io import command_line, provenance, write_csv, write_json
     from .options import DTYPE_NAMES
 
     device = pick_device(device_name)
@@ -75,6 +75,7 @@ def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs,
                                 warmup=warmup, runs=runs, seed=seed)
         write_json(staging / "report.json", {
             "command_line": command_line(),
+            "provenance": provenance(seed=seed, device=device),
             "device": device_info.as_dict(),
             "cpu_run_not_representative": is_cpu_run,
             "settings": {"shapes": [s.label for s in shapes], "backends": [b.name for b in backends], "dtype": dtype_name,

@@ -10,7 +10,7 @@ import torch
 
 from .. import __version__
 from ..device import DeviceInfo
-from ..report_io import command_line
+from ..report_io import command_line, provenance
 from .loading import PipelineFolder
 from .parallel import UlyssesGroup
 from .quality import compare_videos
@@ -89,6 +89,7 @@ def build_report(settings: GenerateSettings, header: dict[str, str], runs: list[
                  comparison: dict | None) -> dict[str, Any]:
     folder = settings.folder
     return {"dit_accel_version": __version__, "command": command_line(),
+            "provenance": provenance(seed=settings.request.seed, device=settings.device),
             "run_kind": "gpu" if settings.device.type == "cuda" else "cpu", "header": header,
             "pipeline": {"class": folder.class_name, "path": str(folder.path),
                          "components": {k: list(v) for k, v in folder.components.items()}},
