@@ -188,3 +188,13 @@ def test_fa3_fp8_prep_gives_our_per_head_codes_in_fa3s_layout():
     torch.testing.assert_close(fa3.descale.reshape(3, -1), ours.descale, rtol=0, atol=0)
     ours_q = ours.q[:, :40].view(2, 3, 40, 64).transpose(1, 2)  # [B*H, Sq_pad, D] -> [B, Sq, H, D]
     assert torch.equal(fa3.q.view(torch.uint8), ours_q.contiguous().view(torch.uint8))
+
+
+def test_only_unavailable_backends_is_one_line_and_writes_nothing(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU refusal")
+    out = tmp_path / "outputs" / "run"
+    result = CliRunner().invoke(main, ["bench-attention", "--device", "cpu", "--backends", "fp8", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: no backend asked for can run on cpu (fp8: ") and result.output.count("\n") == 1
+    assert not out.parent.exists() or not any(out.parent.iterdir())

@@ -134,3 +134,12 @@ def test_validate_runs_every_chained_block_on_the_chosen_backend(small_h3, fake_
     assert validation.chained_blocks == validation.distinct_blocks == 4
     assert len(fake_backend.calls) == 4 * (1 + 2)  # every block of every run, warm-up included
     assert not any("_attention_backend" in vars(m.processor) for m in block.modules() if hasattr(m, "processor"))
+
+
+def test_a_rate_above_the_copy_ceiling_says_cache_not_a_percentage():
+    from dit_accel.profiling.report import _fmt_rate
+
+    assert _fmt_rate({"bytes_est": 1e9, "gbps_est": 352.0, "pct_of_ceiling": 998.0}) == \
+        "~352 GB/s (above the copy ceiling: cache-resident)"
+    assert _fmt_rate({"bytes_est": 1e9, "gbps_est": 2920.0, "pct_of_ceiling": 68.4}) == "~2.92e+03 GB/s (68%)"
+    assert _fmt_rate({"tflops": 850.0, "pct_of_ceiling": 107.0}) == "850 TFLOP/s (107%)"  # FP8 vs the bf16 ceiling

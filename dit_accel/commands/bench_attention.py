@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.table import Table
 
+from ..errors import UserError
 from ..report_io import console
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
 from .options import ATTENTION_BACKENDS, AtLeast, DtypeChoice, RecipeParam
@@ -61,6 +62,11 @@ def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs,
         backends = [get_backend(choice.backend) for choice in choices]
     else:
         backends = [b for b in BACKENDS.values() if is_cpu_run or b.name not in GPU_SKIPPED_BY_DEFAULT]
+    unavailable = {b.name: reason for b in backends if (reason := b.unavailable_reason(device)) is not None}
+    if len(unavailable) == len(backends):  # nothing would be measured: say so instead of an empty table
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in unavailable.items())
+        raise UserError(f"no backend asked for can run on {device} ({reasons}); pick ones that can (e.g. "
+                        f"--backends math,native) or run on a GPU")
     tag = shapes[0].label + (f"+{len(shapes) - 1}" if len(shapes) > 1 else "")
     final_dir = out_dir or DEFAULT_OUTPUT_ROOT / default_run_name("bench-attention", tag)
     device_info = DeviceInfo.of(device)

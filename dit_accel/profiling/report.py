@@ -197,6 +197,8 @@ def _fmt_rate(row: dict[str, Any]) -> str:
     if "tflops" in row:
         return f"{row['tflops']:.3g} TFLOP/s ({row['pct_of_ceiling']:.0f}%)"
     if row.get("bytes_est"):  # ops outside aten (our Triton prep, CuTe DSL kernels) have no byte count
+        if row["pct_of_ceiling"] > 100:  # the ops' tensors were served from cache, not memory
+            return f"~{row['gbps_est']:.3g} GB/s (above the copy ceiling: cache-resident)"
         return f"~{row['gbps_est']:.3g} GB/s ({row['pct_of_ceiling']:.0f}%)"
     return ""
 
