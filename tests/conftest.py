@@ -92,6 +92,27 @@ def tiny_h3_checkpoint(tmp_path_factory, real_h3_weight_map) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def tiny_wan(tmp_path_factory) -> Path:
+    """A tiny random WanPipeline folder (`make-tiny-pipeline wan`), built once; tests that damage one
+    copy it first."""
+    from dit_accel.pipelines.tiny import make_tiny_pipeline
+
+    folder = tmp_path_factory.mktemp("pipelines") / "wan"
+    make_tiny_pipeline("wan", folder, 0)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_h3(tmp_path_factory) -> Path:
+    """A tiny random MiniMax-H3 modular pipeline folder (`make-tiny-pipeline h3`), built once."""
+    from dit_accel.pipelines.tiny import make_tiny_pipeline
+
+    folder = tmp_path_factory.mktemp("pipelines") / "h3"
+    make_tiny_pipeline("h3", folder, 0)
+    return folder
+
+
 @pytest.fixture
 def tiny_h3_copy(tiny_h3_checkpoint, tmp_path) -> Path:
     """A private copy of the tiny checkpoint that a test may damage."""

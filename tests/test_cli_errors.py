@@ -64,22 +64,6 @@ def _assert_one_error_line(result, outputs: Path, words: str, *, ran: bool = Fal
     assert not outputs.exists() or list(outputs.iterdir()) == [], list(outputs.iterdir())
 
 
-@pytest.fixture(scope="module")
-def tiny_wan(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("pipelines") / "wan"
-    result = CliRunner().invoke(main, ["make-tiny-pipeline", "wan", str(folder)], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return folder
-
-
-@pytest.fixture(scope="module")
-def tiny_h3(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("pipelines") / "h3"
-    result = CliRunner().invoke(main, ["make-tiny-pipeline", "h3", str(folder)], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return folder
-
-
 @pytest.fixture
 def no_blocks_checkpoint(tmp_path, tiny_wan) -> Path:
     """The tiny Wan transformer's config beside a safetensors file with no block tensor in it."""

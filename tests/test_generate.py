@@ -21,14 +21,6 @@ def _invoke(*args: str):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
-@pytest.fixture(scope="module")
-def tiny_wan(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("pipelines") / "wan"
-    result = _invoke("make-tiny-pipeline", "wan", str(folder))
-    assert result.exit_code == 0, result.output
-    return folder
-
-
 def _read_video(path: Path) -> list:
     reader = imageio.get_reader(str(path))
     try:

@@ -24,14 +24,6 @@ def _invoke(*args: str):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
-@pytest.fixture(scope="module")
-def tiny_h3(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("pipelines") / "h3"
-    result = _invoke("make-tiny-pipeline", "h3", str(folder))
-    assert result.exit_code == 0, result.output
-    return folder
-
-
 def _read_video(path: Path) -> tuple[list, dict]:
     reader = imageio.get_reader(str(path))
     try:

@@ -18,14 +18,6 @@ from dit_accel.cli import main
 from dit_accel.errors import UserError
 from dit_accel.pipelines.loading import inspect_pipeline_folder, load_pipeline
 from dit_accel.pipelines.parallel import apply_ulysses
-from dit_accel.pipelines.tiny import make_tiny_pipeline
-
-
-@pytest.fixture(scope="module")
-def tiny_wan(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("ulysses") / "tiny-wan"
-    make_tiny_pipeline("wan", folder, 0)
-    return folder
 
 
 @pytest.mark.parametrize("args, message", [
