@@ -5,9 +5,9 @@ place only when everything was written, so an error (bad input, out of memory, C
 CLI turns both signals into exceptions) never leaves a half-written run under `outputs/`.
 
 A process killed outright (SIGKILL, the kernel's out-of-memory killer) cannot clean up, so the
-staging folder's name carries the process id, `.<name>.<pid>.<random>.partial`, and the next run
-into the same parent folder removes every such folder whose process is gone. One whose process still
-runs (another run, writing now) is left alone.
+staging folder's name carries the host and the process id, `.<name>.<host>-<pid>.<random>.partial`,
+and the next run on that host into the same parent folder removes every such folder whose process
+is gone. One whose process still runs (another run, writing now), and another host's, are left alone.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import datetime as _dt
 import os
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -23,8 +24,13 @@ from typing import Iterator
 from .errors import UserError
 
 DEFAULT_OUTPUT_ROOT = Path("outputs")
-# `.<name>.<pid>.<8 characters of tempfile.mkdtemp>.partial`
-_STAGING_NAME = re.compile(r"\..+\.(?P<pid>[0-9]+)\.[a-z0-9_]{8}\.partial")
+# `.<name>.<host>-<pid>.<8 characters of tempfile.mkdtemp>.partial`: a pid means something only on its host
+# (an `outputs/` on a shared file system is seen by runs on other machines).
+_STAGING_NAME = re.compile(r"\..+\.(?P<host>[A-Za-z0-9-]+)-(?P<pid>[0-9]+)\.[a-z0-9_]{8}\.partial")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
 
 
 def default_run_name(command: str, tag: str) -> str:
@@ -63,7 +69,8 @@ def remove_stale_staging(parent: Path) -> list[Path]:
         return removed
     for entry in entries:
         match = _STAGING_NAME.fullmatch(entry.name)
-        if match and entry.is_dir() and not entry.is_symlink() and _process_is_gone(int(match["pid"])):
+        if (match and match["host"] == _host() and entry.is_dir() and not entry.is_symlink()
+                and _process_is_gone(int(match["pid"]))):
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed
@@ -81,7 +88,7 @@ def staged_run_dir(final_dir: Path) -> Iterator[Path]:
     try:
         final_dir.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_staging(final_dir.parent)
-        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.{os.getpid()}.", suffix=".partial",
+        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.{_host()}-{os.getpid()}.", suffix=".partial",
                                         dir=final_dir.parent))
     except OSError as exc:
         raise UserError(f"cannot create the output folder {final_dir.parent} ({exc.strerror}); pass --out DIR") from exc

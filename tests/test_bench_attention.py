@@ -198,3 +198,10 @@ def test_only_unavailable_backends_is_one_line_and_writes_nothing(tmp_path):
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: no backend asked for can run on cpu (fp8: ") and result.output.count("\n") == 1
     assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
+def test_outliers_flag_with_another_input_kind_is_refused(tmp_path):
+    result = CliRunner().invoke(main, ["bench-attention", "--device", "cpu", "--backends", "math", "--inputs", "flat",
+                                       "--outliers", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and result.output.startswith("error: --outliers is --inputs outliers")
+    assert not (tmp_path / "run").exists()

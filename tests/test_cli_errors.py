@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
-from dit_accel import cli
+from dit_accel import cli, run_dir
 from dit_accel.cli import main
 from dit_accel.device import pick_device
 from dit_accel.errors import UserError
@@ -237,14 +237,16 @@ def test_a_killed_runs_staging_folder_is_removed_by_the_next_run(tmp_path):
     same parent removes it once its process is gone, and leaves a live run's and any other folder alone."""
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
-    stale = tmp_path / f".old-run.{dead_pid}.abcd_123.partial"
-    live = tmp_path / f".other-run.{os.getppid()}.zyxw9876.partial"
-    unrelated = [tmp_path / ".old-run.abcdefgh.partial", tmp_path / ".git", tmp_path / "earlier_run"]
+    host = run_dir._host()
+    stale = tmp_path / f".old-run.{host}-{dead_pid}.abcd_123.partial"
+    live = tmp_path / f".other-run.{host}-{os.getppid()}.zyxw9876.partial"
+    elsewhere = tmp_path / f".old-run.another-host-{dead_pid}.abcd_123.partial"  # its pid means nothing here
+    unrelated = [tmp_path / ".old-run.abcdefgh.partial", tmp_path / ".git", tmp_path / "earlier_run", elsewhere]
     for folder in (stale, live, *unrelated):
         folder.mkdir()
     (stale / "ops.csv").write_text("half")
     with staged_run_dir(tmp_path / "new-run") as staging:
-        assert staging.name.startswith(f".new-run.{os.getpid()}.")
+        assert staging.name.startswith(f".new-run.{host}-{os.getpid()}.")
     assert not stale.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "new-run", *(p.name for p in unrelated)])
     assert remove_stale_staging(tmp_path) == []

@@ -101,3 +101,39 @@ def test_profile_block_compares_an_eager_and_a_compiled_recipe(tmp_path):
     assert list(compiled["modules"]) == [COMPILED_RANGE_NOTE]
     assert compiled["output_vs_reference"]["rel_l2"] < 1e-4
     assert "torch.compile mode default: first call" in result.output
+
+
+def test_two_compiled_recipes_report_no_false_recompiles(tmp_path):
+    """dynamo's graph counter is process-wide: the second compiled recipe's count starts from its own compile."""
+    import json
+
+    from click.testing import CliRunner
+
+    from dit_accel.cli import main
+
+    torch._dynamo.reset()
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", "--seq-len", "64", "--runs", "1",
+                                       "--warmup", "1", "--compare-attn", "native+compile,math+compile",
+                                       "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    runs = json.loads((out / "report.json").read_text())["runs"]
+    assert [r["compile"]["graphs_after_first_call"] for r in runs] == [0, 0]
+    assert "recompiled" not in result.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--compare-attn", "native+compile,native", "--validate", "2"], "--validate chains eager blocks"),
+    (["--model", "wan", "--attn", "native+rope"], "+rope swaps in MiniMax-H3's fused RoPE"),
+])
+def test_recipes_a_run_cannot_honour_are_refused_before_it_starts(tmp_path, args, words):
+    from click.testing import CliRunner
+
+    from dit_accel.cli import main
+
+    out = tmp_path / "outputs" / "run"
+    result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", "--seq-len", "64", "--runs", "1", *args,
+                                       "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and words in result.output and result.output.count("\n") == 1
+    assert not out.parent.exists() or not any(out.parent.iterdir())

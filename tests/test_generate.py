@@ -269,3 +269,22 @@ def test_bench_attention_and_generate_reports_carry_provenance(tmp_path, tiny_wa
     for folder, seed in ((bench, 0), (gen, 7)):
         p = json.loads((folder / "report.json").read_text())["provenance"]
         assert p["seed"] == seed and p["versions"]["torch"] and p["versions"]["python"] and p["timestamp"]
+
+
+def test_fp8_linears_on_the_cpu_are_refused_before_the_pipeline_loads(tiny_wan, tmp_path, monkeypatch):
+    """--linear fp8 cannot run on a CPU: one line, before anything is loaded (not after the reference ran)."""
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU refusal")
+    from dit_accel.pipelines import loading
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("the pipeline was loaded before the FP8-linear refusal")
+
+    monkeypatch.setattr(loading, "load_pipeline", must_not_load)
+    out = tmp_path / "outputs" / "run"
+    result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--linear", "fp8", "--device", "cpu",
+                                       "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: bf16+fp8-linear: FP8 linear layers need a CUDA GPU") and \
+        result.output.count("\n") == 1, result.output
+    assert not out.parent.exists() or not any(out.parent.iterdir())

@@ -87,6 +87,7 @@ class BlockAdapter(ABC):
     # FP8 linears (dit_accel.patching.fp8_linear): fnmatch patterns of the block's nn.Linear names that go
     # FP8, and of those that stay in the block dtype, each with its one-line reason. Unlisted linears stay.
     fp8_linear_modules: ClassVar[tuple[str, ...]] = ()
+    fused_rope_supported: ClassVar[bool] = False  # +rope: dit_accel.patching.rope serves this family's attention
     fp8_bf16_linears: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: dict[str, Any], *, preset: str | None = None):

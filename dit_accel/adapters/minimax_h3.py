@@ -42,6 +42,7 @@ class MiniMaxH3Adapter(BlockAdapter):
     presets = {"h3": H3_CONFIG}
     default_seq_len = 30272
     passes_per_step = 1
+    fused_rope_supported = True
     passes_per_step_source = ("MiniMax-H3 is guidance-distilled: diffusers' MiniMaxH3ModularPipeline runs one "
                               "transformer forward per step")
     module_ranges = (

@@ -62,7 +62,9 @@ class RoutedBackend:
     exactly one of the two, also inside a torch.compile'd model: the counts are 0-d int64 tensors
     bumped in place, so the increment is part of the compiled graph and runs on every call
     (a Python int reached through a module would be guarded by its value, and each increment
-    would recompile the model).
+    would recompile the model). They live on the CPU, which costs no kernel launch in eager runs;
+    the limits: calls replayed from a CUDA graph (a manual capture, or inductor's CUDA graphs) are
+    counted once, at capture, and a CPU op in a compiled CUDA graph makes inductor split or skip it.
     """
 
     backend: AttentionBackend

@@ -71,6 +71,8 @@ def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs,
     final_dir = out_dir or DEFAULT_OUTPUT_ROOT / default_run_name("bench-attention", tag)
     device_info = DeviceInfo.of(device)
     dtype_name = DTYPE_NAMES[dtype]
+    if outliers and inputs not in ("normal", "outliers"):
+        raise UserError(f"--outliers is --inputs outliers; it cannot go with --inputs {inputs}: keep one")
     inputs = "outliers" if outliers else inputs
     title = _title(device_info, dtype_name, inputs, is_cpu_run)
 

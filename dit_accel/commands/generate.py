@@ -170,6 +170,7 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
 
     from ..device import pick_device
     from ..loading.offload import check_offload
+    from ..patching.fp8_linear import fp8_linear_unavailable_reason
     from ..patching.recipe import parse_recipe
     from ..pipelines.loading import inspect_pipeline_folder
     from ..pipelines.parallel import UNEVEN_SEQUENCE, start_ulysses, stop_ulysses
@@ -211,8 +212,12 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
                 raise UserError(_unavailable_line(exc, as_reference=choice is compare,
                                                   defaulted=attn is None and choice is attention)) from exc
         check_offload(offload, device)
-        settings = GenerateSettings(folder, request, device, dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32),
-                                    order, warmup, offload, group)
+        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        for choice in order:  # FP8 linears: refused before the pipeline loads, not after the reference ran
+            reason = choice.fp8_linear and fp8_linear_unavailable_reason(device, dtype)
+            if reason:
+                raise UserError(f"{choice.label}: {reason}")
+        settings = GenerateSettings(folder, request, device, dtype, order, warmup, offload, group)
         with (staged_run_dir(final_dir) if group is None or group.is_main else _scratch_dir()) as run_dir:
             report = _generate(settings, run_dir)
         finished = True

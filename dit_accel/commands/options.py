@@ -9,7 +9,9 @@ command runs; the --help text of the attention names is kept here as text
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from types import ModuleType
 
 import click
 
@@ -20,10 +22,18 @@ MODEL_FAMILIES = ("minimax-h3", "wan")
 DEFAULT_FAMILY = "minimax-h3"
 
 
+def _library(name: str) -> ModuleType:
+    """`name` imported inside `quiet.quiet_imports` (its noise dropped, a Ctrl-C held until it ends):
+    click converts option values before the command runs, so this is where torch is first imported."""
+    from ..quiet import quiet_imports
+
+    with quiet_imports():
+        return importlib.import_module(name)
+
+
 def torch_dtype(name: str):
     """'bf16' -> torch.bfloat16 (torch imported on use)."""
-    import torch
-
+    torch = _library("torch")
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
@@ -62,8 +72,7 @@ class DtypeChoice(click.Choice):
         super().__init__(list(names))
 
     def convert(self, value, param, ctx):
-        import torch
-
+        torch = _library("torch")
         if isinstance(value, torch.dtype):
             return value
         if value not in self.choices:
@@ -85,13 +94,11 @@ class MemorySize(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, MemoryBudget):
             return value
-        from ..device import parse_bytes
-
-        return MemoryBudget(value, parse_bytes(value))
+        return MemoryBudget(value, _library("dit_accel.device").parse_bytes(value))
 
 
 class RecipeParam(click.ParamType):
-    """One attention name of the shared vocabulary (`attention.names`), or a comma-separated list."""
+    """One attention name of the shared vocabulary (`patching.recipe`), or a comma-separated list."""
 
     name = "attention"
 
@@ -100,13 +107,12 @@ class RecipeParam(click.ParamType):
         self.allow_options = allow_options
 
     def convert(self, value, param, ctx):
-        from ..patching.recipe import Recipe, parse_recipe, parse_recipe_list
-
-        if isinstance(value, (Recipe, list)):
+        recipe = _library("dit_accel.patching.recipe")
+        if isinstance(value, (recipe.Recipe, list)):
             return value
         if self.many:
-            return parse_recipe_list(value, allow_options=self.allow_options)
-        return parse_recipe(value, allow_options=self.allow_options)
+            return recipe.parse_recipe_list(value, allow_options=self.allow_options)
+        return recipe.parse_recipe(value, allow_options=self.allow_options)
 
 
 # `patching.recipe.vocabulary_help()`, as text (see the module docstring); the names of the backends

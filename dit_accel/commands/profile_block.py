@@ -156,7 +156,11 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
         default_len = adapter.scaled_down_seq_len if scaled_down else adapter.default_seq_len
         workload = adapter.workload_from_seq_len(seq_len or default_len, batch)
     recipes = tuple(r.with_options(fp8_linear=linear == "fp8", compile_mode=compile_mode) for r in compare_attn or [attn])
-    check_recipes(recipes, device, dtype)
+    check_recipes(recipes, device, dtype, adapter)
+    if validate_blocks and (recipes[0].fp8_linear or recipes[0].compile_mode):
+        raise UserError(f"--validate chains eager blocks with bf16 linears against the first recipe's block time, and "
+                        f"{recipes[0].label} adds FP8 linears or torch.compile, which the chain does not apply; put an "
+                        f"eager recipe first in --compare-attn, or drop --validate")
     settings = ProfileSettings(
         adapter, workload, dtype, device, recipes, checkpoint=checkpoint,
         block_index=block_index, warmup=warmup, runs=runs, steps=steps, guidance_passes=guidance_passes,

@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from . import OFFLOAD_CHOICES  # noqa: F401 (where the commands have long imported it from)
 
 
 def check_offload(offload: str, device: torch.device) -> None:

@@ -76,8 +76,9 @@ class AttentionPatch:
     _swaps: list[AttentionBackendSwap] = field(default_factory=list)
 
     def hold_reason(self) -> str | None:
-        # Reads the step only while holding: under torch.compile what this reads is guarded, and a
-        # bool that flips at the kept steps costs two graphs where the step number would cost one a step.
+        # Reads the step only while holding: under torch.compile what this reads is guarded, so the steps
+        # served share one graph and each kept step (its reason names it) costs one more, where reading
+        # the step number on every call would cost a graph a step.
         return f"step {self.step} kept on the original backend" if self.holding else None
 
     def step_callback(self, pipeline: Any, step_index: int, timestep: Any, callback_kwargs: dict) -> dict:

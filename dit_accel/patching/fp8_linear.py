@@ -72,13 +72,13 @@ def fp8_linear_unavailable_reason(device: torch.device | str, dtype: torch.dtype
     """Why FP8 linears cannot run on `device` with blocks in `dtype`, in one line ending with what to do,
     or None when they can. Cheap (imports torchao, loads nothing): the CLI calls it before building a block."""
     device = torch.device(device)
-    if dtype != torch.bfloat16:
-        return (f"FP8 linear layers need a bfloat16 block (torchao's per-row float8 path takes bf16 weights "
-                f"and activations), not {str(dtype).removeprefix('torch.')}; pass --dtype bf16")
-    if device.type != "cuda":
+    if device.type != "cuda":  # first: on a CPU, no --dtype would help
         return (f"FP8 linear layers need a CUDA GPU with FP8 tensor cores (compute capability "
                 f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}+: L4/L40/RTX 4090, H100/H200, B200); {device} has "
                 "none; run on such a GPU or leave FP8 linears off")
+    if dtype != torch.bfloat16:
+        return (f"FP8 linear layers need a bfloat16 block (torchao's per-row float8 path takes bf16 weights "
+                f"and activations), not {str(dtype).removeprefix('torch.')}; pass --dtype bf16")
     if not torch.cuda.is_available():
         return f"{device} asked for, but this machine has no CUDA GPU; run on one with FP8 tensor cores"
     capability = torch.cuda.get_device_capability(device)

@@ -4,7 +4,7 @@ profile-block and generate, and `--backends` in bench-attention.
     NAME[+rope][+fp8-linear][+compile | +max-autotune]
 
 NAME is an attention backend of `attention.backends.BACKENDS` (native, flash, cudnn, efficient,
-math, fa4, fp8, fp8-v1, cudnn-fp8) or an alias:
+math, fa4, fa3, fa3-fp8, fp8, fp8-v1, cudnn-fp8) or an alias:
   - `bf16`: generate's historic name for the model's own attention, left as it is; it means
     `native` (diffusers' default: torch SDPA, which picks its kernel) and is reported as typed.
 Options (in any order; they apply to models, so bench-attention, which times attention alone,
@@ -68,8 +68,8 @@ def parse_recipe(text: str, *, allow_options: bool = True) -> Recipe:
     name, *options = written.split("+")
     for option in options:
         if option not in OPTIONS:
-            raise UserError(f"unknown option '+{option}' in {written!r}: the one option is +rope for the fused RoPE, "
-                            "+fp8-linear for FP8 linears, +compile or +max-autotune for torch.compile")
+            raise UserError(f"unknown option '+{option}' in {written!r}: for RoPE the one option is +rope; the others "
+                            "are +fp8-linear (FP8 linears), +compile and +max-autotune (torch.compile)")
     if options and not allow_options:
         raise UserError(f"{written!r}: options swap things into a model; bench-attention times attention alone, "
                         f"so name the backend without them ({name})")
@@ -97,9 +97,13 @@ def vocabulary_help() -> str:
             f"(fused RoPE for MiniMax-H3, torchao FP8 linears, torch.compile)")
 
 
-def check_recipes(recipes, device, dtype) -> None:
-    """A UserError before anything is loaded when a recipe cannot run on `device` in `dtype`."""
+def check_recipes(recipes, device, dtype, adapter=None) -> None:
+    """A UserError before anything is loaded when a recipe cannot run on `device` in `dtype` (or, given
+    the model family's `adapter`, on its blocks: the fused RoPE serves MiniMax-H3 only)."""
     for recipe in recipes:
+        if recipe.fused_rope and adapter is not None and not adapter.fused_rope_supported:
+            raise UserError(f"{recipe.label}: +rope swaps in MiniMax-H3's fused RoPE, which {adapter.display_name} "
+                            f"blocks do not use; drop +rope")
         backend = get_backend(recipe.backend)
         reason = backend.unavailable_reason(device)
         if reason is not None and not recipe.is_default:

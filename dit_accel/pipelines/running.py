@@ -7,7 +7,7 @@ pipeline's `__call__` takes any keyword, so its inputs are spelled out: MiniMax-
 pipeline `loading.MODULAR_WORKFLOWS` lets through) gets its text-only inputs, and its video frames and
 stereo soundtrack are kept. `Request.steps` is the number of denoising steps that run in either case.
 
-Attention (`attention.names`): the default (`native`, or its alias `bf16`) leaves the pipeline's own
+Attention (`patching.recipe`): the default (`native`, or its alias `bf16`) leaves the pipeline's own
 attention alone; any other name patches it with `dit_accel.patching.patch_attention(pipe, name)`
 for the duration of the call (and `+rope` swaps in the fused RoPE kernel too) and undoes it after.
 """

@@ -112,7 +112,7 @@ def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = No
     inputs = tokens * hidden * e + rows * (2 * head_dim * 4 + 64)
     forward = tokens * hidden * e * FORWARD_ELEMENTS[kind]
     if any(recipe.backend == "math" for recipe in s.recipes):
-        forward += 2 * sum(call.batch * call.heads * call.q_len * call.kv_len
+        forward += 2 * max(call.batch * call.heads * call.q_len * call.kv_len  # the calls run one at a time
                            for call in s.adapter.attention_calls(s.workload)) * e
     if any(recipe.fp8_linear or recipe.compile_mode for recipe in s.recipes):
         forward += weights

@@ -42,10 +42,10 @@ def timing_noise(timing: TimingStats, label: str) -> str | None:
     ratio, cv = timing.max_over_min, timing.cv_pct
     if not ((ratio is not None and ratio > NOISY_MAX_OVER_MIN) or (cv is not None and cv > NOISY_CV_PCT)):
         return None
-    cv_text = f", CV {cv:.0f}%" if cv is not None else ""
+    spread = ", ".join(([f"max/min {ratio:.2f}"] if ratio is not None else []) + ([f"CV {cv:.0f}%"] if cv is not None else []))
     more = max(30, 3 * timing.runs)
     return (f"{label}: the {timing.runs} timed runs spread widely ({timing.min_ms:.2f} to {timing.max_ms:.2f} ms, "
-            f"max/min {ratio:.2f}{cv_text}): the median {timing.median_ms:.2f} ms is uncertain; "
+            f"{spread}): the median {timing.median_ms:.2f} ms is uncertain; "
             f"rerun with --runs {more} on a quieter machine")
 
 

@@ -89,8 +89,8 @@ def recipe_block(block: torch.nn.Module, recipe: Recipe, adapter: BlockAdapter) 
     """The block `recipe` runs, and its `Fp8LinearSwap` (or None).
 
     Attention and RoPE swaps are undone on exit; FP8 linears (torchao replaces the weights) and
-    compilation cannot be, so those recipes run on a deep copy of the block, dropped on exit with
-    dynamo's caches (which hold the compiled copy, and with it its weights).
+    compilation cannot be, so those recipes run on a deep copy of the block; on exit dynamo's caches
+    (which hold the compiled copy, and with it its weights) are dropped, and the caller drops the copy.
     """
     owned = recipe.fp8_linear or recipe.compile_mode is not None
     work = copy.deepcopy(block) if owned else block
@@ -105,8 +105,6 @@ def recipe_block(block: torch.nn.Module, recipe: Recipe, adapter: BlockAdapter) 
         del work
         if recipe.compile_mode is not None:
             torch._dynamo.reset()
-        if owned and torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
 
 def output_error(output: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
@@ -122,7 +120,7 @@ def _compile(block: torch.nn.Module, inputs: dict[str, Any], mode: str, device: 
     with torch.no_grad():
         seconds = wall_seconds(lambda: block(**inputs), device=device)
     breaks, graphs = _dynamo_counts()
-    return CompileStats(mode, seconds, breaks - breaks_before, graphs - graphs_before, graphs)
+    return CompileStats(mode, seconds, breaks - breaks_before, graphs - graphs_before)
 
 
 def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgress = NO_PROGRESS) -> SessionResult:
@@ -153,11 +151,12 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
             if recipe.compile_mode is not None:
                 with progress.stage(f"{recipe.label}: torch.compile and its first call"):
                     compile_stats = _compile(block, inputs, recipe.compile_mode, s.device)
+                graphs_after_compile = _dynamo_counts()[1]  # dynamo's counters are process-wide
             profile = profile_block(block, inputs, s.adapter, device=s.device, warmup=s.warmup, runs=s.runs,
                                     trace_path=run_dir / s.trace_name(recipe) if s.trace else None,
                                     named_ranges=recipe.compile_mode is None, progress=progress, label=recipe.label)
             if compile_stats is not None:
-                compile_stats.graphs_after_first_call = _dynamo_counts()[1] - compile_stats.graphs
+                compile_stats.graphs_after_first_call = _dynamo_counts()[1] - graphs_after_compile
             with torch.no_grad():
                 output = block(**inputs).clone()  # a CUDA-graph replay would overwrite its own output buffer
             if routed is not None and routed.fallback_total:
@@ -173,6 +172,8 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
                 notes.append(f"{recipe.label}: {compile_stats.graphs_after_first_call} graph(s) recompiled after the "
                              f"first call, during warm-up or the timed runs (the timings may include compiling)")
         del block  # an owned copy goes with its recipe
+        if (recipe.fp8_linear or recipe.compile_mode) and torch.cuda.is_available():
+            torch.cuda.empty_cache()
         error = None if reference_output is None else output_error(output, reference_output)
         reference_output = output if reference_output is None else reference_output
         extrapolation = Extrapolation(s.adapter.num_blocks, profile.timing.median_ms, s.outside_ms or 0.0,

@@ -26,8 +26,8 @@ Callers that may need gradients (the attention router) check `requires_grad` fir
 
 Per-call host cost: calling through `torch.ops.dit_accel.fp8_attention.default` (the
 OpOverload, `FP8_ATTENTION`) skips the CustomOpDef's Python `__call__` layer; the remaining
-cost is the dispatcher plus torch.library's Python autograd kernel (see .scratch_op_notes.md
-for the numbers measured on the CPU).
+cost is the dispatcher plus torch.library's Python autograd kernel (kernels/NOTES.md, "The custom
+op", has the numbers).
 """
 from typing import Optional
 

@@ -13,8 +13,11 @@ from dit_accel.kernels.fp8_attention.support import Fp8AttentionUnsupported, res
 DTYPES = [torch.bfloat16, torch.float16]
 
 
+_SEEDS = iter(range(1000, 2000))  # fixed per test order: fresh inputs for each check, the same every run
+
+
 def _fresh_seed() -> int:
-    return int(torch.randint(0, 2**31 - 1, ()).item())
+    return next(_SEEDS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
