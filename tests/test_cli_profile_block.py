@@ -182,11 +182,17 @@ def test_wan_extrapolates_two_passes_a_step_and_the_option_overrides(tmp_path):
     assert result.exit_code == 0, result.output
     e = json.loads((tmp_path / "wan" / "report.json").read_text())["runs"][0]["extrapolation"]
     assert e["guidance_passes"] == 2 and "classifier-free guidance" in e["passes_source"]
+    assert e["steps"] == 50 and e["steps_source"] == "WanPipeline's default num_inference_steps"
     assert e["video_s"] == pytest.approx(50 * 2 * e["pass_ms"] / 1e3)
     result = run_cli("profile-block", *FAST, "--guidance-passes", "3", "--out", tmp_path / "h3")
     e = json.loads((tmp_path / "h3" / "report.json").read_text())["runs"][0]["extrapolation"]
     assert e["guidance_passes"] == 3 and e["passes_source"] == "stated with --guidance-passes"
     assert "3 transformer pass(es) per step (stated with --guidance-passes)" in result.output
+    assert e["steps"] == 50 and e["steps_source"].startswith("assumed: MiniMaxH3ModularPipeline")
+    result = run_cli("profile-block", *FAST, "--steps", "8", "--out", tmp_path / "h3-8")
+    e = json.loads((tmp_path / "h3-8" / "report.json").read_text())["runs"][0]["extrapolation"]
+    assert e["steps"] == 8 and e["steps_source"] == "stated with --steps"
+    assert e["video_s"] == pytest.approx(8 * 1 * e["pass_ms"] / 1e3)
 
 
 def test_shortest_h3_sequence_runs(tmp_path):

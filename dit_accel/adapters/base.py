@@ -81,6 +81,9 @@ class BlockAdapter(ABC):
     # default; --guidance-passes overrides it).
     passes_per_step: ClassVar[int]
     passes_per_step_source: ClassVar[str]
+    # Denoising steps of a video in the family's pipeline, and where the number comes from (--steps overrides).
+    default_steps: ClassVar[int]
+    default_steps_source: ClassVar[str]
     module_ranges: ClassVar[tuple[ModuleRange, ...]]
     # Label of the block-body range: everything a range above does not cover (modulation, gates, residuals).
     body_label: ClassVar[str] = "modulation + residual (block body)"

@@ -43,6 +43,9 @@ class MiniMaxH3Adapter(BlockAdapter):
     default_seq_len = 30272
     passes_per_step = 1
     fused_rope_supported = True
+    default_steps = 50
+    default_steps_source = ("assumed: MiniMaxH3ModularPipeline takes num_inference_steps with no default; pass --steps "
+                            "for your schedule")
     passes_per_step_source = ("MiniMax-H3 is guidance-distilled: diffusers' MiniMaxH3ModularPipeline runs one "
                               "transformer forward per step")
     module_ranges = (

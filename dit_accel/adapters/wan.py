@@ -36,6 +36,8 @@ class WanAdapter(BlockAdapter):
     presets = {"wan2.1-14b": WAN21_14B_CONFIG}
     default_seq_len = 75600  # 81 frames at 720x1280: 21 latent frames x 45 x 80
     passes_per_step = 2
+    default_steps = 50
+    default_steps_source = "WanPipeline's default num_inference_steps"
     passes_per_step_source = ("Wan 2.1 with classifier-free guidance (WanPipeline's default guidance_scale 5.0): a "
                               "conditional and an unconditional forward per step")
     module_ranges = (

@@ -96,7 +96,8 @@ class _TerminalProgress(SessionProgress):
 @compile_option()
 @click.option("--warmup", type=AtLeast(0), default=3, show_default=True)
 @click.option("--runs", type=AtLeast(1), default=10, show_default=True, help="Timed runs; the median is reported.")
-@click.option("--steps", type=AtLeast(1), default=50, show_default=True, help="Denoising steps, for the extrapolation.")
+@click.option("--steps", type=AtLeast(1), default=None,
+              help="Denoising steps, for the extrapolation (default: the family's; the report says where it came from).")
 @click.option("--guidance-passes", type=AtLeast(1), default=None,
               help="Transformer passes per step, for the extrapolation (default: the family's: 1 for the "
                    "guidance-distilled MiniMax-H3, 2 for Wan 2.1 with classifier-free guidance).")

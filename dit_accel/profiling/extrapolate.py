@@ -24,6 +24,7 @@ class Extrapolation:
     steps: int
     guidance_passes: int
     passes_source: str = "stated with --guidance-passes"
+    steps_source: str = "stated with --steps"
 
     @property
     def pass_ms(self) -> float:
@@ -43,7 +44,7 @@ class Extrapolation:
             f"every block costs the measured block: {self.num_blocks} x {self.block_ms:.2f} ms",
             f"outside the blocks: {self.outside_ms:.2f} ms per pass ({self.outside_source})",
             f"{self.guidance_passes} transformer pass(es) per step ({self.passes_source})",
-            f"{self.steps} denoising steps; text encoding and VAE decode are not included",
+            f"{self.steps} denoising steps ({self.steps_source}); text encoding and VAE decode are not included",
         ]
 
     def as_dict(self) -> dict:

@@ -40,7 +40,7 @@ class ProfileSettings:
     block_index: int = 0
     warmup: int = 3
     runs: int = 10
-    steps: int = 50
+    steps: int | None = None  # None: the family's own (adapter.default_steps)
     guidance_passes: int | None = None  # None: the family's own (adapter.passes_per_step)
     outside_ms: float | None = None  # per pass, outside the block stack, if the user measured it
     validate_blocks: int = 0
@@ -49,6 +49,12 @@ class ProfileSettings:
     trace: bool = False
     seed: int = 0
     scaled_down: bool = False  # a CPU run of the family's scaled-down config
+
+    def denoising_steps(self) -> tuple[int, str]:
+        """(denoising steps of a video, where that number comes from)."""
+        if self.steps is not None:
+            return self.steps, "stated with --steps"
+        return self.adapter.default_steps, self.adapter.default_steps_source
 
     def passes_per_step(self) -> tuple[int, str]:
         """(transformer passes per denoising step, where that number comes from)."""
@@ -176,8 +182,9 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
             torch.cuda.empty_cache()
         error = None if reference_output is None else output_error(output, reference_output)
         reference_output = output if reference_output is None else reference_output
+        (steps, steps_source), (passes, passes_source) = s.denoising_steps(), s.passes_per_step()
         extrapolation = Extrapolation(s.adapter.num_blocks, profile.timing.median_ms, s.outside_ms or 0.0,
-                                      outside_source, s.steps, *s.passes_per_step())
+                                      outside_source, steps, passes, passes_source, steps_source)
         runs.append(BackendRun(recipe.label, profile, extrapolation, attention_flops, linear_flops, error,
                                compile_stats=compile_stats,
                                fp8_linears=linear_summary))
