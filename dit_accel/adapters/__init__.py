@@ -6,14 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from .base import AttentionCall, BlockAdapter, ModuleRange, Workload
+from .base import AttentionCall, BlockAdapter, ModuleRange, TransformerInputs, Workload
 from .minimax_h3 import MiniMaxH3Adapter
 from .wan import WanAdapter
 
 ADAPTERS: dict[str, type[BlockAdapter]] = {a.family: a for a in (MiniMaxH3Adapter, WanAdapter)}
 DEFAULT_FAMILY = MiniMaxH3Adapter.family
 
-__all__ = ["ADAPTERS", "DEFAULT_FAMILY", "AttentionCall", "BlockAdapter", "ModuleRange", "Workload",
+__all__ = ["ADAPTERS", "DEFAULT_FAMILY", "AttentionCall", "BlockAdapter", "ModuleRange", "TransformerInputs", "Workload",
            "adapter_for_config", "adapter_for_preset", "read_transformer_config"]
 
 

@@ -6,9 +6,11 @@ module beside this one and registering it in `adapters/__init__.py`.
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import torch
 from torch import nn
@@ -35,6 +37,38 @@ class Workload:
     def as_dict(self) -> dict:
         return {"seq_len": self.seq_len, "batch": self.batch, "rows": dict(self.rows), "source": self.source,
                 "video_grid": list(self.video_grid) if self.video_grid else None}
+
+
+@dataclass(frozen=True)
+class TransformerInputs:
+    """Keyword arguments of the whole transformer's forward, and the sequence they make.
+
+    `seq_len` is the rows the transformer packs or patchifies from them: the workload's own S when
+    its rows can be laid out exactly, else the nearest video grid's (`layout` says which).
+    """
+
+    kwargs: dict[str, Any]
+    seq_len: int
+    layout: str
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (no memory, and their init runs
+    on meta) while their buffers are computed for real on the CPU: a model's computed buffers
+    (RoPE tables) survive, which `torch.device("meta")` would leave empty."""
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None:
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
 
 
 @dataclass(frozen=True)
@@ -124,6 +158,26 @@ class BlockAdapter(ABC):
     @abstractmethod
     def build_block(self) -> nn.Module:
         """The block with this config, parameters on the meta device (no memory, no init)."""
+
+    @property
+    @abstractmethod
+    def outside_contents(self) -> str:
+        """What the transformer holds outside its block stack, in words (for reports)."""
+
+    def build_outside(self) -> nn.Module:
+        """The family's whole transformer with this config but no blocks (`num_layers=0`): every
+        part of a pass outside the block stack. Parameters on the meta device, computed buffers
+        (RoPE tables) real, on the CPU."""
+        accepted = inspect.signature(self.transformer_class.__init__).parameters
+        config = {k: v for k, v in self.config.items() if k in accepted}
+        with _parameters_on_meta():
+            return self.transformer_class(**{**config, "num_layers": 0})
+
+    @abstractmethod
+    def make_transformer_inputs(self, workload: Workload, device: torch.device, dtype: torch.dtype,
+                                generator: torch.Generator) -> TransformerInputs:
+        """The whole transformer's forward inputs for the pass the block profile's `workload` is one
+        block of: the same rows (or the nearest video grid), on `device`."""
 
     @property
     def keep_in_fp32(self) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from diffusers.models.transformers import transformer_minimax_h3 as h3
 
-from .base import AttentionCall, BlockAdapter, ModuleRange, Workload, check_video_rows
+from .base import AttentionCall, BlockAdapter, ModuleRange, TransformerInputs, Workload, check_video_rows
 
 _H3_MODULE = h3.__name__
 TAG_VIDEO, TAG_TEXT, TAG_AUDIO = 0, 1, 2  # `token_tags` values (diffusers' MiniMax-H3 docstring)
@@ -74,6 +74,11 @@ class MiniMaxH3Adapter(BlockAdapter):
     def transformer_class(self) -> type:
         return h3.MiniMaxH3Transformer3DModel
 
+    @property
+    def outside_contents(self) -> str:
+        return (f"video, audio and text input projections, timestep embedding, the text token refiner's "
+                f"{self.config['num_refiner_layers']} layer(s), RoPE, output norm, video and audio output heads")
+
     def build_block(self) -> torch.nn.Module:
         c = self.config
         with torch.device("meta"):
@@ -110,10 +115,12 @@ class MiniMaxH3Adapter(BlockAdapter):
         height = min(22, -(-video // width))
         return -(-video // (height * width)), height, width
 
-    def make_inputs(self, workload: Workload, device: torch.device, dtype: torch.dtype,
-                    generator: torch.Generator) -> dict[str, Any]:
+    def _packed_layout(self, workload: Workload) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token_tags [S], position_ids [S, 3]) of the packed rows, on the CPU.
+
+        Packing order: text, then video, then audio; video rows on the (t, h, w) grid, text and
+        audio rows along t."""
         rows = workload.rows
-        # Packing order: text, then video, then audio.
         tags = torch.cat([
             torch.full((rows["text"],), TAG_TEXT), torch.full((rows["video"],), TAG_VIDEO),
             torch.full((rows["audio"],), TAG_AUDIO),
@@ -123,8 +130,11 @@ class MiniMaxH3Adapter(BlockAdapter):
         video_pos = torch.stack([t.flatten(), h.flatten(), w.flatten()], dim=1)[: rows["video"]]
         text_pos = torch.arange(rows["text"]).unsqueeze(1) * torch.tensor([1, 0, 0])
         audio_pos = torch.arange(rows["audio"]).unsqueeze(1) * torch.tensor([1, 0, 0])
-        position_ids = torch.cat([text_pos, video_pos, audio_pos]).to(device)
+        return tags, torch.cat([text_pos, video_pos, audio_pos])
 
+    def make_inputs(self, workload: Workload, device: torch.device, dtype: torch.dtype,
+                    generator: torch.Generator) -> dict[str, Any]:
+        tags, position_ids = self._packed_layout(workload)
         rope = h3.MiniMaxH3RotaryPosEmbed(self.config["rope_freq_dim"], self.config["rope_theta"]).to(device)
         hidden = torch.randn(workload.batch, workload.seq_len, self.config["hidden_size"],
                              generator=generator, device=device, dtype=torch.float32).to(dtype)
@@ -134,8 +144,40 @@ class MiniMaxH3Adapter(BlockAdapter):
             "hidden_states": hidden,
             "temb": temb,
             "adaln_indices": (timestep_index * MODALITIES + tags).to(device),
-            "rotary_emb": rope(position_ids),
+            "rotary_emb": rope(position_ids.to(device)),
         }
+
+    def make_transformer_inputs(self, workload: Workload, device: torch.device, dtype: torch.dtype,
+                                generator: torch.Generator) -> TransformerInputs:
+        """The packed pass the block's rows come from: patchified video rows [B, video, in_channels x
+        patch], audio latent rows, text-encoder rows, one timestep, and the tags, (t, h, w) positions and
+        row indices of the block's layout. The transformer takes rows, not a latent grid, so any
+        workload's rows are laid out exactly: S is the workload's."""
+        c, rows, batch = self.config, workload.rows, workload.batch
+        video_channels = c["in_channels"] * c["patch_size"][0] * c["patch_size"][1] * c["patch_size"][2]
+
+        def randn(*shape):
+            return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+
+        tags, position_ids = self._packed_layout(workload)
+        text, video = rows["text"], rows["video"]
+        kwargs = {
+            "hidden_states": randn(batch, video, video_channels),
+            "audio_hidden_states": randn(batch, rows["audio"], c["audio_in_channels"]),
+            "encoder_hidden_states": randn(batch, text, c["text_dim"]),
+            "timestep": torch.full((self.timesteps,), 0.5, device=device),
+            "timestep_indices": torch.zeros(workload.seq_len, dtype=torch.long, device=device),
+            "token_tags": tags.to(device),
+            "position_ids": position_ids.to(device),
+            "text_indices": torch.arange(text, device=device),
+            "video_indices": torch.arange(text, text + video, device=device),
+            "audio_indices": torch.arange(text + video, workload.seq_len, device=device),
+            "return_dict": False,
+        }
+        frames, height, width = self._grid(workload)
+        layout = (f"{text} text + {video} video + {rows['audio']} audio rows, the video rows on a {frames} x {height} "
+                  f"x {width} patch grid")
+        return TransformerInputs(kwargs, workload.seq_len, layout)
 
     def attention_calls(self, workload: Workload) -> list[AttentionCall]:
         c = self.config

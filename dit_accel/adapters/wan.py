@@ -12,7 +12,7 @@ import torch
 from diffusers.models.transformers import transformer_wan as wan
 
 from ..errors import UserError
-from .base import AttentionCall, BlockAdapter, ModuleRange, Workload, check_video_rows
+from .base import AttentionCall, BlockAdapter, ModuleRange, TransformerInputs, Workload, check_video_rows
 
 _WAN_MODULE = wan.__name__
 
@@ -69,6 +69,11 @@ class WanAdapter(BlockAdapter):
     @property
     def hidden_size(self) -> int:  # Wan's config has no hidden_size: the width is heads x head dim
         return self.config["num_attention_heads"] * self.config["attention_head_dim"]
+
+    @property
+    def outside_contents(self) -> str:
+        return ("patch embedding (Conv3d), timestep and text embedders, RoPE, output norm and modulation, output "
+                "projection and unpatchify")
 
     def build_block(self) -> torch.nn.Module:
         c = self.config
@@ -138,6 +143,42 @@ class WanAdapter(BlockAdapter):
             "temb": randn(workload.batch, 6, self.hidden_size),
             "rotary_emb": self._rope(workload, device),
         }
+
+    def _latent_grid(self, workload: Workload) -> tuple[int, int, int]:
+        """(frames, rows, columns) of the patch grid the whole transformer sees for `workload`: the
+        video's own; for --seq-len workloads, the block's layout on the 45 x 80 frame rounded to whole
+        frames (whole rows of the frame below one frame), since a latent is a full grid."""
+        if workload.video_grid:
+            return workload.video_grid
+        frame = GRID_HEIGHT * GRID_WIDTH
+        if workload.seq_len >= frame:
+            return max(1, round(workload.seq_len / frame)), GRID_HEIGHT, GRID_WIDTH
+        width = min(GRID_WIDTH, workload.seq_len)
+        return 1, max(1, round(workload.seq_len / width)), width
+
+    def make_transformer_inputs(self, workload: Workload, device: torch.device, dtype: torch.dtype,
+                                generator: torch.Generator) -> TransformerInputs:
+        """Latents [B, in_channels, F', H', W'] whose patchified rows make the workload's video rows (or
+        the nearest whole grid, for a --seq-len S that is not one), the 512-row umT5 context [B, 512,
+        text_dim] and one timestep per batch item."""
+        c = self.config
+        pt, ph, pw = c["patch_size"]
+        frames, height, width = self._latent_grid(workload)
+
+        def randn(*shape):
+            return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+
+        kwargs = {
+            "hidden_states": randn(workload.batch, c["in_channels"], frames * pt, height * ph, width * pw),
+            "timestep": torch.full((workload.batch,), 500.0, device=device),
+            "encoder_hidden_states": randn(workload.batch, TEXT_ROWS, c["text_dim"]),
+            "return_dict": False,
+        }
+        seq_len = frames * height * width
+        exact = "exact" if seq_len == workload.seq_len else f"the nearest whole grid to S={workload.seq_len}"
+        layout = (f"latents {frames * pt} x {height * ph} x {width * pw} -> {frames} x {height} x {width} patches = "
+                  f"{seq_len} video rows ({exact}), {TEXT_ROWS} text-context rows")
+        return TransformerInputs(kwargs, seq_len, layout)
 
     def attention_calls(self, workload: Workload) -> list[AttentionCall]:
         c = self.config

@@ -103,6 +103,10 @@ class _TerminalProgress(SessionProgress):
                    "guidance-distilled MiniMax-H3, 2 for Wan 2.1 with classifier-free guidance).")
 @click.option("--outside-ms", type=float, default=None,
               help="Time per pass outside the block stack (embeddings, refiner, heads), if you measured it.")
+@click.option("--outside", "outside_mode", type=click.Choice(["measure"]), default=None,
+              help="measure: time the transformer without its blocks (embeddings, refiner layers, output norm and "
+                   "heads; synthetic weights, eager) once on this workload's pass, and add it to every recipe's "
+                   "extrapolation. Default: 0 ms, or --outside-ms.")
 @click.option("--validate", "validate_blocks", type=AtLeast(0), default=0,
               help="Chain N real blocks (synthetic weights) and compare with N x the block.")
 @click.option("--offload", type=click.Choice(OFFLOAD_CHOICES), default="resident", show_default=True,
@@ -121,8 +125,8 @@ class _TerminalProgress(SessionProgress):
 @click.option("--json", "as_json", is_flag=True,
               help="Print report.json's content to stdout and nothing else there (progress and warnings go to stderr).")
 def profile_block(model, preset, checkpoint, block_index, seq_len, frames, height, width, batch, dtype, attn,
-                  compare_attn, linear, compile_mode, warmup, runs, steps, guidance_passes, outside_ms, validate_blocks, offload,
-                  memory_budget, trace, device_name, seed, refresh_ceilings, out, quiet, as_json):
+                  compare_attn, linear, compile_mode, warmup, runs, steps, guidance_passes, outside_ms, outside_mode,
+                  validate_blocks, offload, memory_budget, trace, device_name, seed, refresh_ceilings, out, quiet, as_json):
     """Profile ONE transformer block: per-op and per-module time, memory, and the whole-model extrapolation.
 
     With no options: the MiniMax-H3 block at S=30272 in bf16 on the GPU, synthetic weights. Without a GPU:
@@ -137,6 +141,9 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
     from ..profiling.report import build_report, render, write_files
     from ..profiling.session import ProfileSettings, run_session
 
+    if outside_mode == "measure" and outside_ms is not None:
+        raise UserError("--outside measure measures the time outside the blocks and --outside-ms states it; "
+                        "give one of them")
     video = (frames, height, width)
     if any(v is not None for v in video) and (None in video or seq_len is not None):
         raise UserError("give the workload either as --seq-len or as all of --frames, --height and --width")
@@ -165,8 +172,8 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
     settings = ProfileSettings(
         adapter, workload, dtype, device, recipes, checkpoint=checkpoint,
         block_index=block_index, warmup=warmup, runs=runs, steps=steps, guidance_passes=guidance_passes,
-        outside_ms=outside_ms, validate_blocks=validate_blocks, offload=offload,
-        memory_budget=memory_budget.text if memory_budget else None, trace=trace, seed=seed, scaled_down=scaled_down)
+        outside_ms=outside_ms, measure_outside=outside_mode == "measure", validate_blocks=validate_blocks,
+        offload=offload, memory_budget=memory_budget.text if memory_budget else None, trace=trace, seed=seed, scaled_down=scaled_down)
 
     final_dir = out or DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", adapter.family)
     if memory_budget and device.type != "cuda":

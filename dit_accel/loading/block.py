@@ -60,26 +60,43 @@ def load_block_from_checkpoint(adapter: BlockAdapter, folder: Path, index: int, 
     return LoadedBlock(block.eval(), index, False, f"checkpoint {folder}", stats)
 
 
+def _randomize_(module: nn.Module, device: torch.device, dtype_of, seed: int) -> nn.Module:
+    """`module`'s meta parameters materialized on `device` with random weights of realistic scale
+    (each submodule's own `reset_parameters` init; N(0, 1/fan_in) for parameters no submodule inits,
+    e.g. Wan's `scale_shift_table`, as diffusers initializes them), each in `dtype_of(name)`.
+    Buffers that hold values (not on meta) keep them, moved to `device`."""
+    buffers = {name: buffer.clone() for name, buffer in module.named_buffers() if not buffer.is_meta}
+    module = module.to_empty(device=device)
+    for name, buffer in module.named_buffers():
+        if name in buffers:
+            buffer.copy_(buffers[name])
+    torch.manual_seed(seed)
+    initialized: set[int] = set()
+    for submodule in module.modules():
+        if hasattr(submodule, "reset_parameters"):
+            submodule.reset_parameters()
+            initialized.update(id(p) for p in submodule.parameters(recurse=False))
+    for param in module.parameters():
+        if id(param) not in initialized:
+            param.normal_(0.0, param.shape[-1] ** -0.5)
+    for name, param in module.named_parameters():
+        param.data = param.data.to(dtype_of(name))
+    return module
+
+
 @torch.no_grad()
 def synthetic_block(adapter: BlockAdapter, index: int, device: torch.device, dtype: torch.dtype,
                     seed: int = 0) -> LoadedBlock:
-    """Block with random weights of realistic scale (each module's own `reset_parameters` init).
-
-    Parameters with no module init of their own (e.g. Wan's `scale_shift_table`) get N(0, 1/fan_in),
-    as diffusers initializes them. dtypes follow `_keep_in_fp32_modules` as a real load would.
-    """
+    """Block with random weights of realistic scale (`_randomize_`); dtypes follow
+    `_keep_in_fp32_modules` as a real load would."""
     adapter.check_block_index(index)
-    block = adapter.build_block().to_empty(device=device)
-    torch.manual_seed(seed)
-    initialized: set[int] = set()
-    for module in block.modules():
-        if hasattr(module, "reset_parameters"):
-            module.reset_parameters()
-            initialized.update(id(p) for p in module.parameters(recurse=False))
-    for param in block.parameters():
-        if id(param) not in initialized:
-            param.normal_(0.0, param.shape[-1] ** -0.5)
     prefix = adapter.block_prefix(index)
-    for name, param in block.named_parameters():
-        param.data = param.data.to(adapter.param_dtype(prefix + name, dtype))
+    block = _randomize_(adapter.build_block(), device, lambda name: adapter.param_dtype(prefix + name, dtype), seed)
     return LoadedBlock(block.eval(), index, True, "synthetic weights (random, realistic scale; no checkpoint given)", None)
+
+
+@torch.no_grad()
+def synthetic_outside(adapter: BlockAdapter, device: torch.device, dtype: torch.dtype, seed: int = 0) -> nn.Module:
+    """The family's transformer without its blocks (`adapter.build_outside`), with synthetic weights
+    initialized as `synthetic_block`'s, in the dtypes a load gives them."""
+    return _randomize_(adapter.build_outside(), device, lambda name: adapter.param_dtype(name, dtype), seed).eval()

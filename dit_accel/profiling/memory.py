@@ -6,7 +6,9 @@ CPU), which refuses in one line that says how much and what to lower.
 Model (bytes; B batch, S rows, D hidden, I = heads x head dim, e the dtype's bytes, r the
 attention reference's bytes: 8 on the CPU, 4 on a GPU):
 
-- weights: the block's parameters in the dtypes a load gives them (exact, from a meta-device block);
+- weights: the block's parameters in the dtypes a load gives them (exact, from a meta-device block),
+  plus, with `--outside measure`, the transformer without its blocks (counted the same way; it is
+  timed and freed before the block is built, so counting both is an upper bound);
 - inputs: hidden states B*S*D*e, RoPE cos/sin S*2*head_dim*4, indices and positions ~64 B a row;
 - forward: the transient peak of one forward, B*S*D*e*FORWARD_ELEMENTS[device] (+ the S x S
   scores twice over, for a `math` recipe), and a deep copy of the weights for FP8-linear or
@@ -44,6 +46,7 @@ import torch
 
 from ..attention.reference import REFERENCE_CHUNK_SCORES
 from ..errors import UserError
+from .outside import outside_weight_bytes
 
 if TYPE_CHECKING:
     from .session import ProfileSettings
@@ -65,10 +68,11 @@ class MemoryEstimate:
     profiling_bytes: int  # kept outputs, then the attention check: what profiling adds to a plain run
     validate_bytes: int  # the --validate chain's other blocks
     device_kind: str
+    outside_bytes: int = 0  # --outside measure: the transformer without its blocks (its weights)
 
     @property
     def total_bytes(self) -> int:
-        held = self.weights_bytes + self.inputs_bytes + self.validate_bytes
+        held = self.weights_bytes + self.outside_bytes + self.inputs_bytes + self.validate_bytes
         return int((held + max(self.forward_bytes, self.profiling_bytes)) * (1 + MARGIN) + FIXED_BYTES)
 
     def breakdown(self) -> str:
@@ -77,6 +81,8 @@ class MemoryEstimate:
         parts = [f"weights {self.weights_bytes / GiB:.2f} GiB",
                  f"inputs and activations {(self.inputs_bytes + self.forward_bytes) / GiB:.2f} GiB",
                  f"then profiling's kept outputs and attention check {self.profiling_bytes / GiB:.2f} GiB"]
+        if self.outside_bytes:
+            parts.insert(1, f"the transformer without its blocks {self.outside_bytes / GiB:.2f} GiB")
         if self.validate_bytes:
             parts.append(f"--validate chain {self.validate_bytes / GiB:.2f} GiB")
         return ", ".join(parts)
@@ -84,7 +90,7 @@ class MemoryEstimate:
     def as_dict(self) -> dict[str, Any]:
         return {"weights_bytes": self.weights_bytes, "inputs_bytes": self.inputs_bytes,
                 "forward_bytes": self.forward_bytes, "profiling_bytes": self.profiling_bytes,
-                "validate_bytes": self.validate_bytes, "margin": MARGIN, "fixed_bytes": FIXED_BYTES,
+                "validate_bytes": self.validate_bytes, "outside_bytes": self.outside_bytes, "margin": MARGIN, "fixed_bytes": FIXED_BYTES,
                 "total_bytes": self.total_bytes, "device_kind": self.device_kind, "summary": self.breakdown()}
 
 
@@ -97,7 +103,8 @@ def block_weight_bytes(settings: "ProfileSettings") -> int:
                for name, p in block.named_parameters())
 
 
-def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = None) -> MemoryEstimate:
+def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = None,
+                     outside_bytes: int | None = None) -> MemoryEstimate:
     s = settings
     c = s.adapter.config
     kind = "cuda" if s.device.type == "cuda" else "cpu"
@@ -123,8 +130,10 @@ def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = No
     validate = 0
     if s.validate_blocks > 1:
         validate = (s.validate_blocks - 1) * weights if kind == "cpu" else (weights if s.offload == "stream" else 0)
+    if outside_bytes is None:
+        outside_bytes = outside_weight_bytes(s.adapter, s.dtype) if s.measure_outside else 0
     return MemoryEstimate(int(weights), int(inputs), int(forward), int(kept_outputs + attention_check), int(validate),
-                          kind)
+                          kind, int(outside_bytes))
 
 
 def host_available_bytes() -> int | None:
@@ -141,13 +150,13 @@ def host_available_bytes() -> int | None:
         return None
 
 
-def _rows_that_fit(settings: "ProfileSettings", weights: int, room: int) -> int:
+def _rows_that_fit(settings: "ProfileSettings", weights: int, room: int, outside: int = 0) -> int:
     """The largest --seq-len (same batch) whose estimate fits in `room` bytes; 0 if none does."""
     import dataclasses
 
     def fits(rows: int) -> bool:
         workload = dataclasses.replace(settings.workload, seq_len=rows)
-        return estimate_session(dataclasses.replace(settings, workload=workload), weights).total_bytes <= room
+        return estimate_session(dataclasses.replace(settings, workload=workload), weights, outside).total_bytes <= room
 
     low, high = 0, settings.workload.seq_len
     while low < high:  # the estimate grows with rows: bisect
@@ -180,14 +189,14 @@ def check_fits(settings: "ProfileSettings", budget_bytes: int | None = None,
     w = s.workload
     what = (f"the {s.adapter.display_name} block at S={w.seq_len} (batch {w.batch}) needs about "
             f"{estimate.total_bytes / GiB:.1f} GiB ({estimate.breakdown()}, +{MARGIN:.0%}): it does not fit in {where}")
-    fixed = (estimate.weights_bytes + estimate.validate_bytes) * (1 + MARGIN) + FIXED_BYTES
+    fixed = (estimate.weights_bytes + estimate.outside_bytes + estimate.validate_bytes) * (1 + MARGIN) + FIXED_BYTES
     if fixed > room:
         lower = "raise --memory-budget" if budget_bytes is not None and room == budget_bytes else "use a larger device"
         if s.validate_blocks > 1:
             lower = f"lower --validate, or {lower}"
         raise UserError(f"{what}; its weights{' and the chain' if s.validate_blocks > 1 else ''} alone take "
                         f"{fixed / GiB:.2f} GiB: {lower}")
-    rows = _rows_that_fit(s, estimate.weights_bytes, room)
+    rows = _rows_that_fit(s, estimate.weights_bytes, room, estimate.outside_bytes)
     hint = f"lower --seq-len (about {rows} fits)" if rows else "lower --seq-len"
     if w.batch > 1:
         hint += " or --batch"

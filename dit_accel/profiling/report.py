@@ -165,6 +165,10 @@ def build_report(settings: "ProfileSettings", result: "SessionResult", ceilings:
     if result.memory_estimate:
         m = result.memory_estimate
         header["memory estimate"] = f"~{m['total_bytes'] / 2**30:.2f} GiB with a {m['margin']:.0%} margin ({m['summary']})"
+    if result.outside:
+        o = result.outside
+        header["outside the blocks"] = (f"{o.median_ms:.2f} ms per pass (measured: the transformer without its "
+                                        f"blocks, S={o.seq_len}, {o.param_bytes / 1e9:.3f} GB of weights)")
     if s.memory_budget:
         header["memory budget"] = s.memory_budget
     if s.offload == "stream":
@@ -190,6 +194,7 @@ def build_report(settings: "ProfileSettings", result: "SessionResult", ceilings:
         "attention_reference": result.attention_reference,
         "runs": [r.as_dict(ceilings) for r in runs],
         "validation": validation.as_dict() if validation else None,
+        "outside": result.outside.as_dict() if result.outside else None,
     }
 
 

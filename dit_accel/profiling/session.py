@@ -21,6 +21,7 @@ from ..patching.recipe import Recipe
 from ..timing import wall_seconds
 from .attention_error import attention_errors, capture_attention_inputs
 from .extrapolate import Extrapolation, Validation
+from .outside import OutsideMeasurement, measure_outside
 from .profiler import profile_block
 from .progress import NO_PROGRESS, SessionProgress
 from .report import BackendRun, CompileStats
@@ -43,6 +44,7 @@ class ProfileSettings:
     steps: int | None = None  # None: the family's own (adapter.default_steps)
     guidance_passes: int | None = None  # None: the family's own (adapter.passes_per_step)
     outside_ms: float | None = None  # per pass, outside the block stack, if the user measured it
+    measure_outside: bool = False  # --outside measure: time the transformer without its blocks, once
     validate_blocks: int = 0
     offload: str = "resident"
     memory_budget: str | None = None  # as written, e.g. "16GiB"
@@ -74,6 +76,7 @@ class SessionResult:
     validation: Validation | None
     notes: list[str] = field(default_factory=list)  # things the user should know (fallbacks)
     memory_estimate: dict[str, Any] | None = None  # `memory.MemoryEstimate.as_dict()`, set by the command
+    outside: OutsideMeasurement | None = None  # --outside measure
 
 
 def rope_swap(block: torch.nn.Module, fuse: bool):
@@ -133,6 +136,12 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
     """Every recipe profiled on one block, then the attention check and the --validate chain;
     `progress` is told each stage as it starts and each unit of it as it ends."""
     s = settings
+    outside = None
+    if s.measure_outside:  # first, and freed before the block exists: the two are never resident together
+        with progress.stage("outside the blocks: the transformer without its blocks (synthetic weights), "
+                            "warm-up and timed runs"):
+            outside = measure_outside(s.adapter, s.workload, s.device, s.dtype, warmup=s.warmup, runs=s.runs,
+                                      seed=s.seed)
     if s.checkpoint is not None:
         with progress.stage(f"loading block {s.block_index} from {s.checkpoint}"):
             loaded = load_block_from_checkpoint(s.adapter, s.checkpoint, s.block_index, s.device, s.dtype)
@@ -144,7 +153,12 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
 
     attention_flops = sum(call.flops for call in s.adapter.attention_calls(s.workload))
     linear_flops = s.adapter.linear_flops(loaded.block, s.workload)
-    outside_source = "stated with --outside-ms" if s.outside_ms is not None else "not measured: pass --outside-ms to add it"
+    if outside is not None:
+        outside_ms, outside_source = outside.median_ms, outside.source
+    elif s.outside_ms is not None:
+        outside_ms, outside_source = s.outside_ms, "stated with --outside-ms"
+    else:
+        outside_ms, outside_source = 0.0, "not measured: pass --outside measure or --outside-ms to add it"
     runs: list[BackendRun] = []
     notes: list[str] = []
     reference_output = None
@@ -183,7 +197,7 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
         error = None if reference_output is None else output_error(output, reference_output)
         reference_output = output if reference_output is None else reference_output
         (steps, steps_source), (passes, passes_source) = s.denoising_steps(), s.passes_per_step()
-        extrapolation = Extrapolation(s.adapter.num_blocks, profile.timing.median_ms, s.outside_ms or 0.0,
+        extrapolation = Extrapolation(s.adapter.num_blocks, profile.timing.median_ms, outside_ms,
                                       outside_source, steps, passes, passes_source, steps_source)
         runs.append(BackendRun(recipe.label, profile, extrapolation, attention_flops, linear_flops, error,
                                compile_stats=compile_stats,
@@ -206,4 +220,4 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
                                         device=s.device, dtype=s.dtype, block_ms=first.block_ms,
                                         activation_bytes=max(0, activation_bytes), offload=s.offload,
                                         progress=progress)
-    return SessionResult(loaded, runs, attention_reference, validation, notes)
+    return SessionResult(loaded, runs, attention_reference, validation, notes, outside=outside)
