@@ -16,6 +16,14 @@ def param_bytes(module: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
+def loaded_param_bytes(module: nn.Module, adapter: BlockAdapter, dtype: torch.dtype, prefix: str = "") -> int:
+    """Bytes `module`'s parameters take once loaded in the dtypes a load gives them (`dtype`, or
+    float32 for `_keep_in_fp32_modules`); works on a meta-device module. `prefix` is the module's
+    name in the checkpoint (a block's `transformer_blocks.N.`)."""
+    return sum(p.numel() * torch.empty((), dtype=adapter.param_dtype(prefix + name, dtype)).element_size()
+               for name, p in module.named_parameters())
+
+
 @dataclass
 class LoadedBlock:
     block: nn.Module

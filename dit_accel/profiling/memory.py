@@ -46,6 +46,7 @@ import torch
 
 from ..attention.reference import REFERENCE_CHUNK_SCORES
 from ..errors import UserError
+from ..loading.block import loaded_param_bytes
 from .outside import outside_weight_bytes
 
 if TYPE_CHECKING:
@@ -97,10 +98,8 @@ class MemoryEstimate:
 def block_weight_bytes(settings: "ProfileSettings") -> int:
     """The block's parameters in the dtypes a load gives them, counted on a meta-device block."""
     s = settings
-    block = s.adapter.build_block()
     prefix = s.adapter.block_prefix(s.block_index) if s.block_index < s.adapter.num_blocks else ""
-    return sum(p.numel() * torch.empty((), dtype=s.adapter.param_dtype(prefix + name, s.dtype)).element_size()
-               for name, p in block.named_parameters())
+    return loaded_param_bytes(s.adapter.build_block(), s.adapter, s.dtype, prefix)
 
 
 def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = None,

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..adapters import BlockAdapter, Workload
-from ..loading.block import param_bytes, synthetic_outside
+from ..loading.block import loaded_param_bytes, param_bytes, synthetic_outside
 from ..timing import TimingStats, time_region
 
 
@@ -48,8 +48,7 @@ class OutsideMeasurement:
 
 def outside_weight_bytes(adapter: BlockAdapter, dtype: torch.dtype) -> int:
     """The zero-block transformer's parameters in the dtypes a load gives them, counted on meta."""
-    return sum(p.numel() * torch.empty((), dtype=adapter.param_dtype(name, dtype)).element_size()
-               for name, p in adapter.build_outside().named_parameters())
+    return loaded_param_bytes(adapter.build_outside(), adapter, dtype)
 
 
 def measure_outside(adapter: BlockAdapter, workload: Workload, device: torch.device, dtype: torch.dtype,
