@@ -52,6 +52,13 @@ class TransformerInputs:
     layout: str
 
 
+def fp32_kept(key: str, dtype: torch.dtype, keep_in_fp32: tuple[str, ...]) -> torch.dtype:
+    """The dtype diffusers gives parameter `key` loaded with `torch_dtype=dtype`: float32 when a
+    dot-separated part of the key is one of the model class's `_keep_in_fp32_modules`."""
+    parts = key.split(".")
+    return torch.float32 if any(name in parts for name in keep_in_fp32) else dtype
+
+
 @contextlib.contextmanager
 def _parameters_on_meta() -> Iterator[None]:
     """Modules built inside get their parameters on the meta device (no memory, and their init runs
@@ -189,8 +196,7 @@ class BlockAdapter(ABC):
 
         diffusers matches `_keep_in_fp32_modules` entries against the dot-separated parts of the key.
         """
-        parts = key.split(".")
-        return torch.float32 if any(name in parts for name in self.keep_in_fp32) else dtype
+        return fp32_kept(key, dtype, self.keep_in_fp32)
 
     # --- the workload ----------------------------------------------------------------------------
     @abstractmethod
@@ -212,6 +218,14 @@ class BlockAdapter(ABC):
         """A small config of the same family for CPU runs (minutes on two cores, not hours)."""
 
     scaled_down_seq_len: ClassVar[int] = 1024
+
+    # --- the pipeline's other stages -------------------------------------------------------------
+    @abstractmethod
+    def pipeline_stages(self, workload: Workload, keys: tuple[str, ...], *, scaled_down: bool,
+                        text_encoder_config: Any = None) -> list[Any]:
+        """The family pipeline's stages named in `keys` ("text", "vae", "audio"; `adapters.stages`),
+        each a `StageSpec` sized for the video `workload` is one pass of (scaled down on the CPU), or
+        a `StageSkip` saying why it cannot be measured here."""
 
     # --- cost model ------------------------------------------------------------------------------
     def linear_flops(self, block: nn.Module, workload: Workload) -> float:

@@ -7,12 +7,15 @@ table indices `timestep_index * 3 + token_tag`, and the (cos, sin) of the 3-axis
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+from diffusers.models.autoencoders import autoencoder_kl_minimax_h3 as h3_vae
 from diffusers.models.transformers import transformer_minimax_h3 as h3
 
 from .base import AttentionCall, BlockAdapter, ModuleRange, TransformerInputs, Workload, check_video_rows
+from .stages import StageSkip, StageSpec, build_on_meta, text_encoder_stage
 
 _H3_MODULE = h3.__name__
 TAG_VIDEO, TAG_TEXT, TAG_AUDIO = 0, 1, 2  # `token_tags` values (diffusers' MiniMax-H3 docstring)
@@ -26,6 +29,23 @@ H3_CONFIG = {
     "time_embed_dim": 2688, "rope_freq_dim": 16, "rope_theta": 10000.0, "norm_eps": 1e-05,
     "qk_norm_eps": 1e-05, "final_norm_eps": 1e-05,
 }
+
+# shared/h3/vae_config.json (the public pipeline's vae/config.json) but `latents_mean`/`latents_std`, which
+# the pipeline applies before decoding and the decode itself never reads.
+H3_VAE_CONFIG = {
+    "_class_name": "AutoencoderKLMiniMaxH3", "in_channels": 3, "out_channels": 3, "latent_channels": 24,
+    "block_out_channels": [128, 256, 256, 512, 512, 1024], "layers_per_block": 2,
+    "spatial_downsample_factors": [2, 2, 2, 2, 1, 1], "temporal_downsample_factors": [1, 2, 2, 1, 1, 1],
+    "norm_num_groups": 32, "norm_eps": 1e-06, "spatial_padding_mode": "reflect", "decoder_num_layers": 36,
+    "decoder_num_attention_heads": 32, "decoder_attention_head_dim": 64, "decoder_num_register_tokens": 4,
+    "decoder_ffn_mult": 4, "decoder_rope_theta": 100.0, "decoder_rope_dim_ratio": 0.75, "decoder_norm_eps": 1e-05,
+    "clip_length": 17, "token_drop": 3,
+}
+# A CPU run's VAE: the same decoder layout (heads of 64, tiling, clip chunking), 2 layers of 2 heads, on 7
+# latent frames of 4 x 4 (one clip, one tile).
+H3_VAE_SCALED_DOWN = {"decoder_num_layers": 2, "decoder_num_attention_heads": 2}
+SCALED_DOWN_LATENTS = (7, 4, 4)
+TEXT_ENCODER = "Qwen3-VL (MiniMaxH3ModularPipeline's text_encoder, Qwen3VLForConditionalGeneration)"
 
 # The seeds' case: 121 frames at 704x1280 give 31 latent frames x 22 x 40 = 27280 video rows; with
 # 2480 audio rows and 512 text rows the packed sequence is 30272 rows.
@@ -189,6 +209,103 @@ class MiniMaxH3Adapter(BlockAdapter):
             return self.timesteps  # the AdaLN projection runs on the T timestep embeddings, not on rows
         return super().linear_rows(linear_name, workload)
 
+    # --- the pipeline's other stages -----------------------------------------------------------
+    def pipeline_stages(self, workload: Workload, keys: tuple[str, ...], *, scaled_down: bool,
+                        text_encoder_config: Any = None) -> list[Any]:
+        stages: list[Any] = []
+        for key in keys:
+            if key == "vae":
+                stages.append(self._vae_stage(workload, scaled_down))
+            elif key == "audio":
+                stages.append(StageSkip("audio", "MiniMax-H3's audio VAE config (audio_vae/config.json, "
+                                                 "AutoencoderKLMiniMaxH3Audio) is not among the public configs at hand "
+                                                 "and its class defaults are not known to be the released model's: not "
+                                                 "measured, not in the total"))
+            elif key == "text":
+                stages.append(text_encoder_stage(text_encoder_config, workload.rows["text"], workload.batch,
+                                                 TEXT_ENCODER, scaled_down))
+        return stages
+
+    def _vae_stage(self, workload: Workload, scaled_down: bool) -> StageSpec:
+        """AutoencoderKLMiniMaxH3.decode of the latents the workload's video rows come from (the
+        patch grid times the patch size: 31 x 44 x 80 for the seeds' 121 frames at 704x1280), tiled
+        and clip-chunked as the released pipeline decodes; only post_quant_conv and the ViT decoder
+        are built (decode never runs the encoder)."""
+        config = {**H3_VAE_CONFIG, **(H3_VAE_SCALED_DOWN if scaled_down else {})}
+        if scaled_down:
+            frames, height, width = SCALED_DOWN_LATENTS
+        else:
+            pt, ph, pw = self.config["patch_size"]
+            grid = self._grid(workload)
+            frames, height, width = grid[0] * pt, grid[1] * ph, grid[2] * pw
+        batch, channels = workload.batch, config["latent_channels"]
+        layers, heads = config["decoder_num_layers"], config["decoder_num_attention_heads"]
+        head_dim = config["decoder_attention_head_dim"]
+        dim = heads * head_dim
+        # Decode's own geometry (AutoencoderKLMiniMaxH3.__init__, _decode and _split_tiles): clips of
+        # ceil(17 / 4) = 5 latent frames plus 2 of overlap, spatial tiles of 256 px overlapping >= 64 px.
+        chunk = math.ceil(config["clip_length"] / VAE_TEMPORAL)
+        tokens = frames + config["token_drop"]
+        clips = -(-tokens // chunk) - 1
+        clip_frames = chunk + (-config["token_drop"]) % chunk
+        tiles = _tiles(height * VAE_SPATIAL) * _tiles(width * VAE_SPATIAL)
+        tile_latent = min(height, 16) * min(width, 16)
+        rows_per_tile = clip_frames * tile_latent + config["decoder_num_register_tokens"] + 1
+        pixels = 3 * frames * VAE_TEMPORAL * height * width * VAE_SPATIAL ** 2
+
+        def activation_bytes(e: int) -> int:
+            # The decoded video, its clips' tiles and the blends that stitch them (about 4 copies), plus one
+            # tile's decoder forward (float32 residual stream, ~24 widths a row).
+            return 4 * pixels * e + 24 * batch * rows_per_tile * dim * 4
+
+        def make_inputs(device, dtype, generator):
+            z = torch.randn(batch, channels, frames, height, width, generator=generator, device=device)
+            return {"z": z.to(dtype)}
+
+        def decode(model, z):
+            return model.decode(z, return_dict=False)[0]
+
+        block = "model.decoder.transformer_blocks.{}."
+        per_block = lambda *names: tuple(block.format(i) + n for i in range(layers) for n in names)  # noqa: E731
+        ranges = (
+            ModuleRange("attention (other: RoPE, layout)", modules=per_block("attn")),
+            ModuleRange("qkv projection", modules=per_block("attn.to_q", "attn.to_k", "attn.to_v")),
+            ModuleRange("qk-norm", modules=per_block("attn.norm_q", "attn.norm_k")),
+            ModuleRange("attention core", functions=((h3_vae.__name__, "dispatch_attention_fn"),)),
+            ModuleRange("output projection", modules=per_block("attn.to_out.0")),
+            ModuleRange("ffn", modules=per_block("ff")),
+            ModuleRange("norms", modules=per_block("norm1", "norm2") + ("model.decoder.norm_out",)),
+            ModuleRange("patch projections in/out", modules=("model.post_quant_conv", "model.decoder.proj_in",
+                                                             "model.decoder.proj_out")),
+        )
+        return StageSpec(
+            "vae", f"AutoencoderKLMiniMaxH3 (ViT decoder: {layers} layers, {heads} heads x {head_dim})",
+            "scaled down for the CPU from shared/h3/vae_config.json" if scaled_down else
+            "shared/h3/vae_config.json (the public MiniMax-H3 vae/config.json, embedded)",
+            f"latents {batch} x {channels} x {frames} x {height} x {width} -> video at "
+            f"{height * VAE_SPATIAL}x{width * VAE_SPATIAL}: {clips} clip(s) x {tiles} tile(s), "
+            f"{rows_per_tile} rows per decoder call",
+            lambda: build_on_meta(h3_vae.AutoencoderKLMiniMaxH3, config, drop=("encoder", "quant_conv")),
+            tuple(h3_vae.AutoencoderKLMiniMaxH3._keep_in_fp32_modules), make_inputs, decode,
+            attention_routed=True,
+            attention_note=(f"the decoder's attention processor (MiniMaxH3VideoAttnProcessor) calls diffusers' "
+                            f"dispatch_attention_fn: each recipe's attention backend runs in it ({heads} heads x "
+                            f"{head_dim}, {rows_per_tile} rows); fused RoPE, FP8 linears and compile are not applied"),
+            activation_bytes=activation_bytes,
+            activation_source="the decoded video ~4 times over plus one tile's forward (not calibrated on a GPU)",
+            attention_flops=4.0 * clips * tiles * layers * batch * rows_per_tile ** 2 * dim,
+            module_ranges=ranges, body_label="tiling, clip chunking, blending, residuals (decode body)")
+
     def scaled_down_config(self) -> dict[str, Any]:
         return {**self.config, "num_attention_heads": 4, "attention_head_dim": 128, "hidden_size": 384,
                 "ffn_dim": 1024, "time_embed_dim": 192, "time_embed_hidden_dim": 384, "text_dim": 256}
+
+
+def _tiles(length: int, tile: int = 256, overlap: int = 64) -> int:
+    """Tiles AutoencoderKLMiniMaxH3._split_tiles lays over `length` pixels (its default tile geometry)."""
+    if tile >= length:
+        return 1
+    count = math.ceil(length / tile)
+    while tile * count - overlap * (count - 1) < length:
+        count += 1
+    return count

@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from diffusers.models.autoencoders import autoencoder_kl_wan as wan_vae
 from diffusers.models.transformers import transformer_wan as wan
 
 from ..errors import UserError
 from .base import AttentionCall, BlockAdapter, ModuleRange, TransformerInputs, Workload, check_video_rows
+from .stages import StageSkip, StageSpec, build_on_meta, text_encoder_stage
 
 _WAN_MODULE = wan.__name__
 
@@ -26,6 +28,10 @@ WAN21_14B_CONFIG = {
 TEXT_ROWS = 512  # Wan pads its umT5 text context to 512 rows
 VAE_SPATIAL, VAE_TEMPORAL = 8, 4
 GRID_HEIGHT, GRID_WIDTH = 45, 80  # patch grid of a 720x1280 frame, for --seq-len workloads
+# A CPU run's VAE: AutoencoderKLWan's layout at a quarter of its width, on 2 latent frames of 8 x 8.
+WAN_VAE_SCALED_DOWN = {"base_dim": 24}
+SCALED_DOWN_LATENTS = (2, 8, 8)
+TEXT_ENCODER = "umT5-XXL (WanPipeline's text_encoder, UMT5EncoderModel)"
 
 
 class WanAdapter(BlockAdapter):
@@ -192,6 +198,79 @@ class WanAdapter(BlockAdapter):
         if linear_name.startswith(("attn2.to_k", "attn2.to_v")):
             return workload.batch * TEXT_ROWS  # cross-attention keys/values come from the text context
         return super().linear_rows(linear_name, workload)
+
+    # --- the pipeline's other stages -----------------------------------------------------------
+    def pipeline_stages(self, workload: Workload, keys: tuple[str, ...], *, scaled_down: bool,
+                        text_encoder_config: Any = None) -> list[Any]:
+        stages: list[Any] = []
+        for key in keys:
+            if key == "vae":
+                stages.append(self._vae_stage(workload, scaled_down))
+            elif key == "audio":
+                stages.append(StageSkip("audio", "Wan 2.1 makes no audio: no such stage"))
+            elif key == "text":
+                stages.append(text_encoder_stage(text_encoder_config, TEXT_ROWS, workload.batch, TEXT_ENCODER,
+                                                 scaled_down))
+        return stages
+
+    def _vae_stage(self, workload: Workload, scaled_down: bool) -> StageSpec:
+        """AutoencoderKLWan.decode (diffusers' default config: the Wan 2.1 VAE) of the latents whose
+        patch grid the whole transformer sees (21 x 90 x 160 for 81 frames at 720x1280), untiled, as
+        WanPipeline decodes: one latent frame at a time through the causal decoder."""
+        config = WAN_VAE_SCALED_DOWN if scaled_down else {}
+        if scaled_down:
+            frames, height, width = SCALED_DOWN_LATENTS
+        else:
+            pt, ph, pw = self.config["patch_size"]
+            grid = self._latent_grid(workload)
+            frames, height, width = grid[0] * pt, grid[1] * ph, grid[2] * pw
+        batch, channels = workload.batch, self.config["in_channels"]
+        base_dim = config.get("base_dim", 96)
+        up_blocks = len(config.get("dim_mult", (1, 2, 4, 4)))
+        out_pixels = (1 + VAE_TEMPORAL * (frames - 1)) * height * width * VAE_SPATIAL ** 2
+
+        def activation_bytes(e: int) -> int:
+            # The video (3 channels, then clamped: 2 copies) plus, for the frame being decoded, the widest
+            # up-block's activations at full resolution over its 4 pixel frames and the causal caches
+            # (about 16 tensors of base_dim channels per pixel).
+            frame_pixels = VAE_TEMPORAL * height * width * VAE_SPATIAL ** 2
+            return 2 * 3 * batch * out_pixels * e + 16 * base_dim * batch * frame_pixels * e
+
+        def make_inputs(device, dtype, generator):
+            z = torch.randn(batch, channels, frames, height, width, generator=generator, device=device)
+            return {"z": z.to(dtype)}
+
+        def decode(model, z):
+            return model.decode(z, return_dict=False)[0]
+
+        ranges = (
+            ModuleRange("mid-block attention (torch SDPA, called directly)",
+                        modules=("model.decoder.mid_block.attentions.0",)),
+            ModuleRange("mid block", modules=("model.decoder.mid_block",)),
+            # up_blocks is a ModuleList (iterated, never called): its blocks are the ranges.
+            ModuleRange("up blocks", modules=tuple(f"model.decoder.up_blocks.{i}" for i in range(up_blocks))),
+            ModuleRange("conv in/out, post-quant conv", modules=("model.decoder.conv_in", "model.decoder.conv_out",
+                                                                 "model.post_quant_conv")),
+        )
+        return StageSpec(
+            "vae", f"AutoencoderKLWan (base_dim {base_dim}, causal 3D conv decoder)",
+            "scaled down for the CPU from diffusers' AutoencoderKLWan defaults" if scaled_down else
+            "diffusers' AutoencoderKLWan defaults (the Wan 2.1 VAE's config)",
+            f"latents {batch} x {channels} x {frames} x {height} x {width} -> {1 + VAE_TEMPORAL * (frames - 1)} frames "
+            f"at {height * VAE_SPATIAL}x{width * VAE_SPATIAL}, one latent frame at a time, untiled",
+            lambda: build_on_meta(wan_vae.AutoencoderKLWan, config),
+            tuple(getattr(wan_vae.AutoencoderKLWan, "_keep_in_fp32_modules", None) or ()), make_inputs, decode,
+            attention_routed=False,
+            attention_note=("not patched: the VAE's only attention (one per mid block: a single head over each "
+                            f"frame's {height}x{width} latent positions, head dim {base_dim * 4}) calls "
+                            "F.scaled_dot_product_attention directly, not diffusers' dispatch_attention_fn, and no "
+                            "FP8 kernel of ours takes that head dim; every recipe shares one measurement"),
+            activation_bytes=activation_bytes,
+            activation_source="the video twice over plus one frame's widest activations and caches (not calibrated "
+                              "on a GPU)",
+            # The mid block's attention runs on each latent frame's h x w positions, one head of 4 x base_dim.
+            attention_flops=4.0 * frames * batch * (height * width) ** 2 * base_dim * 4,
+            module_ranges=ranges, body_label="decode body (frame loop, cat, clamp)")
 
     def scaled_down_config(self) -> dict[str, Any]:
         return {**self.config, "num_attention_heads": 4, "attention_head_dim": 128, "ffn_dim": 1536}

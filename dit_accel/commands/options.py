@@ -136,3 +136,25 @@ def compile_option():
                         help="torch.compile (inductor) the block / the pipeline's transformers: --compile for mode "
                              "default, --compile max-autotune; the same as adding +compile / +max-autotune to every "
                              "attention name. Compile time is reported apart from the timings.")
+
+
+# `adapters.stages.STAGE_KEYS`, as text (a test checks they agree).
+STAGE_CHOICES = ("text", "vae", "audio")
+
+
+class StageList(click.ParamType):
+    """'vae,audio', 'all' -> ("vae", "audio") in pipeline order (text, vae, audio)."""
+
+    name = "stages"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        if names == ["all"]:
+            return STAGE_CHOICES
+        unknown = [n for n in names if n not in STAGE_CHOICES]
+        if unknown or not names:
+            raise OptionError(f"takes a comma-separated list of {', '.join(STAGE_CHOICES)} or all, got {value!r}",
+                              ctx=ctx, param=param)
+        return tuple(n for n in STAGE_CHOICES if n in names)

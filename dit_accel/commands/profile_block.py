@@ -20,7 +20,7 @@ from ..profiling.progress import NO_PROGRESS, SessionProgress
 from ..report_io import console, err_console, to_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
 from .options import (ATTENTION_HELP, DEFAULT_FAMILY, MODEL_FAMILIES, AtLeast, DtypeChoice, MemorySize, RecipeParam,
-                      compile_option, linear_option)
+                      StageList, compile_option, linear_option)
 
 # torch, diffusers (through the adapters) and the library load inside the command, not at import:
 # `dit-accel profile-block --help` costs click alone.
@@ -107,6 +107,14 @@ class _TerminalProgress(SessionProgress):
               help="measure: time the transformer without its blocks (embeddings, refiner layers, output norm and "
                    "heads; synthetic weights, eager) once on this workload's pass, and add it to every recipe's "
                    "extrapolation. Default: 0 ms, or --outside-ms.")
+@click.option("--stages", type=StageList(), default=None,
+              help="Also measure the pipeline's other stages at this workload's size, synthetic weights (text, vae, "
+                   "audio, comma-separated, or all), and print the whole-video table: text encoding | denoising | "
+                   "VAE decode | audio decode | total per recipe. A stage whose config is not at hand is skipped "
+                   "and the report says why.")
+@click.option("--text-encoder-config", type=click.Path(path_type=Path), default=None,
+              help="A local folder with the text encoder's config.json (transformers; no weights needed), for "
+                   "--stages text.")
 @click.option("--validate", "validate_blocks", type=AtLeast(0), default=0,
               help="Chain N real blocks (synthetic weights) and compare with N x the block.")
 @click.option("--offload", type=click.Choice(OFFLOAD_CHOICES), default="resident", show_default=True,
@@ -126,7 +134,7 @@ class _TerminalProgress(SessionProgress):
               help="Print report.json's content to stdout and nothing else there (progress and warnings go to stderr).")
 def profile_block(model, preset, checkpoint, block_index, seq_len, frames, height, width, batch, dtype, attn,
                   compare_attn, linear, compile_mode, warmup, runs, steps, guidance_passes, outside_ms, outside_mode,
-                  validate_blocks, offload, memory_budget, trace, device_name, seed, refresh_ceilings, out, quiet, as_json):
+                  stages, text_encoder_config, validate_blocks, offload, memory_budget, trace, device_name, seed, refresh_ceilings, out, quiet, as_json):
     """Profile ONE transformer block: per-op and per-module time, memory, and the whole-model extrapolation.
 
     With no options: the MiniMax-H3 block at S=30272 in bf16 on the GPU, synthetic weights. Without a GPU:
@@ -169,11 +177,18 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
         raise UserError(f"--validate chains eager blocks with bf16 linears against the first recipe's block time, and "
                         f"{recipes[0].label} adds FP8 linears or torch.compile, which the chain does not apply; put an "
                         f"eager recipe first in --compare-attn, or drop --validate")
+    if text_encoder_config is not None and "text" not in (stages or ()):
+        raise UserError("--text-encoder-config is read by the text stage: add --stages text (or --stages all)")
+    stage_specs = tuple(adapter.pipeline_stages(workload, stages, scaled_down=scaled_down,
+                                                text_encoder_config=text_encoder_config)) if stages else ()
     settings = ProfileSettings(
         adapter, workload, dtype, device, recipes, checkpoint=checkpoint,
         block_index=block_index, warmup=warmup, runs=runs, steps=steps, guidance_passes=guidance_passes,
-        outside_ms=outside_ms, measure_outside=outside_mode == "measure", validate_blocks=validate_blocks,
-        offload=offload, memory_budget=memory_budget.text if memory_budget else None, trace=trace, seed=seed, scaled_down=scaled_down)
+        outside_ms=outside_ms,
+        # A whole-video figure wants the pass whole: --stages measures outside the blocks unless it is stated.
+        measure_outside=outside_mode == "measure" or bool(stages and outside_ms is None), validate_blocks=validate_blocks,
+        offload=offload, memory_budget=memory_budget.text if memory_budget else None, trace=trace, seed=seed, scaled_down=scaled_down,
+        stages=stage_specs)
 
     final_dir = out or DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", adapter.family)
     if memory_budget and device.type != "cuda":
@@ -193,7 +208,7 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
             result = run_session(settings, run_dir, shown)
             result.memory_estimate = estimate.as_dict()
             report = build_report(settings, result, ceilings, ceilings_cached)
-            write_files(run_dir, report, result.runs)
+            write_files(run_dir, report, result.runs, result.stages)
     except torch.OutOfMemoryError as exc:
         budget = f"the {memory_budget.text} budget" if memory_budget else "this GPU's memory"
         raise UserError(f"out of memory: the {adapter.display_name} block at S={workload.seq_len} (batch "
@@ -208,5 +223,6 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
         click.echo(to_json(report))
     else:
         render(console, report, result.runs, ceilings, result.validation)
-    out_console.print(f"\nwrote {final_dir}/: report.json, ops.csv, breakdown.png{traces}")
+    csv = ", whole_video.csv" if stages else ""
+    out_console.print(f"\nwrote {final_dir}/: report.json, ops.csv{csv}, breakdown.png{traces}")
     return report

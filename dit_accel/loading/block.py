@@ -108,3 +108,10 @@ def synthetic_outside(adapter: BlockAdapter, device: torch.device, dtype: torch.
     """The family's transformer without its blocks (`adapter.build_outside`), with synthetic weights
     initialized as `synthetic_block`'s, in the dtypes a load gives them."""
     return _randomize_(adapter.build_outside(), device, lambda name: adapter.param_dtype(name, dtype), seed).eval()
+
+
+@torch.no_grad()
+def synthetic_model(module: nn.Module, device: torch.device, dtype_of, seed: int = 0) -> nn.Module:
+    """A meta-parameter model (a pipeline stage's) with synthetic weights as `synthetic_block`'s,
+    parameter `name` in `dtype_of(name)`."""
+    return _randomize_(module, device, dtype_of, seed).eval()

@@ -59,3 +59,9 @@ def attention_errors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         except BackendCannotServe:
             errors[name] = None
     return errors, str(dtype).replace("torch.", "")
+
+
+def output_error(output: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
+    """An output (a block's, a stage's) against the reference backend's: relative L2 and cosine similarity."""
+    out, ref = output.double().flatten(), reference.double().flatten()
+    return {"rel_l2": rel_rms_err(out, ref), "cosine": torch.nn.functional.cosine_similarity(out, ref, dim=0).item()}

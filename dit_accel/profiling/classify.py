@@ -71,9 +71,10 @@ from __future__ import annotations
 import re
 
 CATEGORIES = (
-    "attention", "gemm", "norm", "rope", "modulation-elementwise", "gather-index", "quantize", "copy", "other",
+    "attention", "gemm", "conv", "norm", "rope", "modulation-elementwise", "gather-index", "quantize", "copy", "other",
 )
-MATMUL_CATEGORIES = ("attention", "gemm")  # rated in TFLOP/s against the GEMM ceiling; the rest in GB/s
+# Rated in TFLOP/s against the GEMM ceiling (where their FLOPs are known); the rest in GB/s.
+MATMUL_CATEGORIES = ("attention", "gemm", "conv")
 
 # cuBLAS / cuBLASLt / CUTLASS 3.x GEMM kernels, by how their names begin: checked before the quantize
 # rule, so that an FP8 GEMM (e4m3 operands, perhaps an amax epilogue) is never taken for quantization.
@@ -85,6 +86,10 @@ _GEMM_PREFIX = re.compile(
 
 _NAME_RULES: tuple[tuple[str, str], ...] = (
     ("quantize", r"quant|fp8_prep|prep_fp8|amax|to_fp8|cast_fp8|pack_fp8|fp8_pack"),
+    # Convolutions (a VAE's): cuDNN's implicit-GEMM "fprop" kernels before attention's "fprop" (cuDNN's
+    # SDPA kernels are "..._sdpa_..._fprop_..."), and the CPU's aten conv ops.
+    ("conv", r"fprop_implicit|tensorop\w*fprop|implicit_convolve|convolve|winograd|conv_?[123]d|aten::(?:_?convolution|"
+             r"cudnn_convolution|mkldnn_convolution|_?slow_conv\w*|_nnpack_spatial_convolution)$"),
     ("attention", r"sdpa|fmha|flash_?fwd|flash_?attn|flashattention|attention|softmax|fprop"),
     ("gemm", r"nvjet|(?<!fb)gemm|gemv|cublas|cutlass.*matmul|aten::(?:mm|addmm|bmm|matmul|linear|baddbmm|_scaled_mm)$"),
     ("norm", r"layer_?norm|rms_?norm|group_?norm|batch_?norm"),

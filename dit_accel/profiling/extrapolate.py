@@ -44,12 +44,34 @@ class Extrapolation:
             f"every block costs the measured block: {self.num_blocks} x {self.block_ms:.2f} ms",
             f"outside the blocks: {self.outside_ms:.2f} ms per pass ({self.outside_source})",
             f"{self.guidance_passes} transformer pass(es) per step ({self.passes_source})",
-            f"{self.steps} denoising steps ({self.steps_source}); text encoding and VAE decode are not included",
+            f"{self.steps} denoising steps ({self.steps_source})",
         ]
 
     def as_dict(self) -> dict:
         return {**asdict(self), "pass_ms": self.pass_ms, "step_ms": self.step_ms, "video_s": self.video_s,
                 "assumptions": self.assumptions()}
+
+
+@dataclass(frozen=True)
+class WholeVideo:
+    """One recipe's whole video: the pipeline's stages around the extrapolated denoising.
+
+    stage_s: stage key ("text", "vae", "audio") -> seconds measured, or None when the stage was
+    not measured (asked for and skipped, or not asked for: `stage_notes` says which and why).
+    """
+
+    recipe: str
+    denoising_s: float
+    stage_s: dict[str, float | None]
+    stage_notes: dict[str, str]
+
+    @property
+    def total_s(self) -> float:
+        """Denoising plus every measured stage (the ones not measured count 0: see stage_notes)."""
+        return self.denoising_s + sum(v for v in self.stage_s.values() if v is not None)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "total_s": self.total_s}
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from ..adapters.stages import StageSpec
 from ..attention.reference import REFERENCE_CHUNK_SCORES
 from ..errors import UserError
 from ..loading.block import loaded_param_bytes
@@ -164,15 +165,12 @@ def _rows_that_fit(settings: "ProfileSettings", weights: int, room: int, outside
     return low
 
 
-def check_fits(settings: "ProfileSettings", budget_bytes: int | None = None,
-               budget_text: str | None = None) -> MemoryEstimate:
-    """The session's estimate; a UserError (one line: how much, where it does not fit, what to
-    lower) when it exceeds the budget, the GPU's free memory, or the host's available memory."""
-    s = settings
-    estimate = estimate_session(s)
+def _room(settings: "ProfileSettings", budget_bytes: int | None, budget_text: str | None) -> tuple[int, str] | None:
+    """(bytes, in words) of the tightest room the session must fit: the GPU's free memory and the
+    budget, or the host's available memory; None when it cannot be read."""
     rooms: list[tuple[int, str]] = []
-    if s.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(s.device)
+    if settings.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(settings.device)
         rooms.append((free, f"this GPU's {free / GiB:.1f} GiB of free memory"))
         if budget_bytes is not None:
             rooms.append((budget_bytes, f"the {budget_text} budget"))
@@ -180,9 +178,39 @@ def check_fits(settings: "ProfileSettings", budget_bytes: int | None = None,
         available = host_available_bytes()
         if available is not None:
             rooms.append((available, f"this host's {available / GiB:.1f} GiB of available memory"))
-    if not rooms:
+    return min(rooms, key=lambda pair: pair[0]) if rooms else None
+
+
+def _check_stages(settings: "ProfileSettings", block_bytes: int, room: int, where: str, budget_bytes: int | None) -> None:
+    """A UserError naming the first --stages stage that cannot fit: a stage runs after the block's
+    recipes, beside the block's weights (which stay for the --validate chain), one stage at a time."""
+    from .stages import stage_memory
+
+    for spec in settings.stages:
+        if not isinstance(spec, StageSpec):  # a StageSkip
+            continue
+        weights, activations = stage_memory(spec, settings.dtype)
+        need = int((block_bytes + weights + activations) * (1 + MARGIN) + FIXED_BYTES)
+        if need <= room:
+            continue
+        larger = "raise --memory-budget" if budget_bytes is not None and room == budget_bytes else "use a larger device"
+        raise UserError(f"the {spec.title} stage ({spec.model_name}; {spec.workload}) needs about {need / GiB:.1f} GiB "
+                        f"(its weights {weights / GiB:.2f} GiB, one run's activations {activations / GiB:.2f} GiB "
+                        f"[{spec.activation_source}], the block's weights {block_bytes / GiB:.2f} GiB, "
+                        f"+{MARGIN:.0%}): it does not fit in {where}; drop {spec.key} from --stages, or {larger}")
+
+
+def check_fits(settings: "ProfileSettings", budget_bytes: int | None = None,
+               budget_text: str | None = None) -> MemoryEstimate:
+    """The session's estimate; a UserError (one line: how much, where it does not fit, what to
+    lower) when it exceeds the budget, the GPU's free memory, or the host's available memory."""
+    s = settings
+    estimate = estimate_session(s)
+    found = _room(s, budget_bytes, budget_text)
+    if found is None:
         return estimate
-    room, where = min(rooms, key=lambda pair: pair[0])
+    room, where = found
+    _check_stages(s, estimate.weights_bytes, room, where, budget_bytes)
     if estimate.total_bytes <= room:
         return estimate
     w = s.workload

@@ -12,15 +12,17 @@ from rich.panel import Panel
 from rich.table import Table
 
 from .. import __version__
+from ..adapters.stages import StageSkip
 from ..device import Ceilings, DeviceInfo
 from ..report_io import command_line, provenance, write_csv, write_json
 from ..timing import TimingStats
 from .classify import MATMUL_CATEGORIES
-from .extrapolate import Extrapolation, Validation
+from .extrapolate import Extrapolation, Validation, WholeVideo
 from .profiler import BlockProfile
 
 if TYPE_CHECKING:
     from .session import ProfileSettings, SessionResult
+    from .stages import StageMeasurement
 
 # The timed block minus the work the profiler saw: launch gaps on a GPU; Python and framework
 # overhead between aten ops on the CPU.
@@ -47,6 +49,51 @@ def timing_noise(timing: TimingStats, label: str) -> str | None:
     return (f"{label}: the {timing.runs} timed runs spread widely ({timing.min_ms:.2f} to {timing.max_ms:.2f} ms, "
             f"{spread}): the median {timing.median_ms:.2f} ms is uncertain; "
             f"rerun with --runs {more} on a quieter machine")
+
+
+def profiled_to_timed(profile: BlockProfile, timed_ms: float) -> float:
+    """Factor from profiled time to timed time. Profiled times can add up to more than the timed
+    region (profiler overhead on the CPU): they are scaled down so the rows add up to it; when they
+    add up to less (a GPU), the rest is shown as gaps."""
+    kernel_total_ms = profile.kernel_time_us / 1e3
+    return min(1.0, timed_ms / kernel_total_ms) if kernel_total_ms else 0.0
+
+
+def category_rows(profile: BlockProfile, timed_ms: float, work_flops: dict[str, float],
+                  ceilings: Ceilings) -> dict[str, dict[str, Any]]:
+    """Per kind of work of a profiled region (a block, a pipeline stage): ms per run, share of the
+    timed run, and the rate against this device's ceilings: TFLOP/s for matmul kinds whose FLOPs
+    `work_flops` gives, GB/s from the ops' bytes for the others; the rest of the timed run is gaps."""
+    kernel_total_ms = profile.kernel_time_us / 1e3
+    scale = profiled_to_timed(profile, timed_ms)
+    rows: dict[str, dict[str, Any]] = {}
+    for category, sums in profile.by_category().items():
+        kernel_ms = scale * sums["time_us"] / 1e3
+        row: dict[str, Any] = {"ms": kernel_ms, "share_pct": 100 * kernel_ms / timed_ms if timed_ms else 0.0}
+        if category in MATMUL_CATEGORIES:
+            flops = work_flops.get(category)
+            if flops:
+                tflops = flops / (kernel_ms * 1e-3) / 1e12 if kernel_ms else 0.0
+                row.update(flops=flops, tflops=tflops, pct_of_ceiling=100 * tflops / ceilings.gemm_tflops)
+        else:
+            gbps = sums["bytes_est"] / (kernel_ms * 1e-3) / 1e9 if kernel_ms else 0.0
+            row.update(bytes_est=sums["bytes_est"], gbps_est=gbps, pct_of_ceiling=100 * gbps / ceilings.copy_gbps)
+        rows[category] = row
+    gaps_ms = timed_ms - kernel_total_ms
+    if gaps_ms > 0:
+        rows[GAPS_LABEL[profile.device_kind]] = {"ms": gaps_ms, "share_pct": 100 * gaps_ms / timed_ms}
+    return rows
+
+
+def range_rows(profile: BlockProfile, timed_ms: float, one_range: str | None = None) -> dict[str, dict[str, float]]:
+    """Per named range: ms per run and share of the timed run (all of it under `one_range`, for a
+    compiled graph, whose kernels no range holds)."""
+    scale = profiled_to_timed(profile, timed_ms)
+    ranges = profile.by_range()
+    if one_range is not None:
+        ranges = {one_range: {"time_us": sum(r["time_us"] for r in ranges.values())}}
+    return {label: {"ms": scale * s["time_us"] / 1e3, "share_pct": 100 * scale * s["time_us"] / 1e3 / timed_ms}
+            for label, s in ranges.items()}
 
 
 @dataclass
@@ -83,24 +130,8 @@ class BackendRun:
 
     def category_rows(self, ceilings: Ceilings) -> dict[str, dict[str, Any]]:
         """Per category: time per block, share of the block, and the achieved rate against a ceiling."""
-        work_flops = {"attention": self.attention_flops, "gemm": self.linear_flops}
-        kernel_total_ms = self.profile.kernel_time_us / 1e3
-        scale = self._profiled_to_block()
-        rows: dict[str, dict[str, Any]] = {}
-        for category, sums in self.profile.by_category().items():
-            kernel_ms = scale * sums["time_us"] / 1e3
-            row: dict[str, Any] = {"ms": kernel_ms, "share_pct": 100 * kernel_ms / self.block_ms if self.block_ms else 0.0}
-            if category in MATMUL_CATEGORIES:
-                tflops = work_flops[category] / (kernel_ms * 1e-3) / 1e12 if kernel_ms else 0.0
-                row.update(flops=work_flops[category], tflops=tflops, pct_of_ceiling=100 * tflops / ceilings.gemm_tflops)
-            else:
-                gbps = sums["bytes_est"] / (kernel_ms * 1e-3) / 1e9 if kernel_ms else 0.0
-                row.update(bytes_est=sums["bytes_est"], gbps_est=gbps, pct_of_ceiling=100 * gbps / ceilings.copy_gbps)
-            rows[category] = row
-        gaps_ms = self.block_ms - kernel_total_ms
-        if gaps_ms > 0:
-            rows[GAPS_LABEL[self.profile.device_kind]] = {"ms": gaps_ms, "share_pct": 100 * gaps_ms / self.block_ms}
-        return rows
+        return category_rows(self.profile, self.block_ms, {"attention": self.attention_flops, "gemm": self.linear_flops},
+                             ceilings)
 
     def next_levers(self, ceilings: Ceilings, count: int = 4) -> list[dict[str, Any]]:
         """Where the time left beside attention goes, largest first: what to speed up next."""
@@ -109,19 +140,10 @@ class BackendRun:
         return sorted(rows, key=lambda row: -row["ms"])[:count]
 
     def _profiled_to_block(self) -> float:
-        """Factor from profiled time to block time. Profiled times can add up to more than the timed
-        block (profiler overhead on the CPU): they are scaled down so the rows add up to it; when they
-        add up to less (a GPU), the rest is shown as gaps."""
-        kernel_total_ms = self.profile.kernel_time_us / 1e3
-        return min(1.0, self.block_ms / kernel_total_ms) if kernel_total_ms else 0.0
+        return profiled_to_timed(self.profile, self.block_ms)
 
     def module_rows(self) -> dict[str, dict[str, float]]:
-        scale = self._profiled_to_block()
-        ranges = self.profile.by_range()
-        if self.compile_stats is not None:  # one range only: say what it is
-            ranges = {COMPILED_RANGE_NOTE: {"time_us": sum(r["time_us"] for r in ranges.values())}}
-        return {label: {"ms": scale * s["time_us"] / 1e3, "share_pct": 100 * scale * s["time_us"] / 1e3 / self.block_ms}
-                for label, s in ranges.items()}
+        return range_rows(self.profile, self.block_ms, COMPILED_RANGE_NOTE if self.compile_stats else None)
 
     def as_dict(self, ceilings: Ceilings) -> dict[str, Any]:
         p = self.profile
@@ -195,7 +217,31 @@ def build_report(settings: "ProfileSettings", result: "SessionResult", ceilings:
         "runs": [r.as_dict(ceilings) for r in runs],
         "validation": validation.as_dict() if validation else None,
         "outside": result.outside.as_dict() if result.outside else None,
+        "stages": [m.as_dict(ceilings) for m in result.stages],
+        "stages_skipped": [{"stage": spec.key, "reason": spec.reason} for spec in s.stages if isinstance(spec, StageSkip)],
+        "whole_video": [v.as_dict() for v in whole_videos(s, result)] if s.stages else None,
     }
+
+
+def whole_videos(settings: "ProfileSettings", result: "SessionResult") -> list[WholeVideo]:
+    """Each recipe's whole video: text encoding, its denoising, VAE decode, audio decode."""
+    from ..adapters.stages import STAGE_KEYS
+
+    measured = {m.spec.key: m for m in result.stages}
+    skipped = {spec.key: spec.reason for spec in settings.stages if isinstance(spec, StageSkip)}
+    notes: dict[str, str] = {}
+    for key in STAGE_KEYS:
+        if key in measured:
+            m = measured[key]
+            notes[key] = f"measured: {m.spec.model_name}, {m.spec.workload}; {m.spec.attention_note}"
+        else:
+            notes[key] = skipped.get(key, f"not run: add it with --stages {key}")
+    videos = []
+    for run, recipe in zip(result.runs, settings.recipes):
+        stage_s = {key: measured[key].run_for(recipe.backend).ms / 1e3 if key in measured else None
+                   for key in STAGE_KEYS}
+        videos.append(WholeVideo(run.backend, run.extrapolation.video_s, stage_s, notes))
+    return videos
 
 
 def _fmt_rate(row: dict[str, Any]) -> str:
@@ -277,13 +323,84 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
                       f"extrapolated {v.extrapolated_ms:.1f} ms, ratio {v.ratio:.3f} ({v.error_pct:+.1f}%)")
         if v.streamed:
             console.print(f"  offload stream: {v.streamed.summary()}")
+    if report.get("whole_video"):
+        _render_stages(console, report, ceilings, mark)
     for warning in report.get("warnings", []):
         console.print(f"[yellow]warning: {warning}[/yellow]")
 
 
-def write_files(run_dir: Path, report: dict[str, Any], runs: list[BackendRun]) -> None:
+def _fmt_s(seconds: float, mark: str) -> str:
+    """Seconds as a person reads them: 4.2 min, 12.34 s, 85.1 ms."""
+    if seconds >= 120:
+        return f"{seconds / 60:.1f} min{mark}"
+    return f"{seconds:.2f} s{mark}" if seconds >= 1 else f"{seconds * 1e3:.1f} ms{mark}"
+
+
+def _render_stages(console: Console, report: dict[str, Any], ceilings: Ceilings, mark: str) -> None:
+    """Each measured stage's breakdown by kind of work (its first run), then the whole-video table."""
+    for stage in report["stages"]:
+        runs = stage["runs"]
+        table = Table(title=f"{stage['title']}: {stage['model']} — {stage['workload']}",
+                      caption=f"{stage['config_source']}; {stage['dtype']}, synthetic weights; {stage['attention_note']}")
+        table.add_column("kind of work")
+        for run in runs:
+            table.add_column(f"ms ({run['backend'] or 'its own attention'})", justify="right")
+            table.add_column("share", justify="right")
+        table.add_column(f"rate ({runs[0]['backend'] or 'its own attention'})", justify="right")
+        kinds = list(dict.fromkeys(kind for run in runs for kind in run["categories"]))
+        for kind in kinds:
+            cells = []
+            for run in runs:
+                row = run["categories"].get(kind)
+                cells += [f"{row['ms']:.2f}{mark}", f"{row['share_pct']:.1f}%"] if row else ["—", ""]
+            first = runs[0]["categories"].get(kind)
+            table.add_row(kind, *cells, _fmt_rate(first) if first else "")
+        total = []
+        for run in runs:
+            total += [f"[bold]{run['ms']:.2f}{mark}[/bold]", "100%"]
+        table.add_row("[bold]stage (timed)[/bold]", *total, "", end_section=True)
+        peaks = [f"{r['peak_memory_bytes'] / 2**30:.2f} GiB ({r['backend'] or 'its own attention'})"
+                 for r in runs if r["peak_memory_bytes"] is not None]
+        if peaks:
+            table.caption += f"; peak memory {', '.join(peaks)}"
+        console.print(table)
+        for run in runs[1:]:
+            err = run["output_vs_first"]
+            console.print(f"  {stage['title']} with {run['backend']}: {run['ms']:.2f} ms{mark} "
+                          f"({runs[0]['ms'] / run['ms']:.2f}x {runs[0]['backend']}), output vs {runs[0]['backend']}: "
+                          f"rel L2 {100 * err['rel_l2']:.3g}%, cos {err['cosine']:.6f}"
+                          + (f"; {run['served_calls']} attention call(s) served" if run["served_calls"] is not None else ""))
+
+    titles = {"text": "text encoding", "vae": "VAE decode", "audio": "audio decode"}
+    whole = Table(title="Whole video: every stage" + (" (* scaled-down: not GPU figures)" if mark else ""))
+    whole.add_column("recipe")
+    for col in ("text encoding", "denoising", "VAE decode", "audio decode", "total"):
+        whole.add_column(col, justify="right")
+    for video in report["whole_video"]:
+        cells = [_fmt_s(video["stage_s"][key], mark) if video["stage_s"][key] is not None else "—"
+                 for key in ("text", "vae", "audio")]
+        whole.add_row(video["recipe"], cells[0], _fmt_s(video["denoising_s"], mark), cells[1], cells[2],
+                      f"[bold]{_fmt_s(video['total_s'], mark)}[/bold]")
+    console.print(whole)
+    for key, note in report["whole_video"][0]["stage_notes"].items():
+        console.print(f"  {titles[key]}: {note}")
+    console.print("  denoising: steps x passes x (blocks x block + outside the blocks), as assumed above; "
+                  "the total counts a stage shown — as 0 s")
+
+
+def write_files(run_dir: Path, report: dict[str, Any], runs: list[BackendRun], stages: list["StageMeasurement"] = ()) -> None:
+    """report.json; ops.csv (every kernel of the block's runs, then of the stages'; the stage column
+    says which); with --stages, whole_video.csv (a row per recipe); breakdown.png."""
     write_json(run_dir / "report.json", report)
-    write_csv(run_dir / "ops.csv", ({"backend": r.backend, **k.as_row()} for r in runs for k in r.profile.kernels))
+    stage_rows = ({"backend": run.backend or "", **k.as_row(), "stage": stage.spec.key}
+                  for stage in stages for run in stage.runs for k in run.profile.kernels)
+    write_csv(run_dir / "ops.csv", [*({"backend": r.backend, **k.as_row(), "stage": "block"}
+                                      for r in runs for k in r.profile.kernels), *stage_rows])
+    if report.get("whole_video"):
+        write_csv(run_dir / "whole_video.csv", (
+            {"recipe": v["recipe"], "text_encoding_s": v["stage_s"]["text"], "denoising_s": v["denoising_s"],
+             "vae_decode_s": v["stage_s"]["vae"], "audio_decode_s": v["stage_s"]["audio"], "total_s": v["total_s"]}
+            for v in report["whole_video"]))
     plot_breakdown(run_dir / "breakdown.png", report)
 
 

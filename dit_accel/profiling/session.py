@@ -14,17 +14,18 @@ from typing import Any, Iterator
 import torch
 
 from ..adapters import BlockAdapter, Workload
-from ..attention.reference import rel_rms_err
+from ..adapters.stages import StageSpec
 from ..attention.routing import use_attention_backend
 from ..loading.block import LoadedBlock, load_block_from_checkpoint, synthetic_block
 from ..patching.recipe import Recipe
 from ..timing import wall_seconds
-from .attention_error import attention_errors, capture_attention_inputs
+from .attention_error import attention_errors, capture_attention_inputs, output_error
 from .extrapolate import Extrapolation, Validation
 from .outside import OutsideMeasurement, measure_outside
 from .profiler import profile_block
 from .progress import NO_PROGRESS, SessionProgress
 from .report import BackendRun, CompileStats
+from .stages import StageMeasurement, measure_stage
 from .validate import validate_chain
 
 
@@ -51,6 +52,7 @@ class ProfileSettings:
     trace: bool = False
     seed: int = 0
     scaled_down: bool = False  # a CPU run of the family's scaled-down config
+    stages: tuple[Any, ...] = ()  # --stages: `adapters.stages.StageSpec`s to measure and `StageSkip`s, in pipeline order
 
     def denoising_steps(self) -> tuple[int, str]:
         """(denoising steps of a video, where that number comes from)."""
@@ -77,6 +79,7 @@ class SessionResult:
     notes: list[str] = field(default_factory=list)  # things the user should know (fallbacks)
     memory_estimate: dict[str, Any] | None = None  # `memory.MemoryEstimate.as_dict()`, set by the command
     outside: OutsideMeasurement | None = None  # --outside measure
+    stages: list[StageMeasurement] = field(default_factory=list)  # --stages, measured
 
 
 def rope_swap(block: torch.nn.Module, fuse: bool):
@@ -114,12 +117,6 @@ def recipe_block(block: torch.nn.Module, recipe: Recipe, adapter: BlockAdapter) 
         del work
         if recipe.compile_mode is not None:
             torch._dynamo.reset()
-
-
-def output_error(output: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
-    """Block output against the reference backend's: relative L2 and cosine similarity."""
-    out, ref = output.double().flatten(), reference.double().flatten()
-    return {"rel_l2": rel_rms_err(out, ref), "cosine": torch.nn.functional.cosine_similarity(out, ref, dim=0).item()}
 
 
 def _compile(block: torch.nn.Module, inputs: dict[str, Any], mode: str, device: torch.device) -> CompileStats:
@@ -211,6 +208,10 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
     for run, recipe in zip(runs, s.recipes):
         run.attention_rel_err = attention_rel_err[recipe.backend]
 
+    stages = [measure_stage(spec, backends, device=s.device, dtype=s.dtype, warmup=s.warmup, runs=s.runs, seed=s.seed,
+                            progress=progress)
+              for spec in s.stages if isinstance(spec, StageSpec)]
+
     validation = None
     if s.validate_blocks:
         first, recipe = runs[0], s.recipes[0]
@@ -220,4 +221,4 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
                                         device=s.device, dtype=s.dtype, block_ms=first.block_ms,
                                         activation_bytes=max(0, activation_bytes), offload=s.offload,
                                         progress=progress)
-    return SessionResult(loaded, runs, attention_reference, validation, notes, outside=outside)
+    return SessionResult(loaded, runs, attention_reference, validation, notes, outside=outside, stages=stages)
