@@ -147,13 +147,10 @@ def _poison_next_allocation(like: torch.Tensor) -> None:
     torch.full_like(like, float("nan"))
 
 
-def _measure_backend(backend: AttentionBackend, shape: AttentionShape, q, k, v, reference: torch.Tensor,
-                     reference_name: str, *, device: torch.device, warmup: int, runs: int) -> list[BenchRow]:
-    """The end-to-end row (with its error), plus prep-alone and kernel-alone rows for two-phase backends."""
-    _poison_next_allocation(q)
-    out = backend.run(q, k, v)
-    error = rel_rms_err(out, reference)
-    del out
+def _measure_backend(backend: AttentionBackend, shape: AttentionShape, q, k, v, reference: torch.Tensor | None,
+                     reference_name: str | None, *, device: torch.device, warmup: int, runs: int) -> list[BenchRow]:
+    """The end-to-end row (with its error), plus prep-alone and kernel-alone rows for two-phase backends;
+    with no reference, the end-to-end row alone, without an error."""
 
     def row(timed: str, fn, *, error_here: float | None = None, counts_flops: bool = True) -> BenchRow:
         stats = time_region(fn, device=device, warmup=warmup, runs=runs)
@@ -161,6 +158,12 @@ def _measure_backend(backend: AttentionBackend, shape: AttentionShape, q, k, v, 
                         tflops=shape.flops / (stats.median_ms * 1e-3) / 1e12 if counts_flops else None,
                         rel_rms_err=error_here, reference=reference_name if error_here is not None else None)
 
+    if reference is None:
+        return [row(END_TO_END, lambda: backend.run(q, k, v))]
+    _poison_next_allocation(q)
+    out = backend.run(q, k, v)
+    error = rel_rms_err(out, reference)
+    del out
     rows = [row(END_TO_END, lambda: backend.run(q, k, v), error_here=error)]
     if backend.phases is not None:
         prepared = backend.phases.prepare(q, k, v)
@@ -170,13 +173,18 @@ def _measure_backend(backend: AttentionBackend, shape: AttentionShape, q, k, v, 
 
 
 def bench_shape(shape: AttentionShape, backends: list[AttentionBackend], *, dtype: torch.dtype, device: torch.device,
-                warmup: int, runs: int, seed: int, inputs: str = "normal") -> list[BenchRow]:
-    """Every backend on one fresh set of inputs of `shape`; unavailable ones become rows saying why."""
+                warmup: int, runs: int, seed: int, inputs: str = "normal", timing_only: bool = False) -> list[BenchRow]:
+    """Every backend on one fresh set of inputs of `shape`; unavailable ones become rows saying why.
+
+    timing_only: end-to-end times alone (no reference, no error, no phase rows), as the crossover
+    measurement wants them."""
     generator = torch.Generator(device=device).manual_seed(seed)
     q, k, v = make_inputs(shape, dtype=dtype, device=device, generator=generator, inputs=inputs)
-    ref_dtype = reference_dtype(shape.scores, device)
-    reference = reference_attention(q, k, v, dtype=ref_dtype)
-    reference_name = str(ref_dtype).removeprefix("torch.").replace("float", "fp")
+    reference = reference_name = None
+    if not timing_only:
+        ref_dtype = reference_dtype(shape.scores, device)
+        reference = reference_attention(q, k, v, dtype=ref_dtype)
+        reference_name = str(ref_dtype).removeprefix("torch.").replace("float", "fp")
 
     rows: list[BenchRow] = []
     for backend in backends:

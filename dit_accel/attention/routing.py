@@ -24,6 +24,12 @@ context-parallel attention (its all-to-alls) with our kernel as the local attent
 rank runs our kernel on its share of the heads over the whole sequence. Each `RoutedBackend` counts calls served and calls
 fallen back, by reason, so a run can prove its attention went where it was meant to.
 
+Routing by measured crossover: where the device has crossover data (`attention.crossover`), a
+servable call whose nearest measured point was won by a fallback (e.g. cuDNN bf16 on a short key side)
+goes to that diffusers backend instead, counted as the reason "routed: <name> measured faster"; without
+data (the CPU, an unmeasured GPU, DIT_ACCEL_CROSSOVER=off) every servable call is served, as before.
+Not applied under Ulysses context parallelism (diffusers' engine there serves our kernel only).
+
 Why this seam: it needs no edit of diffusers or of the model, covers every attention call a
 processor makes (self- and cross-attention alike), keeps diffusers' own checks and fallbacks, and
 is undone completely. The router is installed once per model file, reference-counted across
@@ -47,6 +53,7 @@ from torch import nn
 from ..errors import UserError
 from ..patching.model_globals import ModelGlobalSwap, model_file
 from .backends import AttentionBackend, BackendCannotServe, get_backend
+from .crossover import ROUTED_REASON, Crossover, crossover_for
 
 DISPATCH_GLOBAL = "dispatch_attention_fn"
 
@@ -58,7 +65,8 @@ class RoutedBackend:
     """What the processors' `_attention_backend` holds while a custom backend is on.
 
     served_calls: calls our kernel answered. fallback_calls: reason -> calls sent to diffusers'
-    default backend instead. Every dispatch made by a processor holding this object counts in
+    default backend instead, or, for the reason "routed: <name> measured faster", to the diffusers
+    backend the crossover measured faster at their shape. Every dispatch made by a processor holding this object counts in
     exactly one of the two, also inside a torch.compile'd model: the counts are 0-d int64 tensors
     bumped in place, so the increment is part of the compiled graph and runs on every call
     (a Python int reached through a module would be guarded by its value, and each increment
@@ -72,10 +80,26 @@ class RoutedBackend:
     # step the user keeps in bf16), or None to serve it. Under torch.compile its answer is guarded:
     # it should change rarely (each distinct answer is one more graph).
     hold_reason: Callable[[], str | None] | None = None
+    # The device's measured crossover (None: no data, serve every servable call), the line saying which
+    # (or why none), and per routed reason the diffusers backend value its calls go to.
+    crossover: Crossover | None = None
+    crossover_note: str = "no crossover data looked up"
+    _fallback_values: dict[str, Any] = field(default_factory=dict, repr=False)
     _counts: dict[str | None, torch.Tensor] = field(default_factory=dict, repr=False)  # None: served
+
+    def __post_init__(self) -> None:
+        if self.crossover is not None:
+            from diffusers.models.attention_dispatch import AttentionBackendName
+
+            self._fallback_values = {ROUTED_REASON.format(name): AttentionBackendName(get_backend(name).diffusers_backend)
+                                     for name in self.crossover.fallbacks}
 
     def _count(self, reason: str | None) -> None:
         self._counts.setdefault(reason, torch.zeros((), dtype=torch.int64)).add_(1)
+
+    def count_served(self) -> None:
+        """One call answered by our backend outside `dispatch` (a fused path that asked `decline_reason`)."""
+        self._count(None)
 
     @property
     def served_calls(self) -> int:
@@ -93,9 +117,21 @@ class RoutedBackend:
     def fallback_total(self) -> int:
         return sum(self.fallback_calls.values())
 
+    def decline_reason(self, arguments: dict[str, Any]) -> str | None:
+        """Why this call does not go to our backend: it is not servable, its step or block is held, or the
+        crossover measured a fallback faster at its shape ("routed: <name> measured faster"); None to serve."""
+        reason = _unservable_reason(arguments) or (self.hold_reason() if self.hold_reason else None)
+        if reason is None and self.crossover is not None and arguments.get("parallel_config") is None:
+            q, k = arguments["query"], arguments["key"]
+            batch, seq_q, heads, head_dim = q.shape
+            choice = self.crossover.pick(self.backend.name, batch, heads, seq_q, k.shape[1], head_dim, q.dtype)
+            if choice is not None and choice != self.backend.name:
+                reason = ROUTED_REASON.format(choice)
+        return reason
+
     def dispatch(self, arguments: dict[str, Any], original_dispatch: Callable[..., torch.Tensor]) -> torch.Tensor:
         """Answer one `dispatch_attention_fn` call, given its bound arguments (all names present)."""
-        reason = _unservable_reason(arguments) or (self.hold_reason() if self.hold_reason else None)
+        reason = self.decline_reason(arguments)
         if reason is None:
             try:
                 if arguments.get("parallel_config") is not None:
@@ -108,7 +144,8 @@ class RoutedBackend:
                 self._count(None)
                 return out
         self._count(reason)
-        return original_dispatch(**{**arguments, "backend": None})
+        # a routed call goes to the backend measured faster; every other to diffusers' default (None)
+        return original_dispatch(**{**arguments, "backend": self._fallback_values.get(reason)})
 
 
 def _unservable_reason(arguments: dict[str, Any]) -> str | None:
@@ -249,7 +286,8 @@ def set_attention_backend_by_name(module: nn.Module, name: str, *, exclude: tupl
 
     if backend.routed:
         router_modules = list({m.__name__: m for m in map(_dispatch_module, processors)}.values())
-        value: Any = RoutedBackend(backend, hold_reason=hold_reason)
+        crossover, crossover_note = crossover_for(_module_device(module))
+        value: Any = RoutedBackend(backend, hold_reason=hold_reason, crossover=crossover, crossover_note=crossover_note)
         _ROUTERS.acquire_all(router_modules, value)
     else:
         from diffusers.models.attention_dispatch import AttentionBackendName

@@ -21,6 +21,9 @@ GPU_SKIPPED_BY_DEFAULT = ("math",)  # materializes B*H*S*S scores: out of memory
 # and the keys of its INPUT_KINDS (tests/test_cli_errors.py checks them against the library's).
 HELP_GPU_DEFAULT_SHAPE, HELP_CPU_DEFAULT_SHAPE = "1x56x30272x128", "1x2x256x64"
 INPUT_CHOICES = ("normal", "outliers", "flat", "block")
+# `attention.crossover`'s GPU grid and DEFAULT_BACKENDS, as text (tests/test_crossover.py checks them).
+HELP_CROSSOVER_GRID = "128,129,1024,4096,8192,30272 x 128,129,512,777,1024,2048,4096,8192,30272 x 64,128"
+HELP_CROSSOVER_BACKENDS = ("fp8", "native", "cudnn", "flash")
 
 
 @click.command("bench-attention")
@@ -40,22 +43,43 @@ INPUT_CHOICES = ("normal", "outliers", "flat", "block")
 @click.option("--runs", type=AtLeast(10), default=10, show_default=True, help="Timed calls; the median is reported.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--device", "device_name", default=None, help="cuda, cuda:1 or cpu. [default: the GPU if there is one]")
+@click.option("--crossover", is_flag=True,
+              help=f"Measure where the routed backends (fp8) lose to diffusers' backends over a grid of shapes "
+                   f"(B1 H56, Sq x Skv x D: {HELP_CROSSOVER_GRID}) and write the crossover data file the router "
+                   f"reads. [default backends: {','.join(HELP_CROSSOVER_BACKENDS)}]")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder for report.json, results.csv and tflops.png. [default: outputs/bench-attention_<shape>_<time>/]")
-def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, device_name, out_dir) -> None:
+              help="Folder for report.json, results.csv and tflops.png (with --crossover: the crossover data "
+                   "file instead of the plot). [default: outputs/bench-attention_<shape>_<time>/]")
+def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, device_name, crossover,
+                    out_dir) -> None:
     """Time every attention backend on the same random q/k/v, with TFLOP/s and error against an fp64 reference.
 
     Our FP8 kernel and cuDNN FP8 are timed end to end (prep included) and also as prep alone and kernel
-    alone. On a machine without a GPU this is a scaled-down CPU run: it checks the tool, its numbers
-    say nothing about GPU speed.
+    alone. The routing table says which backend the router picks at each shape, from the device's
+    crossover data. On a machine without a GPU this is a scaled-down CPU run: it checks the tool, its
+    numbers say nothing about GPU speed.
     """
+    from ..device import pick_device
+
+    device = pick_device(device_name)
+    if crossover:
+        if shapes_text:
+            raise UserError("--crossover measures its own grid of shapes; leave --shapes out")
+        if outliers or inputs != "normal":
+            raise UserError("--crossover times N(0,1) inputs; leave --inputs and --outliers out")
+        _measure_crossover(choices, dtype, warmup, runs, seed, device, out_dir)
+        return
+    _bench(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, device, out_dir)
+
+
+def _bench(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, device, out_dir) -> None:
     from ..attention.backends import BACKENDS, get_backend
     from ..attention.bench import BASELINE_BACKEND, CPU_DEFAULT_SHAPE, GPU_DEFAULT_SHAPE, bench_shape, parse_shapes, plot_tflops
-    from ..device import DeviceInfo, pick_device
+    from ..attention.crossover import crossover_for
+    from ..device import DeviceInfo
     from ..report_io import command_line, provenance, write_csv, write_json
     from .options import DTYPE_NAMES
 
-    device = pick_device(device_name)
     is_cpu_run = device.type == "cpu"
     shapes = parse_shapes(shapes_text or (CPU_DEFAULT_SHAPE if is_cpu_run else GPU_DEFAULT_SHAPE))
     if choices:
@@ -75,6 +99,10 @@ def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs,
         raise UserError(f"--outliers is --inputs outliers; it cannot go with --inputs {inputs}: keep one")
     inputs = "outliers" if outliers else inputs
     title = _title(device_info, dtype_name, inputs, is_cpu_run)
+    table, crossover_note = crossover_for(device)
+    routed = [b.name for b in backends if b.routed]
+    routing = [entry for shape in shapes for name in routed
+               if table is not None and (entry := table.explain(name, shape, dtype)) is not None]
 
     with staged_run_dir(final_dir) as staging:
         rows: list[BenchRow] = []
@@ -90,6 +118,7 @@ def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs,
                          "inputs": inputs, "outliers": inputs == "outliers", "warmup": warmup, "runs": runs, "seed": seed,
                          "baseline_backend": BASELINE_BACKEND},
             "rows": [r.as_dict() for r in rows],
+            "crossover": {"source": crossover_note, "routing": routing},
         })
         write_csv(staging / "results.csv", [r.as_dict() for r in rows])
         plot_tflops(rows, staging / "tflops.png", title)
@@ -98,7 +127,85 @@ def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs,
     for r in rows:
         if r.status != "ok":
             console.print(f"[dim]{r.backend} at {r.shape}: {r.status}[/dim]")
+    if routing:
+        console.print(_routing_table(routing, crossover_note))
+    elif routed:
+        console.print(f"routing: {crossover_note}")
     console.print(f"wrote {final_dir}/ (report.json, results.csv, tflops.png)")
+
+
+def _measure_crossover(choices, dtype, warmup, runs, seed, device, out_dir) -> None:
+    """bench-attention --crossover: the grid timed, the crossover file written and shown."""
+    import time
+
+    from ..attention.backends import get_backend
+    from ..attention.crossover import DEFAULT_BACKENDS, GRIDS, Crossover, data_file_name, measure_crossover
+    from ..device import DeviceInfo
+    from ..report_io import command_line, provenance, write_csv, write_json
+
+    asked = [get_backend(choice.backend) for choice in choices] if choices else list(map(get_backend, DEFAULT_BACKENDS))
+    backends = [b for b in asked if b.unavailable_reason(device) is None]
+    if not any(b.routed for b in backends) or not any(b.diffusers_backend for b in backends):
+        reasons = "; ".join(f"{b.name}: {b.unavailable_reason(device) or 'runs here'}" for b in asked)
+        raise UserError(f"--crossover needs a routed backend (fp8, fa4) and a diffusers one (native, cudnn, ...) "
+                        f"that run on {device} ({reasons}); pick ones that can, or run on a GPU")
+    grid = GRIDS[device.type]
+    final_dir = out_dir or DEFAULT_OUTPUT_ROOT / default_run_name("bench-attention", "crossover")
+    shapes = grid.shapes()
+    console.print(f"crossover: {len(shapes)} shapes x {', '.join(b.name for b in backends)}, "
+                  f"B{grid.batch} H{grid.heads}, warmup {warmup}, runs {runs}"
+                  + ("" if device.type == "cuda" else " (scaled-down CPU run: checks the tool, routes nothing)"))
+    with staged_run_dir(final_dir) as staging:
+        started = time.perf_counter()
+        rows, data = measure_crossover(grid, backends, dtype=dtype, device=device, warmup=warmup, runs=runs, seed=seed)
+        data.update(elapsed_s=round(time.perf_counter() - started, 1), command=command_line(),
+                    provenance=provenance(seed=seed, device=device))
+        file_name = data_file_name(data["device"])
+        write_json(staging / file_name, data)
+        write_json(staging / "report.json", {
+            "command_line": command_line(), "provenance": data["provenance"], "device": DeviceInfo.of(device).as_dict(),
+            "settings": {"crossover": True, "backends": data["backends"], "grid": data["grid"], "dtype": data["dtype"],
+                         "warmup": warmup, "runs": runs, "seed": seed},
+            "crossover_file": file_name, "rows": [r.as_dict() for r in rows]})
+        write_csv(staging / "results.csv", [r.as_dict() for r in rows])
+        table = Crossover.from_data(data, file_name)  # what the router will read, checked as it will be
+    for head_dim in table.head_dims:
+        console.print(_crossover_grid(table, head_dim))
+    console.print(f"measured in {data['elapsed_s']} s; wrote {final_dir}/ (report.json, results.csv, {file_name}); "
+                  f"the router reads it from dit_accel/attention/crossover_data/{file_name}")
+
+
+def _routing_table(routing: list[dict], source: str) -> Table:
+    table = Table(title=f"Routing by crossover ({source}); ratio: fastest fallback ms / backend ms, above 1 the "
+                        f"backend is faster", title_justify="left")
+    for column, justify in [("shape", "left"), ("backend", "left"), ("router picks", "left"),
+                            ("nearest measured", "left"), ("backend ms", "right"), ("fastest fallback", "left"),
+                            ("fallback ms", "right"), ("ratio", "right")]:
+        table.add_column(column, justify=justify)
+    for e in routing:
+        table.add_row(e["shape"], e["backend"], e["picks"], e["nearest_point"], _number(e["backend_ms"], ".3f"),
+                      e["fastest_fallback"], _number(e["fallback_ms"], ".3f"), _number(e["ratio"], ".2f", suffix="x"))
+    return table
+
+
+def _crossover_grid(crossover, head_dim: int) -> Table:
+    """One head dim of a crossover: Sq down, Skv across; each cell what the router picks there for each
+    routed backend and the measured ratio (fastest fallback ms / routed backend ms)."""
+    from ..attention.bench import AttentionShape
+
+    table = Table(title=f"Crossover, D{head_dim}, B{crossover.batch} H{crossover.heads} {crossover.key['gpu']}: "
+                        f"router's pick and fastest fallback ms / routed ms", title_justify="left")
+    table.add_column("Sq \\ Skv", justify="right")
+    for seq_kv in crossover.seq_kv:
+        table.add_column(str(seq_kv), justify="right")
+    for seq_q in crossover.seq_q:
+        cells = []
+        for seq_kv in crossover.seq_kv:
+            shape = AttentionShape(crossover.batch, crossover.heads, seq_q, seq_kv, head_dim)
+            entries = [crossover.explain(name, shape, crossover.dtype) for name in crossover.routed]
+            cells.append(" ".join(f"{e['picks']} {_number(e['ratio'], '.2f', suffix='x')}".strip() for e in entries))
+        table.add_row(str(seq_q), *cells)
+    return table
 
 
 def _title(info: DeviceInfo, dtype_name: str, input_kind: str, is_cpu_run: bool) -> str:
