@@ -182,9 +182,7 @@ def test_the_help_text_names_the_library_grid_and_backends():
 def test_the_router_sends_the_short_key_side_to_the_measured_faster_fallback(fixture_data, fake_fp8):
     """Wan's block: self-attention 20 x 20 (nearest (16, 16): fp8 wins) is served, cross-attention to 7
     text tokens (nearest (16, 4): math wins) goes to diffusers' math backend, counted."""
-    block, inputs = wan_block_and_inputs()
-    block = block.to(BF16)
-    inputs = tuple(x.to(BF16) if x is not None else None for x in inputs)
+    block, inputs = _bf16_wan_block()
     before = block(*inputs)
     with use_attention_backend(block, "fp8") as routed:
         during = block(*inputs)
@@ -194,6 +192,23 @@ def test_the_router_sends_the_short_key_side_to_the_measured_faster_fallback(fix
     assert [k_shape[1] for _, k_shape in fake_fp8.calls] == [20, 20]
     torch.testing.assert_close(during, before, rtol=2e-2, atol=1e-2)  # bf16: math against SDPA's default
     assert torch.equal(during, during_again)
+
+
+@torch.no_grad()
+def test_a_patch_summary_counts_routed_calls_and_names_its_data(fixture_data, fake_fp8):
+    from dit_accel.patching import patch_attention
+
+    block, inputs = _bf16_wan_block()
+    with patch_attention(block, "fp8") as patch:
+        block(*inputs)
+    summary = patch.summary()
+    assert summary["served_calls"] == 1 and summary["fallback_calls"] == {ROUTED_TO_MATH: 1}
+    assert summary["crossover"] == [f"crossover data {FIXTURE} ({crossover.ENV_VAR})"]
+
+
+def _bf16_wan_block():
+    block, inputs = wan_block_and_inputs()
+    return block.to(BF16), tuple(x.to(BF16) if x is not None else None for x in inputs)
 
 
 @torch.no_grad()

@@ -96,7 +96,8 @@ class AttentionPatch:
                 fallback[reason] = fallback.get(reason, 0) + calls
         return {"backend": self.backend, "counted": bool(self.routed),
                 "served_calls": sum(r.served_calls for r in self.routed), "fallback_calls": fallback,
-                "kept_blocks": list(self.keep_blocks), "kept_steps": sorted(self.keep_steps)}
+                "kept_blocks": list(self.keep_blocks), "kept_steps": sorted(self.keep_steps),
+                "crossover": sorted({r.crossover_note for r in self.routed})}  # which data routed calls by shape
 
     def unpatch(self) -> None:
         while self._swaps:
