@@ -72,13 +72,20 @@ def per_call_cost(calls: int = 1000) -> dict:
     """Host-bound cost of one call at a tiny shape: 1000 back-to-back calls, then one sync."""
     q, k, v = random_qkv(1, 128, 128, 1, 128, device="cuda")
     from dit_accel.kernels.fp8_attention import fp8_attention
+    from dit_accel.kernels.fp8_attention.interface import fp8_attention_packed
     from dit_accel.kernels.fp8_attention.op import FP8_ATTENTION
+    from dit_accel.kernels.fp8_attention.prep import prep_triton
+    from dit_accel.kernels.fp8_attention.support import can_implement
 
+    packed = prep_triton(q, k, v)
     candidates = {
         "cudnn (torch SDPA)": lambda: get_backend("cudnn").run(q, k, v),
         "fp8 backend (custom op)": lambda: get_backend("fp8").run(q, k, v),
         "fp8 op direct": lambda: FP8_ATTENTION(q, k, v, None, "auto"),
         "fp8_attention function": lambda: fp8_attention(q, k, v),
+        "  of which checks (can_implement)": lambda: can_implement(q, k, v),
+        "  of which prep (2 Triton launches)": lambda: prep_triton(q, k, v),
+        "  of which kernel launch (TVM-FFI)": lambda: fp8_attention_packed(packed),
     }
     result = {}
     for name, fn in candidates.items():
@@ -98,10 +105,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seq-len", type=int, default=30272)
     parser.add_argument("--wan-seq-len", type=int, default=32760)
+    parser.add_argument("--per-call-only", action="store_true", help="only the per-call host cost")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    for family, seq_len in (("minimax-h3", args.seq_len), ("wan", args.wan_seq_len)):
+    families = () if args.per_call_only else (("minimax-h3", args.seq_len), ("wan", args.wan_seq_len))
+    for family, seq_len in families:
         try:
             report[family] = block_case(family, seq_len)
         except Exception as exc:  # one family failing must not hide the other

@@ -45,7 +45,7 @@ def main():
 
     from dit_accel.attention.reference import random_qkv, reference_attention, reference_lse, rel_rms_err
     from dit_accel.kernels.fp8_attention import interface
-    from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention, cute_arguments
+    from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
     from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention
     from dit_accel.kernels.fp8_attention.prep import prep_triton
 
@@ -87,9 +87,7 @@ def main():
 
     def run(packed, out, lse, variant):
         kern = get(packed.head_dim, lse is not None, *variant)
-        kern(*cute_arguments(packed.q, packed.k, packed.v, packed.descale, out, lse,
-                             packed.head_dim ** -0.5, packed.seqlen_kv,
-                             torch.cuda.current_stream().cuda_stream))
+        kern(packed.q, packed.k, packed.v, packed.descale, out, lse, packed.head_dim ** -0.5, packed.seqlen_kv)
 
 
     if args.sanitize:

@@ -5,6 +5,11 @@ the GPU one.
 
 Every sequence-length, batch and head dimension is dynamic: one compiled kernel serves all
 shapes with the same head_dim, output dtype and LSE choice.
+
+Kernels are compiled for the TVM-FFI calling convention (`--enable-tvm-ffi`, as FlashAttention-4's
+CuTe interface does): the compiled function takes torch tensors and Python scalars directly and
+reads torch's current stream itself, so a launch converts nothing in Python (no DLPack capsules,
+no cute.Tensor wrappers, no stream object).
 """
 import torch
 
@@ -27,25 +32,6 @@ def fake_tensor(dtype: torch.dtype, rank: int):
     return make_fake_tensor(getattr(cutlass, TORCH_TO_CUTLASS[dtype]), shape, stride, assumed_align=16)
 
 
-def to_cute(t: torch.Tensor):
-    """The runtime view matching `fake_tensor`: dynamic layout, innermost stride 1."""
-    from cutlass.cute.runtime import from_dlpack
-
-    return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=t.dim() - 1)
-
-
-def cute_arguments(q, k, v, descale, out, lse, softmax_scale: float, seqlen_kv: int, stream: int):
-    """The compiled kernel's argument list, from torch CUDA tensors packed by prep."""
-    import cuda.bindings.driver as cuda
-    import cutlass
-
-    return (
-        to_cute(q), to_cute(k), to_cute(v), to_cute(descale), to_cute(out),
-        None if lse is None else to_cute(lse),
-        cutlass.Float32(softmax_scale), cutlass.Int32(seqlen_kv), cuda.CUstream(stream),
-    )
-
-
 def make_kernel(kernel: str, head_dim: int, **options):
     """The kernel object for a variant name: "mma_sync" (v1, sm_89+) or "sm90" (wgmma, sm_90a)."""
     if kernel == "mma_sync":
@@ -59,12 +45,12 @@ def make_kernel(kernel: str, head_dim: int, **options):
 
 def compile_fp8_attention(head_dim: int, out_dtype: torch.dtype, with_lse: bool,
                           kernel: str = "mma_sync", **options):
-    """Returns the compiled callable; call it with `cute_arguments(...)`. Both kernels take the
-    same arguments (prep's packed tensors); options go to the kernel class (sm90: tile_n,
-    num_stages)."""
+    """Returns the compiled callable: `compiled(q, k, v, descale, out, lse, softmax_scale,
+    seqlen_kv)` with prep's packed torch tensors (lse None when compiled without), launched on
+    torch's current stream. Both kernels take the same arguments; options go to the kernel class
+    (sm90: tile_n, num_stages)."""
     import cutlass.cute as cute
 
-    import cuda.bindings.driver as cuda
     import cutlass
 
     fp8 = torch.float8_e4m3fn
@@ -73,6 +59,7 @@ def compile_fp8_attention(head_dim: int, out_dtype: torch.dtype, with_lse: bool,
         fake_tensor(torch.float32, 2),  # descale [3, B*H]
         fake_tensor(out_dtype, 4),  # out [B, Sq, H, D]
         fake_tensor(torch.float32, 3) if with_lse else None,  # lse [B, H, Sq]
-        cutlass.Float32(1.0), cutlass.Int32(1), cuda.CUstream(0),
+        cutlass.Float32(1.0), cutlass.Int32(1),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),  # torch's current stream at each call
     )
-    return cute.compile(make_kernel(kernel, head_dim, **options), *args)
+    return cute.compile(make_kernel(kernel, head_dim, **options), *args, options="--enable-tvm-ffi")

@@ -6,6 +6,8 @@ per plan, launches.
     packed = prep_fp8_attention(q, k, v)              # prep alone (quantize + pack)
     out = fp8_attention_packed(packed, out_dtype=q.dtype)  # kernel alone
     out = fp8_attention(q, k, v, kernel="mma_sync")   # force v1 (comparison); default "auto"
+    out = fp8_attention(q_raw, k_raw, v, prologue=Prologue(wq, wk, eps, cos, sin))
+                                                      # QK-norm + RoPE fused into prep (MiniMax-H3)
 
 Kernel choice ("auto"): sm_90 -> `kernel_sm90` (TMA + FP8 wgmma, warp-specialized); sm_89 and
 sm_120 -> v1 `kernel_mma_sync`. Both read the same prep output.
@@ -18,34 +20,38 @@ import math
 
 import torch
 
-from .prep import PackedQKV, prep_reference, prep_triton
-from .support import Fp8AttentionUnsupported, check_can_implement, resolve_kernel
+from .prep import PackedQKV, Prologue, prep_reference, prep_triton, prologue_reason
+from .support import Fp8AttentionUnsupported, check_can_implement, device_capability, resolve_kernel
 
 _plans: dict = {}
 
 
-def _prep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, use_triton: bool = True) -> PackedQKV:
-    return (prep_triton if use_triton else prep_reference)(q, k, v)
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str, prologue: Prologue | None) -> None:
+    check_can_implement(q, k, v, kernel)
+    reason = None if prologue is None else prologue_reason(q, k, prologue)
+    if reason is not None:
+        raise Fp8AttentionUnsupported(reason)
 
 
-def prep_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, use_triton: bool = True) -> PackedQKV:
+def prep_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, use_triton: bool = True,
+                       prologue: Prologue | None = None) -> PackedQKV:
     """Prep alone: checks the inputs (`support.can_implement`), quantizes and packs them (Triton,
-    or torch if asked)."""
-    check_can_implement(q, k, v)
-    return _prep(q, k, v, use_triton)
+    or torch if asked), after the prologue if one is given."""
+    _check(q, k, v, "auto", prologue)
+    return (prep_triton if use_triton else prep_reference)(q, k, v, prologue)
 
 
 def _plan(head_dim: int, out_dtype: torch.dtype, with_lse: bool, device: torch.device,
           kernel: str = "auto"):
     """Compiled kernel for this plan key; sequence lengths, batch and heads are dynamic."""
-    capability = torch.cuda.get_device_capability(device)
-    kernel = resolve_kernel(kernel, capability)
-    key = (head_dim, out_dtype, with_lse, capability, kernel)
-    if key not in _plans:
+    key = (head_dim, out_dtype, with_lse, device, kernel)
+    plan = _plans.get(key)
+    if plan is None:
         from .compile import compile_fp8_attention
 
-        _plans[key] = compile_fp8_attention(head_dim, out_dtype, with_lse, kernel=kernel)
-    return _plans[key]
+        variant = resolve_kernel(kernel, device_capability(device))
+        plan = _plans[key] = compile_fp8_attention(head_dim, out_dtype, with_lse, kernel=variant)
+    return plan
 
 
 def fp8_attention_packed(packed: PackedQKV, *, out_dtype: torch.dtype = torch.bfloat16,
@@ -53,8 +59,6 @@ def fp8_attention_packed(packed: PackedQKV, *, out_dtype: torch.dtype = torch.bf
                          out: torch.Tensor | None = None, kernel: str = "auto"):
     """Kernel alone on prep's output. Returns out [B, Sq, H, D] (and lse [B, H, Sq] fp32).
     kernel: "auto" (sm_90: wgmma kernel, else v1), "mma_sync" (v1) or "sm90"."""
-    from .compile import cute_arguments
-
     b, h, sq, d = packed.batch, packed.heads, packed.seqlen_q, packed.head_dim
     device = packed.q.device
     if out is None:
@@ -64,20 +68,21 @@ def fp8_attention_packed(packed: PackedQKV, *, out_dtype: torch.dtype = torch.bf
     lse = torch.empty(b, h, sq, dtype=torch.float32, device=device) if return_lse else None
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     compiled = _plan(d, out_dtype, return_lse, device, kernel)
-    stream = torch.cuda.current_stream(device).cuda_stream
-    compiled(*cute_arguments(packed.q, packed.k, packed.v, packed.descale, out, lse, scale,
-                           packed.seqlen_kv, stream))
+    with torch.cuda.device(device):  # the launch goes to this device's current stream
+        compiled(packed.q, packed.k, packed.v, packed.descale, out, lse, scale, packed.seqlen_kv)
     return (out, lse) if return_lse else out
 
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
-                  return_lse: bool = False, kernel: str = "auto"):
+                  return_lse: bool = False, kernel: str = "auto", prologue: Prologue | None = None):
     """softmax(q k^T * scale) v with FP8 (e4m3) Q, K, V, P; q, k, v [B, S, H, D] on CUDA.
 
-    scale defaults to 1/sqrt(D). Raises Fp8AttentionUnsupported for inputs it cannot take; a
-    (batch, head) whose q, k or v holds inf or NaN comes out NaN, as in torch's attention.
+    scale defaults to 1/sqrt(D). With `prologue`, q and k are raw projections and the attention
+    takes RoPE(RMSNorm(x) * w) of them (`prep.Prologue`). Raises Fp8AttentionUnsupported for
+    inputs it cannot take; a (batch, head) whose q, k or v holds inf or NaN comes out NaN, as in
+    torch's attention.
     """
-    check_can_implement(q, k, v, kernel)
-    packed = _prep(q, k, v)
+    _check(q, k, v, kernel, prologue)
+    packed = prep_triton(q, k, v, prologue)
     return fp8_attention_packed(packed, out_dtype=q.dtype, scale=scale, return_lse=return_lse,
                                 kernel=kernel)

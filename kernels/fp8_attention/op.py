@@ -1,9 +1,10 @@
 """The FP8 attention as a torch custom op, `torch.ops.dit_accel.fp8_attention`, so that
 `torch.compile` (fullgraph too) and CUDA graphs see one opaque node instead of tracing our
-Python launch path (which reads `torch.cuda.current_stream(...).cuda_stream`, a host object
-dynamo cannot trace).
+Python launch path (Triton launches and a compiled CuTe DSL function, which dynamo cannot trace).
 
     out = torch.ops.dit_accel.fp8_attention(q, k, v, scale, "auto")   # or FP8_ATTENTION(...)
+    out = FP8_ATTENTION_PROLOGUE(q_raw, k_raw, v, wq, wk, eps, cos, sin, scale, "auto")
+          # MiniMax-H3: RoPE(RMSNorm(x) * w) of q and k fused into the prep (`prep.Prologue`)
 
 q [B, Sq, H, D], k and v [B, Skv, H, D], bf16 or fp16, head dim contiguous; out is a fresh
 contiguous [B, Sq, H, Dv] tensor in q's dtype. `scale` None means 1/sqrt(D). `variant` is the kernel
@@ -33,9 +34,11 @@ from typing import Optional
 
 import torch
 
+from .prep import Prologue, apply_prologue, prologue_reason
 from .support import KERNEL_CHOICES, Fp8AttentionUnsupported, can_implement, tensors_reason
 
 OP_NAME = "dit_accel::fp8_attention"
+PROLOGUE_OP_NAME = "dit_accel::fp8_attention_prologue"
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant: str = "auto") -> Optional[str]:
@@ -86,5 +89,47 @@ def _fp8_attention_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
     return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
 
 
+@torch.library.custom_op(PROLOGUE_OP_NAME, mutates_args=(), device_types="cuda")
+def fp8_attention_prologue_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_q_weight: torch.Tensor,
+                              norm_k_weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                              scale: Optional[float] = None, variant: str = "auto") -> torch.Tensor:
+    """CUDA: the attention of RoPE(RMSNorm(q) * wq), RoPE(RMSNorm(k) * wk) and v, the prologue in the prep."""
+    from .interface import fp8_attention
+
+    prologue = Prologue(norm_q_weight, norm_k_weight, eps, cos, sin)
+    return fp8_attention(q, k, v, scale=scale, kernel=variant, prologue=prologue)
+
+
+def prologue_op_reason(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, variant="auto") -> Optional[str]:
+    """Why the prologue op's implementation for q's device cannot take these inputs, or None
+    (`unsupported_reason`, then `prep.prologue_reason`). Metadata only, like `unsupported_reason`."""
+    return unsupported_reason(q, k, v, variant) or prologue_reason(q, k, Prologue(norm_q_weight, norm_k_weight, eps,
+                                                                                  cos, sin))
+
+
+def _check_prologue(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, variant) -> Prologue:
+    reason = prologue_op_reason(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, variant)
+    if reason is not None:
+        raise Fp8AttentionUnsupported(reason)
+    return Prologue(norm_q_weight, norm_k_weight, eps, cos, sin)
+
+
+@fp8_attention_prologue_op.register_kernel("cpu")
+def _fp8_attention_prologue_cpu(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, scale=None, variant="auto"):
+    """CPU: the prologue's fp32 spec, then the float64 emulation of the kernel's scheme."""
+    from .emulation import emulate_fp8_attention
+
+    prologue = _check_prologue(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, variant)
+    q, k = apply_prologue(q, norm_q_weight, prologue), apply_prologue(k, norm_k_weight, prologue)
+    return emulate_fp8_attention(q, k, v, scale, out_dtype=v.dtype).contiguous()
+
+
+@fp8_attention_prologue_op.register_fake
+def _fp8_attention_prologue_fake(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, scale=None, variant="auto"):
+    _check_prologue(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, variant)
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+
+
 FP8_ATTENTION = torch.ops.dit_accel.fp8_attention.default
 """The op's OpOverload: the cheapest way to call it from Python (no CustomOpDef wrapper)."""
+FP8_ATTENTION_PROLOGUE = torch.ops.dit_accel.fp8_attention_prologue.default

@@ -18,14 +18,64 @@ every output of the head (Q or K: the logits; V: the output scale). No host sync
 kernel stay asynchronous and can be captured in a CUDA graph.
 
 Two implementations of the same contract: `prep_reference` (torch, any device, the spec) and
-`prep_triton` (CUDA, two Triton kernels: amax, then quantize + pack). The GPU check compares
-them bit for bit.
+`prep_triton` (CUDA, two Triton launches for q, k and v together: amax, then scales + quantize +
+pack). The GPU check compares them bit for bit.
+
+The prologue (`Prologue`, MiniMax-H3's attention): q and k arrive as the raw projections, and
+prep quantizes RoPE(RMSNorm(x) * w) instead of x, computed in fp32 with no rounding to bf16 in
+between (`apply_prologue` is the torch spec). The Triton prep recomputes it in its pack pass
+rather than writing it out, so QK-norm, RoPE and quantization cost two reads of q and k and one
+fp8 write. Its arithmetic is fp32 but not bit-identical to torch's (reduction order, division
+vs rsqrt), so its check is against the spec within one e4m3 step on rare elements.
 """
 from dataclasses import dataclass
 
 import torch
 
 from .layout import E4M3_MAX, FP8, KEYS, Q_ROWS, key_order, round_up
+
+
+@dataclass(frozen=True)
+class Prologue:
+    """What MiniMax-H3's processor does to q and k between the projections and the attention:
+    per-head RMSNorm (`norm_q_weight`, `norm_k_weight` [D], `eps`), then the rotary embedding of
+    the first R channels with cos, sin [S, R] (`dit_accel.kernels.rope` contract; R even, <= D)."""
+
+    norm_q_weight: torch.Tensor
+    norm_k_weight: torch.Tensor
+    eps: float
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+def prologue_reason(q: torch.Tensor, k: torch.Tensor, prologue: Prologue) -> str | None:
+    """Why the prologue cannot be applied to these q, k [B, S, H, D], or None. Metadata only."""
+    d = q.shape[-1]
+    cos, sin = prologue.cos, prologue.sin
+    if q.shape[1] != k.shape[1]:
+        return "fp8_attention prologue: self-attention only (q and k of one length)"
+    if prologue.norm_q_weight.shape != (d,) or prologue.norm_k_weight.shape != (d,):
+        return f"fp8_attention prologue: norm weights must be [{d}]"
+    if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[0] != q.shape[1]:
+        return f"fp8_attention prologue: cos and sin must be [S, R] with S = {q.shape[1]}"
+    if cos.shape[1] == 0 or cos.shape[1] % 2 or cos.shape[1] > d:
+        return "fp8_attention prologue: rotary dim R must be even, > 0 and <= head dim"
+    if cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        return "fp8_attention prologue: cos and sin need a contiguous last dim"
+    if any(t.device != q.device for t in (prologue.norm_q_weight, prologue.norm_k_weight, cos, sin)):
+        return "fp8_attention prologue: norm weights, cos and sin must be on q's device"
+    return None
+
+
+def apply_prologue(x: torch.Tensor, weight: torch.Tensor, prologue: Prologue) -> torch.Tensor:
+    """The spec, fp32 out: RoPE(RMSNorm(x) * weight) of x [B, S, H, D], all in fp32."""
+    x = x.float()
+    x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + prologue.eps) * weight.float()
+    r = prologue.cos.shape[1]
+    cos, sin = prologue.cos.float()[None, :, None, :], prologue.sin.float()[None, :, None, :]
+    x1, x2 = x[..., : r // 2], x[..., r // 2 : r]
+    return torch.cat((x1 * cos[..., : r // 2] - x2 * sin[..., : r // 2],
+                      x2 * cos[..., r // 2 :] + x1 * sin[..., r // 2 :], x[..., r:]), dim=-1)
 
 
 @dataclass
@@ -44,13 +94,15 @@ class PackedQKV:
 
 
 def scales_from_amax(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(descale, quant), both fp32 like amax: descale = amax / 448, quant = 448 / amax; an
-    all-zero head gets 1 and 1 (its codes are 0 either way); a head holding inf or NaN gets a
-    NaN descale, so its output is NaN."""
+    """(descale, quant), both fp32 like amax: descale = amax * fp32(1/448), quant = 448 *
+    (1/amax), each product and reciprocal rounded to fp32 (written out so that torch on any
+    device and the Triton prep round the same way; torch's CUDA `amax / 448` is itself a multiply
+    by the reciprocal); an all-zero head gets 1 and 1 (its codes are 0 either way); a head holding
+    inf or NaN gets a NaN descale, so its output is NaN."""
     nonzero = amax > 0
-    descale = torch.where(nonzero, amax / E4M3_MAX, torch.ones_like(amax))
+    descale = torch.where(nonzero, amax * (1.0 / E4M3_MAX), torch.ones_like(amax))
     descale = torch.where(torch.isfinite(amax), descale, torch.full_like(amax, float("nan")))
-    quant = torch.where(nonzero, E4M3_MAX / amax, torch.ones_like(amax))
+    quant = torch.where(nonzero, amax.reciprocal() * E4M3_MAX, torch.ones_like(amax))
     return descale, quant
 
 
@@ -66,8 +118,11 @@ def head_amax(x: torch.Tensor) -> torch.Tensor:
     return x.float().abs().amax(dim=(1, 3)).reshape(-1)
 
 
-def prep_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> PackedQKV:
+def prep_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   prologue: Prologue | None = None) -> PackedQKV:
     """The packing contract in torch, on any device (the spec the Triton prep must match)."""
+    if prologue is not None:
+        q, k = apply_prologue(q, prologue.norm_q_weight, prologue), apply_prologue(k, prologue.norm_k_weight, prologue)
     b, sq, h, d = q.shape
     skv = k.shape[1]
     amax = torch.stack([head_amax(x) for x in (q, k, v)])
@@ -91,22 +146,20 @@ def prep_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> PackedQ
     )
 
 
-def prep_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> PackedQKV:
-    """Same contract as `prep_reference`, on CUDA: one amax launch and one pack launch per
-    tensor, reading any [B, S, H, D] strides (innermost stride 1)."""
+def prep_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Prologue | None = None) -> PackedQKV:
+    """Same contract as `prep_reference`, on CUDA: two Triton launches (amax, then scales and
+    packing) for the three tensors, reading any [B, S, H, D] strides (innermost stride 1)."""
     from . import prep_triton_kernels as tk
 
     b, sq, h, d = q.shape
     skv = k.shape[1]
     amax = torch.zeros(3, b * h, dtype=torch.float32, device=q.device)
-    for i, x in enumerate((q, k, v)):
-        tk.launch_amax(x, amax[i])
-    descale, quant = scales_from_amax(amax)
+    descale = torch.empty_like(amax)
     sq_pad, skv_pad = round_up(sq, Q_ROWS), round_up(skv, KEYS)
     out_q = torch.empty(b * h, sq_pad, d, dtype=FP8, device=q.device)
     out_k = torch.empty(b * h, skv_pad, d, dtype=FP8, device=q.device)
     out_v = torch.empty(b * h, d, skv_pad, dtype=FP8, device=q.device)
-    tk.launch_pack(q, quant[0], out_q, feature_major=False)
-    tk.launch_pack(k, quant[1], out_k, feature_major=False)
-    tk.launch_pack(v, quant[2], out_v, feature_major=True)
+    fields = None if prologue is None else (prologue.norm_q_weight, prologue.norm_k_weight, prologue.eps,
+                                            prologue.cos, prologue.sin)
+    tk.launch_prep(q, k, v, amax, out_q, out_k, out_v, descale, fields)
     return PackedQKV(out_q, out_k, out_v, descale, b, h, sq, skv, d)

@@ -6,6 +6,8 @@ tensor metadata (rank, shape, stride, dtype, device) and the device's capability
 synchronises with the GPU. The kernel constructors read the same SUPPORTED_HEAD_DIMS
 (`check_head_dim`), and `resolve_kernel` is the variant check of the packed entry point.
 """
+import functools
+
 import torch
 
 from .layout import SUPPORTED_HEAD_DIMS
@@ -19,6 +21,12 @@ WGMMA_CAPABILITY = (9, 0)  # kernel_sm90: FP8 wgmma exists on sm_90a alone
 
 class Fp8AttentionUnsupported(ValueError):
     """fp8_attention cannot take these inputs; the message says what to change."""
+
+
+@functools.cache
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """torch.cuda.get_device_capability, asked once per device (it costs microseconds a call)."""
+    return torch.cuda.get_device_capability(device)
 
 
 def head_dim_reason(head_dim: int) -> str | None:
@@ -90,7 +98,7 @@ def can_implement(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str
         return reason
     if not q.is_cuda:
         return f"fp8_attention: inputs are on {q.device}; move q, k, v to a CUDA device"
-    capability = torch.cuda.get_device_capability(q.device)
+    capability = device_capability(q.device)
     if capability < MIN_CAPABILITY:
         return f"fp8_attention: sm_{capability[0]}{capability[1]} has no FP8 mma.sync; needs sm_89 or newer"
     return kernel_reason(kernel, capability)

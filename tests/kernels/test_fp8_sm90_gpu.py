@@ -36,15 +36,14 @@ def test_sm90_matches_emulation(b, sq, skv, d, outliers):
 def test_exp2_on_the_fma_pipe_matches_emulation(fma_exp2_tiles):
     """Part of each row's exp2 as a polynomial (relative error 1.7e-3, below e4m3's rounding of
     P): same error budget as the MUFU-only kernel."""
-    from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention, cute_arguments
+    from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
 
     q, k, v = random_qkv(2, 1000, 700, 3, 128, True, seed=fma_exp2_tiles)
     packed = prep_fp8_attention(q, k, v)
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(2, 3, 1000, device="cuda")
     kernel = compile_fp8_attention(128, torch.bfloat16, True, kernel="sm90", fma_exp2_tiles=fma_exp2_tiles)
-    kernel(*cute_arguments(packed.q, packed.k, packed.v, packed.descale, out, lse, 128 ** -0.5,
-                           packed.seqlen_kv, torch.cuda.current_stream().cuda_stream))
+    kernel(packed.q, packed.k, packed.v, packed.descale, out, lse, 128 ** -0.5, packed.seqlen_kv)
     emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=DEFAULT_TILE_N, reverse=True)
     assert torch.isfinite(out).all()
     assert rel_rms_err(out, emu) < 0.01
