@@ -215,7 +215,7 @@ def test_rope_option_runs_beside_the_plain_backend(tmp_path):
 
 def test_unknown_attention_option_is_one_line(tmp_path):
     result = CliRunner().invoke(main, ["profile-block", *FAST, "--attn", "fp8+fast", "--out", str(tmp_path / "r")])
-    assert result.exit_code == 2 and "the one option is +rope" in result.output
+    assert result.exit_code == 2 and "the options are +rope" in result.output
     assert not (tmp_path / "r").exists()
 
 

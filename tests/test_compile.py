@@ -124,7 +124,7 @@ def test_two_compiled_recipes_report_no_false_recompiles(tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (["--compare-attn", "native+compile,native", "--validate", "2"], "--validate chains eager blocks"),
-    (["--model", "wan", "--attn", "native+rope"], "+rope swaps in MiniMax-H3's fused RoPE"),
+    (["--model", "wan", "--attn", "native+rope"], "+rope serves MiniMax-H3's attention processor"),
 ])
 def test_recipes_a_run_cannot_honour_are_refused_before_it_starts(tmp_path, args, words):
     from click.testing import CliRunner

@@ -119,8 +119,9 @@ class RecipeParam(click.ParamType):
 # in `attention.backends.BACKENDS`, in its order.
 ATTENTION_BACKENDS = ("native", "flash", "cudnn", "efficient", "math", "fa4", "fa3", "fa3-fp8", "fp8", "fp8-v1",
                       "cudnn-fp8")
-ATTENTION_HELP = (f"{', '.join(ATTENTION_BACKENDS)}; alias bf16 (= native); options +rope, +fp8-linear, +compile, "
-                  f"+max-autotune (fused RoPE for MiniMax-H3, torchao FP8 linears, torch.compile)")
+ATTENTION_HELP = (f"{', '.join(ATTENTION_BACKENDS)}; alias bf16 (= native); options +rope, +prologue, +fp8-linear, "
+                  f"+compile, +max-autotune (fused RoPE or QK-norm + RoPE in the FP8 prep for MiniMax-H3, torchao FP8 "
+                  f"linears, torch.compile)")
 
 
 def linear_option():

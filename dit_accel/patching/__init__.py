@@ -5,12 +5,14 @@
 `attention.py`: `patch_attention` (route a model's or pipeline's attention to a backend, keeping
 chosen blocks and steps on the original), `AttentionPatch`, `denoisers`, `block_list`.
 `rope.py`: `fused_rope` (MiniMax-H3's rotary embedding on the fused Triton kernel), `FusedRope`.
+`prologue.py`: `fused_prologue` (MiniMax-H3's QK-norm and RoPE inside the FP8 attention's prep).
+`counts.py`: `CallCounts`, the counters that keep counting inside compiled graphs.
 `model_globals.py`: the one mechanism under both, a reference-counted reversible swap of a global
 of a model file.
 `fp8_linear.py`: `quantize_linears` (a block's large linears in FP8 through torchao, by the
 family's policy), `fp8_linear_unavailable_reason`.
 `recipe.py`: `Recipe`, `parse_recipe`: the names every command's --attn takes
-(NAME[+rope][+fp8-linear][+compile]).
+(NAME[+rope | +prologue][+fp8-linear][+compile]).
 
 The names are imported on first use (PEP 562 `__getattr__`), not at package import: importing
 `dit_accel.patching.model_globals` (as `dit_accel.attention.routing` does) must not import
@@ -25,6 +27,7 @@ _EXPORTS = {  # public name -> the submodule defining it
     "patch_attention": "attention", "AttentionPatch": "attention", "denoisers": "attention",
     "block_list": "attention", "BLOCK_LIST_NAMES": "attention",
     "fused_rope": "rope", "FusedRope": "rope",
+    "fused_prologue": "prologue", "FusedPrologue": "prologue",
     "quantize_linears": "fp8_linear", "fp8_linear_unavailable_reason": "fp8_linear",
     "Recipe": "recipe", "parse_recipe": "recipe",
 }

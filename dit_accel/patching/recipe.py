@@ -1,7 +1,7 @@
 """The one vocabulary of what to run a model with: the names `--attn` / `--compare-attn` take in
 profile-block and generate, and `--backends` in bench-attention.
 
-    NAME[+rope][+fp8-linear][+compile | +max-autotune]
+    NAME[+rope | +prologue][+fp8-linear][+compile | +max-autotune]
 
 NAME is an attention backend of `attention.backends.BACKENDS` (native, flash, cudnn, efficient,
 math, fa4, fa3, fa3-fp8, fp8, fp8-v1, cudnn-fp8) or an alias:
@@ -10,6 +10,8 @@ math, fa4, fa3, fa3-fp8, fp8, fp8-v1, cudnn-fp8) or an alias:
 Options (in any order; they apply to models, so bench-attention, which times attention alone,
 takes none):
   - `+rope`: the fused RoPE Triton kernel swapped into MiniMax-H3's attention (`patching.rope`);
+  - `+prologue` (with fp8 or fp8-v1): MiniMax-H3's QK-norm and RoPE computed inside the FP8
+    attention's prep (`patching.prologue`), which then reads the raw projections;
   - `+fp8-linear`: the block's large linear layers in FP8 through torchao (`patching.fp8_linear`);
   - `+compile` / `+max-autotune`: the block (or the pipeline's transformers) compiled by
     torch.compile with inductor, mode "default" or "max-autotune".
@@ -28,7 +30,8 @@ from ..errors import UserError
 
 ALIASES = {"bf16": "native"}
 COMPILE_MODES = {"compile": "default", "max-autotune": "max-autotune"}  # option -> torch.compile mode
-OPTIONS = ("rope", "fp8-linear", *COMPILE_MODES)
+OPTIONS = ("rope", "prologue", "fp8-linear", *COMPILE_MODES)
+PROLOGUE_BACKENDS = ("fp8", "fp8-v1")  # the backends whose op takes the fused prologue
 
 
 @dataclass(frozen=True)
@@ -41,11 +44,13 @@ class Recipe:
     fused_rope: bool = False
     fp8_linear: bool = False
     compile_mode: str | None = None  # torch.compile mode, None for eager
+    fused_prologue: bool = False
 
     @property
     def is_default(self) -> bool:
         """The model's own attention, nothing swapped in (generate leaves such a model unpatched)."""
-        return self.backend == "native" and not (self.fused_rope or self.fp8_linear or self.compile_mode)
+        return self.backend == "native" and not (self.fused_rope or self.fused_prologue or self.fp8_linear
+                                                 or self.compile_mode)
 
     def with_options(self, *, fp8_linear: bool = False, compile_mode: str | None = None) -> "Recipe":
         """This recipe with the run-wide `--linear fp8` / `--compile MODE` added (the label says so)."""
@@ -56,7 +61,8 @@ class Recipe:
 
 def _label(recipe: Recipe, written: str) -> str:
     name = written.partition("+")[0]
-    options = (["rope"] if recipe.fused_rope else []) + (["fp8-linear"] if recipe.fp8_linear else [])
+    options = [option for option, on in (("rope", recipe.fused_rope), ("prologue", recipe.fused_prologue),
+                                         ("fp8-linear", recipe.fp8_linear)) if on]
     if recipe.compile_mode:
         options.append(next(o for o, mode in COMPILE_MODES.items() if mode == recipe.compile_mode))
     return "+".join([name, *options])
@@ -68,8 +74,9 @@ def parse_recipe(text: str, *, allow_options: bool = True) -> Recipe:
     name, *options = written.split("+")
     for option in options:
         if option not in OPTIONS:
-            raise UserError(f"unknown option '+{option}' in {written!r}: for RoPE the one option is +rope; the others "
-                            "are +fp8-linear (FP8 linears), +compile and +max-autotune (torch.compile)")
+            raise UserError(f"unknown option '+{option}' in {written!r}: the options are +rope (fused RoPE), +prologue "
+                            "(QK-norm and RoPE in the FP8 prep), +fp8-linear (FP8 linears), +compile and +max-autotune "
+                            "(torch.compile)")
     if options and not allow_options:
         raise UserError(f"{written!r}: options swap things into a model; bench-attention times attention alone, "
                         f"so name the backend without them ({name})")
@@ -78,7 +85,13 @@ def parse_recipe(text: str, *, allow_options: bool = True) -> Recipe:
         raise UserError(f"{written!r} names two compile modes; keep one of +compile, +max-autotune")
     backend = ALIASES.get(name, name)
     get_backend(backend)  # unknown names: one line listing the known ones
-    recipe = Recipe(written, backend, "rope" in options, "fp8-linear" in options, modes[0] if modes else None)
+    if "prologue" in options and "rope" in options:
+        raise UserError(f"{written!r}: +prologue already computes the RoPE inside the FP8 prep; drop +rope")
+    if "prologue" in options and backend not in PROLOGUE_BACKENDS:
+        raise UserError(f"{written!r}: +prologue feeds QK-norm and RoPE to our FP8 attention's prep, so it needs "
+                        f"{' or '.join(PROLOGUE_BACKENDS)}, not {backend}")
+    recipe = Recipe(written, backend, "rope" in options, "fp8-linear" in options, modes[0] if modes else None,
+                    fused_prologue="prologue" in options)
     return dataclasses.replace(recipe, label=_label(recipe, written))
 
 
@@ -94,16 +107,17 @@ def vocabulary_help() -> str:
     """One line for --help: the names and the options."""
     aliases = ", ".join(f"{alias} (= {name})" for alias, name in ALIASES.items())
     return (f"{', '.join(BACKENDS)}; alias {aliases}; options {', '.join('+' + o for o in OPTIONS)} "
-            f"(fused RoPE for MiniMax-H3, torchao FP8 linears, torch.compile)")
+            f"(fused RoPE or QK-norm + RoPE in the FP8 prep for MiniMax-H3, torchao FP8 linears, torch.compile)")
 
 
 def check_recipes(recipes, device, dtype, adapter=None) -> None:
     """A UserError before anything is loaded when a recipe cannot run on `device` in `dtype` (or, given
-    the model family's `adapter`, on its blocks: the fused RoPE serves MiniMax-H3 only)."""
+    the model family's `adapter`, on its blocks: the fused RoPE and prologue serve MiniMax-H3 only)."""
     for recipe in recipes:
-        if recipe.fused_rope and adapter is not None and not adapter.fused_rope_supported:
-            raise UserError(f"{recipe.label}: +rope swaps in MiniMax-H3's fused RoPE, which {adapter.display_name} "
-                            f"blocks do not use; drop +rope")
+        for option, on in (("rope", recipe.fused_rope), ("prologue", recipe.fused_prologue)):
+            if on and adapter is not None and not adapter.fused_rope_supported:
+                raise UserError(f"{recipe.label}: +{option} serves MiniMax-H3's attention processor, which "
+                                f"{adapter.display_name} blocks do not use; drop +{option}")
         backend = get_backend(recipe.backend)
         reason = backend.unavailable_reason(device)
         if reason is not None and not recipe.is_default:

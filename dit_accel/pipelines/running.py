@@ -85,21 +85,24 @@ def check_attention(attention: Recipe, device: torch.device) -> None:
 
 class _Patch:
     """What a recipe swaps into the pipeline's transformer(s) for one call, undone together: the
-    attention patch, the fused RoPE (`+rope`) and FP8 linears (`+fp8-linear`: torchao, the bf16 weights
+    attention patch, the fused RoPE (`+rope`) or prologue (`+prologue`) and FP8 linears (`+fp8-linear`: torchao, the bf16 weights
     kept to be put back). torch.compile (`+compile`) stays on the model: a later call reuses the graphs
     (dynamo recompiles by itself when a patch changes what the model calls)."""
 
     def __init__(self, pipe: Any, recipe: Recipe):
-        from ..patching import denoisers, fused_rope, patch_attention
+        from ..patching import denoisers, fused_prologue, fused_rope, patch_attention
 
         self._undo: list[Callable[[], None]] = []
-        self.rope = self.linears = None
+        self.rope = self.prologue = self.linears = None
         try:
             self.attention = patch_attention(pipe, backend=recipe.backend)
             self._undo.append(self.attention.unpatch)
             if recipe.fused_rope:
                 self.rope = fused_rope(pipe)
                 self._undo.append(self.rope.unpatch)
+            if recipe.fused_prologue:
+                self.prologue = fused_prologue(pipe)
+                self._undo.append(self.prologue.unpatch)
             models = denoisers(pipe)
             if recipe.fp8_linear:
                 self.linears = [_quantize_model(model) for model in models]
@@ -117,6 +120,8 @@ class _Patch:
         summary = self.attention.summary()
         if self.rope is not None:
             summary["rope"] = self.rope.summary()
+        if self.prologue is not None:
+            summary["prologue"] = self.prologue.summary()
         if self.linears is not None:
             summary["fp8_linears"] = [swap.as_dict() for swap in self.linears]
         return summary

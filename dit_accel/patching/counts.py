@@ -1,0 +1,35 @@
+"""Call counters that keep counting inside torch.compile'd graphs.
+
+    counts = CallCounts()
+    counts.count(None)              # one call served
+    counts.count("attention mask")  # one call declined, by reason
+    counts.served, counts.declined  # 1, Counter({"attention mask": 1})
+
+Each reason's count is a 0-d int64 CPU tensor bumped in place, so the increment is part of a
+compiled graph and runs on every call (a Python int reached through a module would be guarded by
+its value, and each increment would recompile the model). The limits: calls replayed from a CUDA
+graph are counted once, at capture, and a CPU op in a compiled CUDA graph makes inductor split or
+skip it.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+
+class CallCounts:
+    def __init__(self) -> None:
+        self._counts: dict[str | None, torch.Tensor] = {}  # None: served
+
+    def count(self, reason: str | None) -> None:
+        """One call: served (None) or declined for `reason`."""
+        self._counts.setdefault(reason, torch.zeros((), dtype=torch.int64)).add_(1)
+
+    @property
+    def served(self) -> int:
+        return int(self._counts[None]) if None in self._counts else 0
+
+    @property
+    def declined(self) -> Counter[str]:
+        return Counter({reason: int(n) for reason, n in self._counts.items() if reason is not None})
