@@ -82,11 +82,14 @@ class SessionResult:
     stages: list[StageMeasurement] = field(default_factory=list)  # --stages, measured
 
 
-def rope_swap(block: torch.nn.Module, fuse: bool):
-    """The fused-RoPE swap as a context manager (its handle, to read the counts), or nothing."""
-    from ..patching import fused_rope
+def processor_swap(block: torch.nn.Module, recipe: Recipe):
+    """The recipe's fused RoPE (+rope) or fused prologue (+prologue) as a context manager (its
+    handle, to read the counts), or nothing. Enter it after the attention backend's swap."""
+    from ..patching import fused_prologue, fused_rope
 
-    return fused_rope(block) if fuse else contextlib.nullcontext()
+    if recipe.fused_rope:
+        return fused_rope(block)
+    return fused_prologue(block) if recipe.fused_prologue else contextlib.nullcontext()
 
 
 def _dynamo_counts() -> tuple[int, int]:
@@ -161,7 +164,7 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
     reference_output = None
     for recipe in s.recipes:
         with recipe_block(loaded.block, recipe, s.adapter) as (block, linears), \
-                use_attention_backend(block, recipe.backend) as routed, rope_swap(block, recipe.fused_rope) as rope:
+                use_attention_backend(block, recipe.backend) as routed, processor_swap(block, recipe) as swap:
             linear_summary = None if linears is None else {**linears.as_dict(), "line": linears.summary_lines()[0]}
             del linears  # it holds the block
             compile_stats = None
@@ -179,9 +182,11 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
             if routed is not None and routed.fallback_total:
                 notes.append(f"{routed.fallback_total} attention call(s) fell back from {recipe.backend}: "
                              f"{dict(routed.fallback_calls)}")
-            if rope is not None and rope.fallback_calls:
-                notes.append(f"{sum(rope.fallback_calls.values())} RoPE call(s) of {recipe.label} ran diffusers' own "
-                             f"function, not the fused kernel: {dict(rope.fallback_calls)}")
+            if swap is not None and swap.fallback_calls:
+                what = "RoPE call(s) {} ran diffusers' own function, not the fused kernel" if recipe.fused_rope else \
+                    "attention call(s) {} ran diffusers' own processor, not the fused prologue"
+                notes.append(f"{sum(swap.fallback_calls.values())} {what.format('of ' + recipe.label)}: "
+                             f"{dict(swap.fallback_calls)}")
             if recipe.fused_rope and recipe.compile_mode is not None:
                 notes.append(f"{recipe.label}: inside the compiled graph RoPE is diffusers' own function, fused by "
                              f"inductor into its neighbours, not our RoPE kernel")
@@ -216,7 +221,7 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
     if s.validate_blocks:
         first, recipe = runs[0], s.recipes[0]
         activation_bytes = (first.profile.peak_memory_bytes or 0) - first.profile.weights_bytes
-        with rope_swap(loaded.block, recipe.fused_rope):  # the rotary global is per model file: covers the chain
+        with processor_swap(loaded.block, recipe):  # the rotary global is per model file: covers the chain
             validation = validate_chain(s.adapter, loaded.block, inputs, s.validate_blocks, attention=recipe.backend,
                                         device=s.device, dtype=s.dtype, block_ms=first.block_ms,
                                         activation_bytes=max(0, activation_bytes), offload=s.offload,
