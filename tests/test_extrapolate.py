@@ -14,7 +14,7 @@ def test_whole_model_arithmetic():
 
 
 def test_validation_ratio():
-    v = Validation(chained_blocks=50, distinct_blocks=50, measured_ms=4702.0, extrapolated_ms=50 * 91.0)
+    v = Validation(chained_blocks=50, distinct_blocks=50, measured_ms=4702.0, block_ms=91.0)
     assert abs(v.ratio - 4702.0 / 4550.0) < 1e-12
     assert abs(v.error_pct - 100 * (4702.0 / 4550.0 - 1)) < 1e-9
 

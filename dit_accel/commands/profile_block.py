@@ -19,8 +19,8 @@ from ..loading import OFFLOAD_CHOICES
 from ..profiling.progress import NO_PROGRESS, SessionProgress
 from ..report_io import console, err_console, to_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
-from .options import (ATTENTION_HELP, DEFAULT_FAMILY, MODEL_FAMILIES, AtLeast, DtypeChoice, MemorySize, RecipeParam,
-                      StageList, compile_option, linear_option)
+from .options import (ATTENTION_HELP, DEFAULT_FAMILY, MODEL_FAMILIES, AtLeast, DtypeChoice, MemorySize, OptionError,
+                      RecipeParam, StageList, compile_option, linear_option)
 
 # torch, diffusers (through the adapters) and the library load inside the command, not at import:
 # `dit-accel profile-block --help` costs click alone.
@@ -37,6 +37,19 @@ def _adapter(model: str | None, preset: str | None, checkpoint: Path | None):
     if model and model != adapter.family:
         raise UserError(f"--model {model} does not match the checkpoint, which is {adapter.family}; drop --model")
     return adapter
+
+
+def _validate_count(ctx, param, value):
+    """--validate: a number of blocks (0: none) or `model` (the whole transformer)."""
+    if value == "model":
+        return value
+    try:
+        count = int(value)
+    except ValueError:
+        raise OptionError(f"takes a number of blocks or model, got {value}", ctx=ctx, param=param) from None
+    if count < 0:
+        raise OptionError(f"must be at least 0, got {value}", ctx=ctx, param=param)
+    return count
 
 
 class _TerminalProgress(SessionProgress):
@@ -115,10 +128,12 @@ class _TerminalProgress(SessionProgress):
 @click.option("--text-encoder-config", type=click.Path(path_type=Path), default=None,
               help="A local folder with the text encoder's config.json (transformers; no weights needed), for "
                    "--stages text.")
-@click.option("--validate", "validate_blocks", type=AtLeast(0), default=0,
-              help="Chain N real blocks (synthetic weights) and compare with N x the block.")
+@click.option("--validate", "validate_blocks", default="0", callback=_validate_count,
+              help="N: chain N real blocks (synthetic weights) and compare with N x the block. model: one forward "
+                   "of the whole transformer (all its blocks and the parts outside them, synthetic weights) against "
+                   "blocks x block + outside (measured as --outside measure unless --outside-ms states it).")
 @click.option("--offload", type=click.Choice(OFFLOAD_CHOICES), default="resident", show_default=True,
-              help="stream: the --validate chain's blocks live in pinned host memory and stream onto the GPU "
+              help="stream: the --validate pass's blocks live in pinned host memory and stream onto the GPU "
                    "one at a time, prefetched on a side stream (a whole model on a small card).")
 @click.option("--memory-budget", type=MemorySize(), default=None,
               help="Cap GPU memory, e.g. 16GiB, to reproduce a smaller card.")
@@ -158,14 +173,17 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
     device = pick_device(device_name)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if offload == "stream" and not validate_blocks:
-        raise UserError("--offload stream streams the blocks of the --validate chain; add --validate N "
-                        "(--validate 50: the whole H3 block stack)")
+        raise UserError("--offload stream streams the blocks of the --validate pass; add --validate N "
+                        "(--validate 50: the whole H3 block stack) or --validate model (the whole transformer)")
     check_offload(offload, device)
 
     adapter = _adapter(model, preset, checkpoint)
     scaled_down = device.type == "cpu" and checkpoint is None
     if scaled_down:
         adapter = type(adapter)(adapter.scaled_down_config(), preset=adapter.preset)
+    validate_model = validate_blocks == "model"
+    if validate_model:
+        validate_blocks = adapter.num_blocks
     if frames is not None:
         workload = adapter.workload_from_video(frames, height, width, batch)
     else:
@@ -186,7 +204,9 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
         block_index=block_index, warmup=warmup, runs=runs, steps=steps, guidance_passes=guidance_passes,
         outside_ms=outside_ms,
         # A whole-video figure wants the pass whole: --stages measures outside the blocks unless it is stated.
-        measure_outside=outside_mode == "measure" or bool(stages and outside_ms is None), validate_blocks=validate_blocks,
+        # --validate model compares with blocks x block + outside: it measures outside the blocks too.
+        measure_outside=outside_mode == "measure" or bool((stages or validate_model) and outside_ms is None),
+        validate_blocks=validate_blocks, validate_model=validate_model,
         offload=offload, memory_budget=memory_budget.text if memory_budget else None, trace=trace, seed=seed, scaled_down=scaled_down,
         stages=stage_specs)
 

@@ -110,6 +110,15 @@ def synthetic_outside(adapter: BlockAdapter, device: torch.device, dtype: torch.
     return _randomize_(adapter.build_outside(), device, lambda name: adapter.param_dtype(name, dtype), seed).eval()
 
 
+def put_blocks(model: nn.Module, adapter: BlockAdapter, blocks: list[nn.Module]) -> nn.ModuleList:
+    """Puts `blocks` into `model` (the family's zero-block transformer, `synthetic_outside`) as its
+    block stack, under the name its checkpoint keys give it (H3's `transformer_blocks`, Wan's
+    `blocks`), which its forward runs in order; returns that list."""
+    stack = nn.ModuleList(blocks)
+    setattr(model, adapter.block_key_template.split(".")[0], stack)
+    return stack
+
+
 @torch.no_grad()
 def synthetic_model(module: nn.Module, device: torch.device, dtype_of, seed: int = 0) -> nn.Module:
     """A meta-parameter model (a pipeline stage's) with synthetic weights as `synthetic_block`'s,

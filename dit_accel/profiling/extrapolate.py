@@ -76,13 +76,38 @@ class WholeVideo:
 
 @dataclass(frozen=True)
 class Validation:
-    """N real blocks chained, measured, against N x the single block."""
+    """`--validate`: one measured pass against the extrapolation from the one block.
+
+    `--validate N`: N blocks chained on the block's inputs, extrapolated as N x block_ms.
+    `--validate model`: the whole transformer (its blocks inside it, with the parts outside them)
+    on the pass the block is one block of, extrapolated as num_blocks x block_ms + outside_ms;
+    `outside_source` says where outside_ms came from, `pass_seq_len` and `pass_layout` the rows
+    that pass ran (TransformerInputs). peak_memory_bytes: the GPU's max allocated over the timed
+    passes (None on the CPU).
+    """
 
     chained_blocks: int
     distinct_blocks: int  # blocks held in memory; fewer than chained when they do not all fit
     measured_ms: float
-    extrapolated_ms: float
+    block_ms: float
+    outside_ms: float = 0.0
+    outside_source: str | None = None  # None: blocks only (`--validate N`)
+    pass_seq_len: int | None = None
+    pass_layout: str | None = None
     streamed: StreamedRun | None = None  # --offload stream: the blocks came from host memory
+    peak_memory_bytes: int | None = None
+
+    @property
+    def whole_model(self) -> bool:
+        return self.outside_source is not None
+
+    @property
+    def extrapolated_ms(self) -> float:
+        return self.chained_blocks * self.block_ms + self.outside_ms
+
+    @property
+    def residency(self) -> str:
+        return "streamed" if self.streamed else "resident"
 
     @property
     def ratio(self) -> float:
@@ -93,5 +118,6 @@ class Validation:
         return 100.0 * (self.ratio - 1.0)
 
     def as_dict(self) -> dict:
-        return {**{k: v for k, v in asdict(self).items() if k != "streamed"}, "ratio": self.ratio,
+        return {**{k: v for k, v in asdict(self).items() if k != "streamed"}, "whole_model": self.whole_model,
+                "residency": self.residency, "extrapolated_ms": self.extrapolated_ms, "ratio": self.ratio,
                 "error_pct": self.error_pct, "streamed": self.streamed.as_dict() if self.streamed else None}

@@ -18,7 +18,11 @@ attention reference's bytes: 8 on the CPU, 4 on a GPU):
   chunks of scores (each at most REFERENCE_CHUNK_SCORES, `attention.reference`), the backend's
   output and the error's temporaries in the reference dtype (B*S*I*(e + 2r));
 - validate: the chain's other blocks ((N-1) x weights on the CPU; on a GPU the chain holds what
-  fits and cycles, so only one more block when streaming).
+  fits and cycles, so only one more block when streaming); `--validate model` holds every block
+  resident ((N-1) x weights, no cycling) or streams them (one more block), and beside them the
+  transformer without its blocks (counted as `outside`, here held together with the block and the
+  chain; streamed, its weights come to the GPU for each pass). Its forward's activations are taken
+  as the block's: not yet calibrated on a GPU.
 
 total = (weights + inputs + kept outputs + max(forward, attention check) + validate) * (1 +
 MARGIN) + FIXED_BYTES.
@@ -68,7 +72,7 @@ class MemoryEstimate:
     inputs_bytes: int
     forward_bytes: int  # one forward's transient peak (and a recipe's copy of the block)
     profiling_bytes: int  # kept outputs, then the attention check: what profiling adds to a plain run
-    validate_bytes: int  # the --validate chain's other blocks
+    validate_bytes: int  # the --validate pass's other blocks
     device_kind: str
     outside_bytes: int = 0  # --outside measure: the transformer without its blocks (its weights)
 
@@ -86,7 +90,7 @@ class MemoryEstimate:
         if self.outside_bytes:
             parts.insert(1, f"the transformer without its blocks {self.outside_bytes / GiB:.2f} GiB")
         if self.validate_bytes:
-            parts.append(f"--validate chain {self.validate_bytes / GiB:.2f} GiB")
+            parts.append(f"--validate's other blocks {self.validate_bytes / GiB:.2f} GiB")
         return ", ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
@@ -129,9 +133,12 @@ def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = No
     attention_check = 3 * tokens * inner * e + 3 * tokens * inner * r + 2 * chunk_scores * r + tokens * inner * (e + 2 * r)
     validate = 0
     if s.validate_blocks > 1:
-        validate = (s.validate_blocks - 1) * weights if kind == "cpu" else (weights if s.offload == "stream" else 0)
+        if s.offload == "stream":
+            validate = weights
+        elif kind == "cpu" or s.validate_model:  # all N held: no cycling
+            validate = (s.validate_blocks - 1) * weights
     if outside_bytes is None:
-        outside_bytes = outside_weight_bytes(s.adapter, s.dtype) if s.measure_outside else 0
+        outside_bytes = outside_weight_bytes(s.adapter, s.dtype) if s.measure_outside or s.validate_model else 0
     return MemoryEstimate(int(weights), int(inputs), int(forward), int(kept_outputs + attention_check), int(validate),
                           kind, int(outside_bytes))
 
@@ -219,10 +226,17 @@ def check_fits(settings: "ProfileSettings", budget_bytes: int | None = None,
     fixed = (estimate.weights_bytes + estimate.outside_bytes + estimate.validate_bytes) * (1 + MARGIN) + FIXED_BYTES
     if fixed > room:
         lower = "raise --memory-budget" if budget_bytes is not None and room == budget_bytes else "use a larger device"
-        if s.validate_blocks > 1:
+        if s.validate_model and s.offload == "resident":
+            instead = ("add --offload stream (the blocks from pinned host memory, one block ahead)"
+                       if s.device.type == "cuda" else "drop --validate model")
+            lower = f"{instead}, or {lower}"
+            held = f"the whole transformer ({s.validate_blocks} blocks and the parts outside them) resident"
+        elif s.validate_blocks > 1:
             lower = f"lower --validate, or {lower}"
-        raise UserError(f"{what}; its weights{' and the chain' if s.validate_blocks > 1 else ''} alone take "
-                        f"{fixed / GiB:.2f} GiB: {lower}")
+            held = "its weights and the chain"
+        else:
+            held = "its weights"
+        raise UserError(f"{what}; {held} alone take{'s' if s.validate_model else ''} {fixed / GiB:.2f} GiB: {lower}")
     rows = _rows_that_fit(s, estimate.weights_bytes, room, estimate.outside_bytes)
     hint = f"lower --seq-len (about {rows} fits)" if rows else "lower --seq-len"
     if w.batch > 1:

@@ -194,7 +194,7 @@ def build_report(settings: "ProfileSettings", result: "SessionResult", ceilings:
     if s.memory_budget:
         header["memory budget"] = s.memory_budget
     if s.offload == "stream":
-        header["offload"] = "stream: the --validate chain's blocks from pinned host memory, one block ahead"
+        header["offload"] = "stream: the --validate pass's blocks from pinned host memory, one block ahead"
     if loaded.stats:
         st = loaded.stats
         header["load"] = f"{st.bytes_read / 1e9:.3f} GB in {st.seconds:.2f} s ({st.gbps:.2f} GB/s) from {', '.join(st.shards)}"
@@ -252,6 +252,26 @@ def _fmt_rate(row: dict[str, Any]) -> str:
             return f"~{row['gbps_est']:.3g} GB/s (above the copy ceiling: cache-resident)"
         return f"~{row['gbps_est']:.3g} GB/s ({row['pct_of_ceiling']:.0f}%)"
     return ""
+
+
+def _render_validation(console: Console, v: Validation) -> None:
+    """The --validate lines: what ran, measured against extrapolated with its parts, the ratio, peak memory."""
+    peak = f"{v.peak_memory_bytes / 2**30:.2f} GiB" if v.peak_memory_bytes is not None else "n/a on the CPU"
+    if v.whole_model:
+        what = (f"the whole transformer ({v.chained_blocks} blocks and the parts outside them, {v.residency}; "
+                f"S={v.pass_seq_len}: {v.pass_layout})")
+        parts = f"{v.chained_blocks} x {v.block_ms:.2f} ms + outside {v.outside_ms:.2f} ms"
+    else:
+        cycled = "" if v.distinct_blocks == v.chained_blocks else f", {v.distinct_blocks} distinct blocks cycled: that many fit"
+        what = f"{v.chained_blocks} blocks chained ({v.residency}{cycled})"
+        parts = f"{v.chained_blocks} x {v.block_ms:.2f} ms"
+    console.print(f"  validated: {what}: measured {v.measured_ms:.1f} ms, extrapolated {v.extrapolated_ms:.1f} ms "
+                  f"({parts}), ratio {v.ratio:.3f} ({v.error_pct:+.1f}%), peak memory {peak}")
+    if v.streamed:
+        console.print(f"  offload stream: {v.streamed.summary()}")
+    if v.whole_model:
+        console.print(f"  validated: outside the blocks: {v.outside_source} (--validate model measures it in this "
+                      f"session unless --outside-ms states it)")
 
 
 def render(console: Console, report: dict[str, Any], runs: list[BackendRun], ceilings: Ceilings,
@@ -317,12 +337,7 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
     for line in base.extrapolation.assumptions():
         console.print(f"  assumes: {line}")
     if validation:
-        v = validation
-        cycled = "" if v.distinct_blocks == v.chained_blocks else f" ({v.distinct_blocks} distinct blocks cycled: that many fit)"
-        console.print(f"  validated: {v.chained_blocks} blocks chained{cycled}: measured {v.measured_ms:.1f} ms, "
-                      f"extrapolated {v.extrapolated_ms:.1f} ms, ratio {v.ratio:.3f} ({v.error_pct:+.1f}%)")
-        if v.streamed:
-            console.print(f"  offload stream: {v.streamed.summary()}")
+        _render_validation(console, validation)
     if report.get("whole_video"):
         _render_stages(console, report, ceilings, mark)
     for warning in report.get("warnings", []):

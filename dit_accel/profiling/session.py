@@ -47,6 +47,7 @@ class ProfileSettings:
     outside_ms: float | None = None  # per pass, outside the block stack, if the user measured it
     measure_outside: bool = False  # --outside measure: time the transformer without its blocks, once
     validate_blocks: int = 0
+    validate_model: bool = False  # --validate model: the validate_blocks blocks inside the whole transformer
     offload: str = "resident"
     memory_budget: str | None = None  # as written, e.g. "16GiB"
     trace: bool = False
@@ -225,5 +226,8 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
             validation = validate_chain(s.adapter, loaded.block, inputs, s.validate_blocks, attention=recipe.backend,
                                         device=s.device, dtype=s.dtype, block_ms=first.block_ms,
                                         activation_bytes=max(0, activation_bytes), offload=s.offload,
-                                        progress=progress)
+                                        whole_model=s.workload if s.validate_model else None,
+                                        outside_ms=outside_ms if s.validate_model else 0.0,
+                                        outside_source=outside_source if s.validate_model else None,
+                                        seed=s.seed, progress=progress)
     return SessionResult(loaded, runs, attention_reference, validation, notes, outside=outside, stages=stages)

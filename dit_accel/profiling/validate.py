@@ -1,15 +1,19 @@
-"""`--validate N`: chain N real blocks (synthetic weights) and time them, to check the extrapolation;
-with `--offload stream`, the N blocks live in host memory and stream onto the GPU."""
+"""`--validate`: time one pass built from real blocks (synthetic weights) to check the extrapolation.
+`--validate N` chains N blocks on the block's inputs; `--validate model` runs the whole transformer:
+its parts outside the blocks (`synthetic_outside`) with the blocks put in as its block stack, on the
+pass the block is one block of. With `--offload stream` the blocks (and the parts outside them) live
+in host memory and stream onto the GPU."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..adapters import BlockAdapter
+from ..adapters import BlockAdapter, Workload
 from ..attention.routing import use_attention_backend
-from ..loading.block import param_bytes, synthetic_block
+from ..loading.block import param_bytes, put_blocks, synthetic_block, synthetic_outside
 from .extrapolate import Validation
 from ..loading.offload import StreamedRun, host_to_device_gbps, pin_to_host, stream_blocks
 from ..timing import time_region
@@ -44,58 +48,108 @@ class BlockChain(nn.Module):
         return hidden_states
 
 
-def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: dict[str, Any], n: int, *,
-                   attention: str, device: torch.device, dtype: torch.dtype, block_ms: float,
-                   activation_bytes: int, offload: str = "resident", warmup: int = 1, runs: int = 3,
-                   progress: SessionProgress = NO_PROGRESS) -> Validation:
-    """Time `n` blocks run one after another on `inputs`, all on attention backend `attention`.
+@dataclass
+class ValidationStack:
+    """What a --validate pass runs. model: the module called (a `BlockChain`, or the whole
+    transformer); blocks: its block stack, where the recipe's attention backend goes (the parts
+    outside the blocks keep diffusers' default, as the outside measurement ran them); distinct: the
+    blocks held; streamed_bytes: what one pass copies from host memory (0: resident)."""
+
+    model: nn.Module
+    blocks: nn.Module
+    distinct: int
+    streamed_bytes: int
+
+
+def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device: torch.device, dtype: torch.dtype,
+                activation_bytes: int, offload: str = "resident", whole_model: bool = False, seed: int = 0,
+                progress: SessionProgress = NO_PROGRESS) -> ValidationStack:
+    """The blocks of a --validate pass, in a `BlockChain` or (`whole_model`) in the transformer.
 
     resident: `first_block` (the profiled one) and fresh synthetic blocks (speed does not depend on
-    the values, as long as they are not zeros) held on the device; when fewer than `n` fit, they
-    are cycled through. stream: `n` fresh synthetic blocks, each built on the device and moved to
-    pinned host memory, streamed back one block at a time (`offload.stream_blocks`); the report
-    compares the streamed pass with n x the resident block and says how much copying was hidden.
+    the values, as long as they are not zeros) held on the device; for a chain, when fewer than `n`
+    fit, they are cycled through (the whole model holds all `n`: the memory check refuses it when
+    they do not fit). stream: `n` fresh synthetic blocks, each built on the device and moved to
+    pinned host memory, streamed back one block at a time (`offload.stream_blocks`; the parts
+    outside the blocks are its top-level group, copied to the device for each pass).
     """
-    hidden = inputs["hidden_states"]
-    rest = {k: v for k, v in inputs.items() if k != "hidden_states"}
-    streamed_bytes = 0
     if offload == "stream":
         blocks = []
-        with progress.stage(f"validation chain: building {n} blocks in host memory", n) as built:
+        with progress.stage(f"validation: building {n} blocks in host memory", n) as built:
             for i in range(n):  # one block on the device at a time while building
-                block = synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=i).block
+                block = synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=seed + i).block
                 pin_to_host(block, pin=device.type == "cuda")
                 blocks.append(block)
                 built()
-        chain = BlockChain(blocks)
-        streamed_bytes = stream_blocks(chain, device)
         distinct = n
     else:
-        distinct = distinct_blocks_that_fit(n, param_bytes(first_block), activation_bytes, device)
-        with progress.stage(f"validation chain: building {distinct} blocks", distinct) as built:
+        distinct = n if whole_model else distinct_blocks_that_fit(n, param_bytes(first_block), activation_bytes, device)
+        with progress.stage(f"validation: building {distinct} blocks", distinct) as built:
             built()  # the profiled block is the first
-            others = []
+            blocks = [first_block]
             for i in range(1, distinct):
-                others.append(synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=i).block)
+                blocks.append(synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=seed + i).block)
                 built()
-        chain = BlockChain([first_block] + others)
+    if whole_model:
+        with progress.stage("validation: the transformer's parts outside the blocks (synthetic weights)"):
+            model = synthetic_outside(adapter, device, dtype, seed=seed)
+            stack = put_blocks(model, adapter, blocks)
+    else:
+        model = stack = BlockChain(blocks)
+    streamed_bytes = stream_blocks(model, device) if offload == "stream" else 0
+    return ValidationStack(model, stack, distinct, streamed_bytes)
 
-    def run_chain():
+
+def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: dict[str, Any], n: int, *,
+                   attention: str, device: torch.device, dtype: torch.dtype, block_ms: float,
+                   activation_bytes: int, offload: str = "resident", whole_model: Workload | None = None,
+                   outside_ms: float = 0.0, outside_source: str | None = None, warmup: int = 1, runs: int = 3,
+                   seed: int = 0, progress: SessionProgress = NO_PROGRESS) -> Validation:
+    """Time one pass of `n` blocks, all on attention backend `attention` (`build_stack` holds them).
+
+    Without `whole_model`: the blocks chained on the block's `inputs`, against n x block_ms. With it
+    (the block profile's workload): the whole transformer's forward on that workload's pass
+    (`adapter.make_transformer_inputs`), against n x block_ms + outside_ms (`outside_source` says
+    where that came from). Streamed, the report also compares with the resident extrapolation and
+    says how much copying was hidden. On a GPU the peak memory of the timed passes is kept.
+    """
+    stack = build_stack(adapter, first_block, n, device=device, dtype=dtype, activation_bytes=activation_bytes,
+                        offload=offload, whole_model=whole_model is not None, seed=seed, progress=progress)
+    if whole_model is None:
+        hidden = inputs["hidden_states"]
+        rest = {k: v for k, v in inputs.items() if k != "hidden_states"}
+        arguments, pass_seq_len, pass_layout = {"hidden_states": hidden, "n": n, **rest}, None, None
+        what = f"{n} blocks"
+    else:
+        generator = torch.Generator(device=device).manual_seed(seed)
+        transformer_inputs = adapter.make_transformer_inputs(whole_model, device, dtype, generator)
+        arguments, pass_seq_len, pass_layout = transformer_inputs.kwargs, transformer_inputs.seq_len, transformer_inputs.layout
+        what = f"the whole transformer ({n} blocks)"
+
+    def run_pass():
         with torch.no_grad():
-            return chain(hidden, n=n, **rest)
+            return stack.model(**arguments)
 
-    with use_attention_backend(chain, attention):
+    cuda = device.type == "cuda"
+    with use_attention_backend(stack.blocks, attention):
         # The first streamed pass teaches diffusers the block order it prefetches in: warm up once more.
         chain_warmup = warmup + (offload == "stream")
-        with progress.stage(f"validation chain: {n} blocks, warm-up and timed passes", chain_warmup + runs) as done:
+        with progress.stage(f"validation: {what}, warm-up and timed passes", chain_warmup + runs) as done:
             def counted():
-                run_chain()
+                run_pass()
                 done()
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
             for _ in range(chain_warmup):
                 counted()
             timing = time_region(counted, device=device, warmup=0, runs=runs)
+    peak = torch.cuda.max_memory_allocated(device) if cuda else None
+    extrapolated_ms = n * block_ms + outside_ms
     streamed = None
     if offload == "stream":
-        streamed = StreamedRun(streamed_bytes, host_to_device_gbps(device), timing.median_ms, n * block_ms,
-                               f"{n} x the profiled block")
-    return Validation(n, distinct, timing.median_ms, n * block_ms, streamed)
+        resident = f"{n} x the profiled block" + (" + outside the blocks" if whole_model is not None else "")
+        streamed = StreamedRun(stack.streamed_bytes, host_to_device_gbps(device), timing.median_ms, extrapolated_ms,
+                               resident)
+    return Validation(n, stack.distinct, timing.median_ms, block_ms, outside_ms, outside_source, pass_seq_len,
+                      pass_layout, streamed, peak)

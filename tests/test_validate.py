@@ -1,0 +1,202 @@
+"""`--validate model` (issue 13, validation at full size): the whole transformer (its parts outside the
+blocks with the blocks put in as its block stack) timed against blocks x block + outside; the streamed
+model's output; the memory check that refuses a resident model too large for the room."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from attention_doubles import fake_backend  # noqa: F401 (a fixture)
+from dit_accel.adapters import adapter_for_preset
+from dit_accel.cli import main
+from dit_accel.errors import UserError
+from dit_accel.loading.block import param_bytes, synthetic_block, synthetic_outside
+from dit_accel.patching.recipe import parse_recipe
+from dit_accel.profiling import memory
+from dit_accel.profiling.extrapolate import Validation
+from dit_accel.profiling.session import ProfileSettings
+from dit_accel.profiling.validate import build_stack, validate_chain
+
+CPU = torch.device("cpu")
+FAST = ["--seq-len", "64", "--runs", "2", "--warmup", "1"]
+
+
+def _small(family, num_layers=3):
+    adapter = adapter_for_preset(family)
+    return type(adapter)({**adapter.scaled_down_config(), "num_layers": num_layers}, preset=adapter.preset)
+
+
+def _stack_name(adapter):
+    return adapter.block_key_template.split(".")[0]
+
+
+def test_the_ratio_is_measured_over_blocks_times_block_plus_outside():
+    v = Validation(chained_blocks=50, distinct_blocks=50, measured_ms=4700.0, block_ms=91.0, outside_ms=20.0,
+                   outside_source="stated")
+    assert v.extrapolated_ms == 50 * 91.0 + 20.0
+    assert v.ratio == pytest.approx(4700.0 / 4570.0) and v.error_pct == pytest.approx(100 * (4700 / 4570 - 1))
+    d = v.as_dict()
+    assert d["whole_model"] and d["residency"] == "resident" and d["extrapolated_ms"] == 4570.0
+    chain = Validation(chained_blocks=50, distinct_blocks=50, measured_ms=4700.0, block_ms=91.0)
+    assert not chain.whole_model and chain.extrapolated_ms == 50 * 91.0
+
+
+@pytest.mark.parametrize("family", ["minimax-h3", "wan"])
+def test_the_model_holds_every_block_and_the_parts_outside_and_runs_them_all(family):
+    adapter = _small(family)
+    first = synthetic_block(adapter, 0, CPU, torch.float32).block
+    stack = build_stack(adapter, first, adapter.num_blocks, device=CPU, dtype=torch.float32, activation_bytes=0,
+                        whole_model=True)
+    blocks = getattr(stack.model, _stack_name(adapter))
+    assert stack.blocks is blocks and len(blocks) == stack.distinct == 3 and blocks[0] is first
+    outside = synthetic_outside(adapter, CPU, torch.float32)
+    assert param_bytes(stack.model) == param_bytes(outside) + sum(param_bytes(b) for b in blocks)
+    if family == "minimax-h3":
+        assert len(stack.model.token_refiner.refiner_blocks) == 2
+    calls = []
+    for block in blocks:
+        block.register_forward_hook(lambda module, args, output: calls.append(module))
+    workload = adapter.workload_from_seq_len(adapter.scaled_down_seq_len, 1)
+    inputs = adapter.make_transformer_inputs(workload, CPU, torch.float32, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        output = stack.model(**inputs.kwargs)
+    assert calls == list(blocks)  # each block once, in order
+    assert all(torch.isfinite(o).all() for o in output)
+
+
+def test_the_streamed_model_gives_the_resident_output():
+    adapter = _small("minimax-h3")
+    workload = adapter.workload_from_seq_len(128, 1)
+    inputs = adapter.make_transformer_inputs(workload, CPU, torch.float32, torch.Generator().manual_seed(0))
+
+    def output(offload):
+        first = synthetic_block(adapter, 0, CPU, torch.float32, seed=0).block
+        stack = build_stack(adapter, first, adapter.num_blocks, device=CPU, dtype=torch.float32, activation_bytes=0,
+                            offload=offload, whole_model=True)
+        with torch.no_grad():
+            return stack, stack.model(**inputs.kwargs)
+
+    resident_stack, resident = output("resident")
+    streamed_stack, streamed = output("stream")
+    assert resident_stack.streamed_bytes == 0
+    assert streamed_stack.streamed_bytes == param_bytes(streamed_stack.model) + sum(
+        b.numel() * b.element_size() for b in streamed_stack.model.buffers())
+    assert all(getattr(b, "_diffusers_hook", None) is not None for b in streamed_stack.blocks)
+    for r, s in zip(resident, streamed):
+        assert torch.equal(r, s)
+
+
+def test_validate_model_runs_the_backend_in_the_blocks_only(fake_backend):  # noqa: F811
+    adapter = _small("minimax-h3")
+    workload = adapter.workload_from_seq_len(64, 1)
+    first = synthetic_block(adapter, 0, CPU, torch.float32).block
+    inputs = adapter.make_inputs(workload, CPU, torch.float32, torch.Generator().manual_seed(0))
+    v = validate_chain(adapter, first, inputs, adapter.num_blocks, attention="fake", device=CPU, dtype=torch.float32,
+                       block_ms=2.0, activation_bytes=0, whole_model=workload, outside_ms=1.5,
+                       outside_source="stated", warmup=1, runs=2)
+    # 3 blocks x (1 warm-up + 2 runs); the refiner's attention keeps diffusers' default, as measured outside.
+    assert len(fake_backend.calls) == 3 * 3
+    assert v.whole_model and v.chained_blocks == 3 and v.pass_seq_len == 64
+    assert v.extrapolated_ms == 3 * 2.0 + 1.5 and v.ratio == v.measured_ms / 7.5
+    assert v.peak_memory_bytes is None  # a CPU run
+
+
+def test_profile_block_validate_model_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", "--seq-len", "32", "--runs", "1",
+                                       "--warmup", "0", "--validate", "model", "--out", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    v, run = report["validation"], report["runs"][0]
+    assert report["outside"] is not None  # --validate model measured outside the blocks
+    assert v["whole_model"] and v["chained_blocks"] == v["distinct_blocks"] == 50 and v["residency"] == "resident"
+    assert v["block_ms"] == run["block_ms"] and v["outside_ms"] == report["outside"]["median_ms"]
+    assert v["extrapolated_ms"] == pytest.approx(run["extrapolation"]["pass_ms"])
+    assert v["ratio"] == pytest.approx(v["measured_ms"] / (50 * v["block_ms"] + v["outside_ms"]))
+    text = " ".join(result.output.split())  # rich wraps the lines at the terminal's width
+    assert "the whole transformer (50 blocks and the parts outside them, resident" in text
+    assert "--validate model measures it in this session" in text
+
+
+@pytest.mark.parametrize("args, measured", [([], True), (["--outside-ms", "5"], False)])
+def test_validate_model_measures_outside_unless_it_is_stated(tmp_path, monkeypatch, args, measured):
+    from dit_accel.profiling import session
+
+    seen = []
+
+    def stop(settings, run_dir, progress):
+        seen.append(settings)
+        raise UserError("stopped by the test")
+
+    monkeypatch.setattr(session, "run_session", stop)
+    result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", *FAST, "--validate", "model", *args,
+                                       "--out", str(tmp_path / "run")])
+    assert "stopped by the test" in result.output
+    (settings,) = seen
+    assert settings.validate_model and settings.validate_blocks == settings.adapter.num_blocks == 50
+    assert settings.measure_outside is measured and settings.outside_ms == (None if measured else 5.0)
+
+
+def _full_h3_settings(offload):
+    adapter = adapter_for_preset("minimax-h3")
+    return ProfileSettings(adapter, adapter.workload_from_seq_len(adapter.default_seq_len, 1), torch.bfloat16,
+                           torch.device("cuda"), (parse_recipe("native"),), measure_outside=True,
+                           validate_blocks=adapter.num_blocks, validate_model=True, offload=offload)
+
+
+def test_the_full_size_resident_model_is_refused_on_16_gib_and_fits_streamed_or_on_an_h200(monkeypatch):
+    budget = 16 * memory.GiB
+    monkeypatch.setattr(memory, "_room", lambda settings, b, text: (budget, "the 16GiB budget"))
+    with pytest.raises(UserError) as refused:
+        memory.check_fits(_full_h3_settings("resident"), budget, "16GiB")
+    message = str(refused.value)
+    assert "\n" not in message and "add --offload stream" in message and "the whole transformer (50 blocks" in message
+    resident = memory.estimate_session(_full_h3_settings("resident"))
+    # ~66 GB of weights: 50 blocks of 1.29 GB and the parts outside them.
+    assert 64e9 < resident.weights_bytes + resident.validate_bytes + resident.outside_bytes < 68e9
+    streamed = memory.check_fits(_full_h3_settings("stream"), budget, "16GiB")
+    assert streamed.validate_bytes == streamed.weights_bytes and streamed.total_bytes < budget
+    monkeypatch.setattr(memory, "_room", lambda settings, b, text: (139 * memory.GiB, "an H200's free memory"))
+    assert memory.check_fits(_full_h3_settings("resident")).total_bytes < 139 * memory.GiB
+
+
+def test_a_resident_model_too_large_for_the_host_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch):
+    adapter = adapter_for_preset("minimax-h3")
+    adapter = type(adapter)(adapter.scaled_down_config(), preset=adapter.preset)
+    settings = ProfileSettings(adapter, adapter.workload_from_seq_len(64, 1), torch.float32, CPU,
+                               (parse_recipe("native"),), measure_outside=True, validate_blocks=50, validate_model=True)
+    e = memory.estimate_session(settings)
+    held = (e.weights_bytes + e.outside_bytes + e.validate_bytes) * (1 + memory.MARGIN) + memory.FIXED_BYTES
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: math.floor(held) - 1)
+    result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", *FAST, "--validate", "model",
+                                       "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and result.output.count("\n") == 1
+    assert "the whole transformer (50 blocks and the parts outside them) resident" in result.output
+    assert "drop --validate model" in result.output and "--offload stream" not in result.output  # CPU: no streaming
+    assert not (tmp_path / "run").exists()
+
+
+def test_validate_takes_a_count_or_model(tmp_path):
+    result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", "--validate", "all",
+                                       "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert result.output == "error: --validate takes a number of blocks or model, got all\n"
+
+
+@pytest.mark.gpu
+def test_the_full_size_h3_transformer_matches_its_extrapolation_on_the_gpu(tmp_path):
+    """The whole H3 transformer at S = 30272 in bf16 (66 GB resident): measured within 5% of 50 x block +
+    outside."""
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["profile-block", "--validate", "model", "--runs", "3", "--out", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    v = json.loads((out / "report.json").read_text())["validation"]
+    assert v["whole_model"] and v["chained_blocks"] == 50 and v["peak_memory_bytes"] > 64e9
+    assert abs(v["ratio"] - 1) < 0.05
