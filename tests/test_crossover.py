@@ -119,6 +119,8 @@ def _broken(data: dict, change: str) -> dict:
         data["grid"]["seq_kv"] = [16, 4]
     elif change == "no grid":
         del data["grid"]
+    elif change == "no key":
+        del data["device"]["torch"]
     return data
 
 
@@ -127,6 +129,7 @@ def _broken(data: dict, change: str) -> dict:
     ("no fallback", "need a routed backend"), ("missing point", "have no measurement"),
     ("off the grid", "off the grid"), ("bad time", "positive number or null"), ("missing time", "positive number"),
     ("unsorted axis", "strictly ascending"), ("no grid", "'grid' is missing"),
+    ("no key", "device must name gpu, torch and cudnn"),
 ])
 def test_a_bad_crossover_file_is_one_line_naming_it(tmp_path, monkeypatch, change, words):
     bad = tmp_path / "bad.json"
@@ -315,3 +318,30 @@ def test_crossover_refusals_are_one_line(tmp_path, args, words):
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: ") and words in result.output and result.output.count("\n") == 1
     assert not out.exists()
+
+
+@pytest.mark.gpu
+def test_a_crossover_measured_on_this_gpu_routes_the_model_as_measured(tmp_path, monkeypatch):
+    """On a GPU with the FP8 kernel: a two-by-two grid timed with the real backends, written, read back
+    by the router, and a Wan block's calls counted where its numbers say."""
+    from dit_accel.attention.crossover import CrossoverGrid, measure_crossover
+
+    device = torch.device("cuda")
+    chosen = [backends.get_backend(name) for name in ("fp8", "native", "cudnn")]
+    if any(b.unavailable_reason(device) for b in chosen):
+        pytest.skip("needs fp8, native and cudnn on this GPU")
+    grid = CrossoverGrid(1, 2, (20, 4096), (7, 4096), (64,))  # the kernel's head dims are 64 and 128
+    _, data = measure_crossover(grid, chosen, dtype=BF16, device=device, warmup=2, runs=10, seed=0)
+    data["command"] = "test"
+    path = tmp_path / crossover.data_file_name(data["device"])
+    path.write_text(json.dumps(data))
+    monkeypatch.setenv(crossover.ENV_VAR, str(path))
+    table, _ = crossover_for(device)
+    expected = {skv: table.pick("fp8", 1, 2, 20, skv, 64, BF16) for skv in (20, 7)}
+    block, inputs = wan_block_and_inputs(dim=128)  # 2 heads of 64
+    block = block.to(device, BF16)
+    inputs = tuple(x.to(device, BF16) if x is not None else None for x in inputs)
+    with torch.no_grad(), use_attention_backend(block, "fp8") as routed:
+        block(*inputs)
+    served = sum(choice == "fp8" for choice in expected.values())
+    assert routed.served_calls == served and routed.fallback_total == 2 - served

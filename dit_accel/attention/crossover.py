@@ -252,6 +252,8 @@ def _check_schema(data: Any, source: str) -> None:
                        ("command", str)):
         if not isinstance(data.get(name), kind):
             fail(f"{name!r} is missing or not a {kind.__name__}")
+    if set(data["device"]) != {"gpu", "torch", "cudnn"}:
+        fail(f"device must name gpu, torch and cudnn, not {sorted(data['device'])}")
     if data["dtype"] not in DTYPE_NAMES.values():
         fail(f"dtype {data['dtype']!r} is not one of {', '.join(DTYPE_NAMES.values())}")
     grid = data["grid"]
