@@ -1,7 +1,8 @@
 """Triton kernels of `prep.prep_triton` (imported lazily: Triton exists only on GPU machines).
 
-Two launches serve q, k and v together (program axis 2 picks the tensor, axis 1 is b*h, axis 0
-a block of rows), so a call costs two Triton launches whatever the shapes:
+Two launches serve q, k and v together (program axis 2 picks the tensor, axis 1 a batch entry and
+a group of HEADS heads, axis 0 a block of rows), so a call costs two Triton launches whatever the
+shapes:
 
 - `_amax_kernel`: amax[t, bh] = max |x_t[b, :, h, :]| by atomic max (NaN counts as inf, so a NaN
   head cannot hide);
@@ -12,7 +13,9 @@ Both read x [B, S, H, D] through its strides (innermost stride 1). With PROLOGUE
 the attention's raw projections and both kernels compute what MiniMax-H3's processor would feed
 the attention, in fp32 and without rounding in between: per-head RMSNorm (weight w, eps) and then
 the rotary embedding of the first 2*HALF channels (`kernels.rope` contract), recomputed in the
-pack pass instead of written out, so q and k are read twice and written once, as fp8.
+pack pass instead of written out, so q and k are read twice and written once, as fp8. A prologue
+program loads its rows' cos/sin once and applies them to HEADS heads in turn: one head per program
+would read the [S, R] fp32 tables once per head, three times the bytes of q and k themselves.
 """
 import torch
 import triton
@@ -21,39 +24,44 @@ import triton.language as tl
 from .layout import E4M3_MAX
 
 BLOCK_S = 64  # rows per program; a multiple of 16 so V's key permutation stays inside it
+PROLOGUE_BLOCK_S = 32  # rows per prologue program: its cos/sin tiles stay in registers
+PROLOGUE_HEADS = 8  # heads per prologue program, sharing one load of cos/sin
 CODE_MAX = tl.constexpr(E4M3_MAX)  # a jitted function reads module globals only as constexprs
 DESCALE_PER_AMAX = tl.constexpr(1.0 / E4M3_MAX)  # rounded to fp32 in the kernel, as torch rounds it
 
 
 @triton.jit
-def _load(x_ptr, b, h, rows, S, stride_b, stride_s, stride_h, cols, ncols):
-    """x[b, rows, h, cols] in fp32, 0 outside S rows and ncols columns."""
+def _load(x_ptr, b, h, rows, S, stride_b, stride_s, stride_h, cols):
+    """x[b, rows, h, cols] in fp32, 0 outside S rows."""
     ptrs = x_ptr + b * stride_b + h * stride_h + rows[:, None] * stride_s + cols[None, :]
-    return tl.load(ptrs, mask=(rows[:, None] < S) & (cols[None, :] < ncols), other=0.0).to(tl.float32)
+    return tl.load(ptrs, mask=rows[:, None] < S, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _normed_rotated(x_ptr, w_ptr, cos_ptr, sin_ptr, b, h, rows, S, stride_b, stride_s, stride_h,
-                    stride_cos, stride_sin, eps, D: tl.constexpr, HALF: tl.constexpr,
-                    BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
-    """RoPE(RMSNorm(x) * w) of rows of one head, as its three channel groups: the rotary halves
-    [0, HALF), [HALF, 2 HALF) and the pass-through [2 HALF, D)."""
-    j = tl.arange(0, BLOCK_HALF)
-    p = tl.arange(0, BLOCK_PASS)
-    x1 = _load(x_ptr, b, h, rows, S, stride_b, stride_s, stride_h, j, HALF)
-    x2 = _load(x_ptr + HALF, b, h, rows, S, stride_b, stride_s, stride_h, j, HALF)
-    xp = _load(x_ptr + 2 * HALF, b, h, rows, S, stride_b, stride_s, stride_h, p, D - 2 * HALF)
-    mean_square = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1) + tl.sum(xp * xp, axis=1)) / D
-    r = (1.0 / tl.sqrt_rn(mean_square + eps))[:, None]
-    x1 = x1 * r * tl.load(w_ptr + j, mask=j < HALF, other=0.0).to(tl.float32)[None, :]
-    x2 = x2 * r * tl.load(w_ptr + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)[None, :]
-    xp = xp * r * tl.load(w_ptr + 2 * HALF + p, mask=p < D - 2 * HALF, other=0.0).to(tl.float32)[None, :]
-    m = (rows[:, None] < S) & (j[None, :] < HALF)
-    c1 = tl.load(cos_ptr + rows[:, None] * stride_cos + j[None, :], mask=m, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + rows[:, None] * stride_cos + HALF + j[None, :], mask=m, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr + rows[:, None] * stride_sin + j[None, :], mask=m, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + rows[:, None] * stride_sin + HALF + j[None, :], mask=m, other=0.0).to(tl.float32)
-    return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2, xp
+def _rotary_tables(cos_ptr, sin_ptr, rows, S, stride_cos, stride_sin, D: tl.constexpr, HALF: tl.constexpr):
+    """Per channel j of rows: (partner channel, cos, signed sin) with RoPE(x)[j] = x[j] cos + x[partner] ssin:
+    partner j + HALF (sin negated) in the first half, j - HALF in the second, j itself (cos 1, sin 0)
+    in the pass-through channels."""
+    cols = tl.arange(0, D)
+    rotary = cols < 2 * HALF
+    partner = tl.where(cols < HALF, cols + HALF, tl.where(rotary, cols - HALF, cols))
+    m = (rows[:, None] < S) & rotary[None, :]
+    c = tl.load(cos_ptr + rows[:, None] * stride_cos + cols[None, :], mask=m, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + rows[:, None] * stride_sin + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    return partner, c, tl.where(cols[None, :] < HALF, -s, s)
+
+
+@triton.jit
+def _normed_rotated(x_ptr, w_ptr, b, h, rows, S, stride_b, stride_s, stride_h, eps, partner, c, ssin,
+                    D: tl.constexpr):
+    """RoPE(RMSNorm(x) * w) of rows of one head, all D channels (rotary tables from `_rotary_tables`)."""
+    cols = tl.arange(0, D)
+    x = _load(x_ptr, b, h, rows, S, stride_b, stride_s, stride_h, cols)
+    x_partner = _load(x_ptr, b, h, rows, S, stride_b, stride_s, stride_h, partner)  # the same rows: cached
+    r = (1.0 / tl.sqrt_rn(tl.sum(x * x, axis=1) / D + eps))[:, None]
+    w = tl.load(w_ptr + cols).to(tl.float32)[None, :]
+    w_partner = tl.load(w_ptr + partner).to(tl.float32)[None, :]
+    return (x * r * w) * c + (x_partner * r * w_partner) * ssin
 
 
 @triton.jit
@@ -63,36 +71,42 @@ def _magnitude(x):
 
 
 @triton.jit
-def _qk_amax(x_ptr, w_ptr, cos_ptr, sin_ptr, b, h, rows, S, stride_b, stride_s, stride_h,
-             stride_cos, stride_sin, eps, D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
-             BLOCK_PASS: tl.constexpr, PROLOGUE: tl.constexpr):
-    if PROLOGUE:
-        y1, y2, yp = _normed_rotated(x_ptr, w_ptr, cos_ptr, sin_ptr, b, h, rows, S, stride_b, stride_s,
-                                     stride_h, stride_cos, stride_sin, eps, D, HALF, BLOCK_HALF, BLOCK_PASS)
-        return tl.maximum(tl.maximum(_magnitude(y1), _magnitude(y2)), _magnitude(yp))
-    return _magnitude(_load(x_ptr, b, h, rows, S, stride_b, stride_s, stride_h, tl.arange(0, D), D))
+def _amax_heads(x_ptr, w_ptr, amax_ptr, b, h0, H, rows, S, stride_b, stride_s, stride_h, eps, partner, c, ssin,
+                D: tl.constexpr, HEADS: tl.constexpr, PROLOGUE: tl.constexpr):
+    """amax of heads h0 .. h0 + HEADS - 1 (those < H) over these rows, into amax_ptr[b * H + h]."""
+    for i in tl.static_range(HEADS):
+        h = h0 + i
+        if h < H:
+            if PROLOGUE:
+                y = _normed_rotated(x_ptr, w_ptr, b, h, rows, S, stride_b, stride_s, stride_h, eps, partner, c,
+                                    ssin, D)
+            else:
+                y = _load(x_ptr, b, h, rows, S, stride_b, stride_s, stride_h, tl.arange(0, D))
+            tl.atomic_max(amax_ptr + b * H + h, _magnitude(y))
 
 
 @triton.jit
-def _amax_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, Sq, Skv, H, BH,
+def _amax_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, Sq, Skv, H, GROUPS, BH,
                  sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
                  wq_ptr, wk_ptr, cos_ptr, sin_ptr, stride_cos, stride_sin, eps,
-                 D: tl.constexpr, BLOCK: tl.constexpr, PROLOGUE: tl.constexpr, HALF: tl.constexpr,
-                 BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
+                 D: tl.constexpr, BLOCK: tl.constexpr, HEADS: tl.constexpr, PROLOGUE: tl.constexpr,
+                 HALF: tl.constexpr):
     """amax [3, B*H], zeroed by the caller: of q, k (after the prologue, with PROLOGUE) and v."""
     which = tl.program_id(2)
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
+    b, h0 = tl.program_id(1) // GROUPS, tl.program_id(1) % GROUPS * HEADS
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    partner, c, ssin = tl.arange(0, D), 1.0, 0.0  # the identity rotation: read only with PROLOGUE
+    if PROLOGUE:
+        partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, rows, Sq, stride_cos, stride_sin, D, HALF)
     if which == 0:
-        m = _qk_amax(q_ptr, wq_ptr, cos_ptr, sin_ptr, b, h, rows, Sq, sqb, sqs, sqh, stride_cos, stride_sin,
-                     eps, D, HALF, BLOCK_HALF, BLOCK_PASS, PROLOGUE)
+        _amax_heads(q_ptr, wq_ptr, amax_ptr, b, h0, H, rows, Sq, sqb, sqs, sqh, eps, partner, c, ssin,
+                    D, HEADS, PROLOGUE)
     elif which == 1:
-        m = _qk_amax(k_ptr, wk_ptr, cos_ptr, sin_ptr, b, h, rows, Skv, skb, sks, skh, stride_cos, stride_sin,
-                     eps, D, HALF, BLOCK_HALF, BLOCK_PASS, PROLOGUE)
+        _amax_heads(k_ptr, wk_ptr, amax_ptr + BH, b, h0, H, rows, Skv, skb, sks, skh, eps, partner, c, ssin,
+                    D, HEADS, PROLOGUE)
     else:
-        m = _magnitude(_load(v_ptr, b, h, rows, Skv, svb, svs, svh, tl.arange(0, D), D))
-    tl.atomic_max(amax_ptr + which * BH + bh, m)
+        _amax_heads(v_ptr, wk_ptr, amax_ptr + 2 * BH, b, h0, H, rows, Skv, svb, svs, svh, eps, partner, c, ssin,
+                    D, HEADS, False)
 
 
 @triton.jit
@@ -102,63 +116,71 @@ def _codes(x, quant):
 
 
 @triton.jit
-def _pack_rows(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, quant, b, h, bh, pos, S, S_pad,
-               stride_b, stride_s, stride_h, stride_cos, stride_sin, eps,
-               D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-               PROLOGUE: tl.constexpr):
-    """Row-major [S_pad, D] codes of q or k (rows >= S are 0)."""
-    row = out_ptr + bh * S_pad * D + pos[:, None] * D
-    in_pad = pos[:, None] < S_pad
-    if PROLOGUE:
-        y1, y2, yp = _normed_rotated(x_ptr, w_ptr, cos_ptr, sin_ptr, b, h, pos, S, stride_b, stride_s,
-                                     stride_h, stride_cos, stride_sin, eps, D, HALF, BLOCK_HALF, BLOCK_PASS)
-        j = tl.arange(0, BLOCK_HALF)[None, :]
-        p = tl.arange(0, BLOCK_PASS)[None, :]
-        tl.store(row + j, _codes(y1, quant), mask=in_pad & (j < HALF))
-        tl.store(row + HALF + j, _codes(y2, quant), mask=in_pad & (j < HALF))
-        tl.store(row + 2 * HALF + p, _codes(yp, quant), mask=in_pad & (p < D - 2 * HALF))
+def _quant(amax_ptr, descale_ptr, bh, write_descale):
+    """quant of one head from its amax; the head's descale too when write_descale (one program per
+    head does): `prep.scales_from_amax`, rounding included."""
+    amax = tl.load(amax_ptr + bh)
+    nonzero = amax > 0
+    if write_descale:
+        descale = tl.where(nonzero, amax * DESCALE_PER_AMAX, 1.0)
+        finite = (amax == amax) & (amax != float("inf"))
+        tl.store(descale_ptr + bh, tl.where(finite, descale, float("nan")))
+    return tl.where(nonzero, tl.math.div_rn(1.0, amax) * CODE_MAX, 1.0)
+
+
+@triton.jit
+def _pack_heads(x_ptr, w_ptr, amax_ptr, descale_ptr, out_ptr, b, h0, H, pos, S, S_pad, stride_b, stride_s,
+                stride_h, eps, partner, c, ssin, write_descale, D: tl.constexpr, HEADS: tl.constexpr,
+                PROLOGUE: tl.constexpr, FEATURE_MAJOR: tl.constexpr):
+    """Codes of heads h0 .. h0 + HEADS - 1 (those < H): row-major [S_pad, D] holding row p (q, k), or
+    feature-major [D, S_pad] holding key_order(p) (v); rows >= S are 0."""
+    cols = tl.arange(0, D)
+    if FEATURE_MAJOR:  # layout.key_order, inside each 16-key group
+        element = pos % 4
+        src = pos // 16 * 16 + 8 * (element // 2) + 2 * ((pos % 16) // 4) + element % 2
     else:
-        cols = tl.arange(0, D)
-        x = _load(x_ptr, b, h, pos, S, stride_b, stride_s, stride_h, cols, D)
-        tl.store(row + cols[None, :], _codes(x, quant), mask=in_pad)
+        src = pos
+    for i in tl.static_range(HEADS):
+        h = h0 + i
+        if h < H:
+            bh = b * H + h
+            quant = _quant(amax_ptr, descale_ptr, bh, write_descale)
+            if PROLOGUE:
+                y = _normed_rotated(x_ptr, w_ptr, b, h, src, S, stride_b, stride_s, stride_h, eps, partner, c,
+                                    ssin, D)
+            else:
+                y = _load(x_ptr, b, h, src, S, stride_b, stride_s, stride_h, cols)
+            if FEATURE_MAJOR:
+                dst = out_ptr + bh * D * S_pad + cols[None, :] * S_pad + pos[:, None]
+            else:
+                dst = out_ptr + bh * S_pad * D + pos[:, None] * D + cols[None, :]
+            tl.store(dst, _codes(y, quant), mask=pos[:, None] < S_pad)
 
 
 @triton.jit
 def _pack_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, out_q, out_k, out_v, descale_ptr,
-                 Sq, Skv, Sq_pad, Skv_pad, H, BH, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
+                 Sq, Skv, Sq_pad, Skv_pad, H, GROUPS, BH, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
                  wq_ptr, wk_ptr, cos_ptr, sin_ptr, stride_cos, stride_sin, eps,
-                 D: tl.constexpr, BLOCK: tl.constexpr, PROLOGUE: tl.constexpr, HALF: tl.constexpr,
-                 BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
+                 D: tl.constexpr, BLOCK: tl.constexpr, HEADS: tl.constexpr, PROLOGUE: tl.constexpr,
+                 HALF: tl.constexpr):
     """Scales from amax (`prep.scales_from_amax`, written to descale [3, B*H] by the first block of
     rows), then codes: q and k row-major, v feature-major [D, Skv_pad] holding key_order(p)."""
     which = tl.program_id(2)
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
+    b, h0 = tl.program_id(1) // GROUPS, tl.program_id(1) % GROUPS * HEADS
     pos = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    amax = tl.load(amax_ptr + which * BH + bh)
-    nonzero = amax > 0
-    quant = tl.where(nonzero, tl.math.div_rn(1.0, amax) * CODE_MAX, 1.0)
-    if tl.program_id(0) == 0:
-        descale = tl.where(nonzero, amax * DESCALE_PER_AMAX, 1.0)
-        finite = (amax == amax) & (amax != float("inf"))
-        tl.store(descale_ptr + which * BH + bh, tl.where(finite, descale, float("nan")))
+    first = tl.program_id(0) == 0
+    partner, c, ssin = tl.arange(0, D), 1.0, 0.0  # the identity rotation: read only with PROLOGUE
+    if PROLOGUE:
+        partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, pos, Sq, stride_cos, stride_sin, D, HALF)
     if which == 0:
-        _pack_rows(q_ptr, wq_ptr, cos_ptr, sin_ptr, out_q, quant, b, h, bh, pos, Sq, Sq_pad, sqb, sqs, sqh,
-                   stride_cos, stride_sin, eps, D, HALF, BLOCK_HALF, BLOCK_PASS, PROLOGUE)
+        _pack_heads(q_ptr, wq_ptr, amax_ptr, descale_ptr, out_q, b, h0, H, pos, Sq, Sq_pad, sqb, sqs, sqh, eps,
+                    partner, c, ssin, first, D, HEADS, PROLOGUE, False)
     elif which == 1:
-        _pack_rows(k_ptr, wk_ptr, cos_ptr, sin_ptr, out_k, quant, b, h, bh, pos, Skv, Skv_pad, skb, sks, skh,
-                   stride_cos, stride_sin, eps, D, HALF, BLOCK_HALF, BLOCK_PASS, PROLOGUE)
-    else:  # layout.key_order, inside each 16-key group
-        element = pos % 4
-        src = pos // 16 * 16 + 8 * (element // 2) + 2 * ((pos % 16) // 4) + element % 2
-        cols = tl.arange(0, D)
-        x = _load(v_ptr, b, h, src, Skv, svb, svs, svh, cols, D)
-        dst = out_v + bh * D * Skv_pad + cols[None, :] * Skv_pad + pos[:, None]
-        tl.store(dst, _codes(x, quant), mask=pos[:, None] < Skv_pad)
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
+        _pack_heads(k_ptr, wk_ptr, amax_ptr + BH, descale_ptr + BH, out_k, b, h0, H, pos, Skv, Skv_pad, skb, sks,
+                    skh, eps, partner, c, ssin, first, D, HEADS, PROLOGUE, False)
+    else:
+        _pack_heads(v_ptr, wk_ptr, amax_ptr + 2 * BH, descale_ptr + 2 * BH, out_v, b, h0, H, pos, Skv, Skv_pad,
+                    svb, svs, svh, eps, partner, c, ssin, first, D, HEADS, False, True)
 
 
 def launch_prep(q, k, v, amax, out_q, out_k, out_v, descale, prologue=None) -> None:
@@ -169,16 +191,17 @@ def launch_prep(q, k, v, amax, out_q, out_k, out_v, descale, prologue=None) -> N
     sq_pad, skv_pad = out_q.shape[1], out_k.shape[1]
     if prologue is None:
         wq = wk = cos = sin = q  # unread (PROLOGUE is off): any pointer will do
-        eps, stride_cos, stride_sin, half = 0.0, 0, 0, 1
+        eps, stride_cos, stride_sin, half, block, heads = 0.0, 0, 0, 0, BLOCK_S, 1
     else:
         wq, wk, eps, cos, sin = prologue
         stride_cos, stride_sin, half = cos.stride(0), sin.stride(0), cos.shape[1] // 2
-    shared = dict(D=d, BLOCK=BLOCK_S, PROLOGUE=prologue is not None, HALF=half,
-                  BLOCK_HALF=_next_power_of_2(half), BLOCK_PASS=_next_power_of_2(max(d - 2 * half, 1)))
+        block, heads = PROLOGUE_BLOCK_S, min(PROLOGUE_HEADS, h)
+    groups = triton.cdiv(h, heads)
+    shared = dict(D=d, BLOCK=block, HEADS=heads, PROLOGUE=prologue is not None, HALF=half)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
     tail = (wq, wk, cos, sin, stride_cos, stride_sin, eps)
-    _amax_kernel[(triton.cdiv(max(sq, skv), BLOCK_S), b * h, 3)](
-        q, k, v, amax, sq, skv, h, b * h, *strides, *tail, **shared)
-    _pack_kernel[(triton.cdiv(max(sq_pad, skv_pad), BLOCK_S), b * h, 3)](
-        q, k, v, amax, out_q, out_k, out_v, descale, sq, skv, sq_pad, skv_pad, h, b * h, *strides, *tail,
+    _amax_kernel[(triton.cdiv(max(sq, skv), block), b * groups, 3)](
+        q, k, v, amax, sq, skv, h, groups, b * h, *strides, *tail, **shared)
+    _pack_kernel[(triton.cdiv(max(sq_pad, skv_pad), block), b * groups, 3)](
+        q, k, v, amax, out_q, out_k, out_v, descale, sq, skv, sq_pad, skv_pad, h, groups, b * h, *strides, *tail,
         **shared)

@@ -23,9 +23,16 @@ class Fp8AttentionUnsupported(ValueError):
     """fp8_attention cannot take these inputs; the message says what to change."""
 
 
-@functools.cache
 def device_capability(device: torch.device) -> tuple[int, int]:
-    """torch.cuda.get_device_capability, asked once per device (it costs microseconds a call)."""
+    """torch.cuda.get_device_capability, asked once per device in eager calls (it costs microseconds);
+    under torch.compile tracing it is asked directly (dynamo traces it; it warns on cached functions)."""
+    if torch.compiler.is_compiling():
+        return torch.cuda.get_device_capability(device)
+    return _cached_capability(device)
+
+
+@functools.cache
+def _cached_capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
