@@ -180,9 +180,16 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
                 compile_stats.graphs_after_first_call = _dynamo_counts()[1] - graphs_after_compile
             with torch.no_grad():
                 output = block(**inputs).clone()  # a CUDA-graph replay would overwrite its own output buffer
-            if routed is not None and routed.fallback_total:
-                notes.append(f"{routed.fallback_total} attention call(s) fell back from {recipe.backend}: "
-                             f"{dict(routed.fallback_calls)}")
+            if routed is not None:
+                routed_away = {r: n for r, n in routed.fallback_calls.items() if r.startswith("routed:")}
+                fell_back = {r: n for r, n in routed.fallback_calls.items() if r not in routed_away}
+                if routed_away:
+                    notes.append(f"{sum(routed_away.values())} attention call(s) of {recipe.label} went to the backend "
+                                 f"the measured crossover found faster at their shape ({routed.crossover_note}): "
+                                 f"{routed_away}")
+                if fell_back:
+                    notes.append(f"{sum(fell_back.values())} attention call(s) fell back from {recipe.backend}: "
+                                 f"{fell_back}")
             if swap is not None and swap.fallback_calls:
                 what = "RoPE call(s) {} ran diffusers' own function, not the fused kernel" if recipe.fused_rope else \
                     "attention call(s) {} ran diffusers' own processor, not the fused prologue"
