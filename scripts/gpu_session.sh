@@ -2,7 +2,7 @@
 # One device call: install the package, then check and time everything that needs the GPU.
 #   bash scripts/gpu_session.sh [STEP ...]     steps: env fp8 profile budget compare offload bench tests
 #                                              sweep sanitize generate compile-check recipes recipes-wan
-#                                              generate-compile
+#                                              generate-compile crossover validate-model stages
 #                                              (default: all)
 # Wheels carried in .whl/ (e.g. imageio-ffmpeg, which the GPU image lacks) are installed first.
 # Results go under $OUT (or ./gpu-results): one log per step and one archive, because the device
@@ -12,7 +12,7 @@ out=${OUT:-gpu-results}
 work=/tmp/dit-accel-gpu
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$work/cache
-steps=${*:-env fp8 profile budget compare offload bench tests sweep sanitize generate compile-check recipes recipes-wan generate-compile}
+steps=${*:-env fp8 profile budget compare offload bench tests sweep sanitize generate compile-check recipes recipes-wan generate-compile crossover validate-model stages}
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $work/NAME.log, report the status
   local name=$1 limit=$2; shift 2
@@ -39,7 +39,7 @@ step offload 420 bash -c "python3 -m dit_accel profile-block --validate 50 --run
 step bench 240 python3 -m dit_accel bench-attention ${BENCH_BACKENDS:+--backends $BENCH_BACKENDS} --out "$work/bench"
 step tests 330 python3 -m pytest tests -q -m gpu -p no:cacheprovider
 sweep_shapes=$(for d in 128 64; do for s in 4096 8192 16384 30272 37710 75600; do printf '1x56x%sx%s,' $s $d; done; done)
-step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}" --backends cudnn,fa4,fp8,cudnn-fp8 \
+step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}" --backends cudnn,fa4,fa3,fa3-fp8,fp8,cudnn-fp8 \
   --out "$work/sweep"
 step sanitize 240 bash -c "compute-sanitizer --tool racecheck python3 scripts/check_fp8_sm90.py --sanitize --out $work/race \
   && compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/check_fp8_sm90.py --sanitize --out $work/mem"
@@ -50,12 +50,19 @@ step generate 240 bash -c "python3 -m dit_accel make-tiny-pipeline wan $work/tin
 step compile-check 200 python3 scripts/check_compile.py --out "$work/compile-check"
 # Recipes side by side, one process, same block and inputs: diffusers' default eager, compiled, compiled with
 # torchao FP8 linears (what a user assembles without us), and ours.
-recipes=cudnn,cudnn+compile,cudnn+fp8-linear+compile,fp8+rope+fp8-linear+compile,fp8+rope+fp8-linear,fp8+rope
+recipes=cudnn,cudnn+compile,cudnn+fp8-linear+compile,fp8+rope+fp8-linear+compile,fp8+prologue+fp8-linear+compile,fp8+rope
 step recipes 420 python3 -m dit_accel profile-block --compare-attn "$recipes" --out "$work/recipes"
 step recipes-wan 300 python3 -m dit_accel profile-block --model wan --runs 3 --warmup 2 \
   --compare-attn cudnn,cudnn+compile,cudnn+fp8-linear+compile,fp8+fp8-linear+compile --out "$work/recipes-wan"
 step generate-compile 240 bash -c "python3 -m dit_accel make-tiny-pipeline wan $work/tiny-wan-c \
   && python3 -m dit_accel generate --pipeline $work/tiny-wan-c --compare bf16 --compile --linear fp8 --out $work/generate-compile"
+
+# The router's crossover (copy the JSON it writes into dit_accel/attention/crossover_data/), then the whole
+# transformer against its extrapolation, resident and streamed under 16 GiB, then the pipeline's stages.
+step crossover 300 python3 -m dit_accel bench-attention --crossover --out "$work/crossover"
+step validate-model 420 bash -c "python3 -m dit_accel profile-block --validate model --runs 5 --out $work/validate-model \
+  && python3 -m dit_accel profile-block --validate model --offload stream --memory-budget 16GiB --runs 3 --out $work/validate-model-stream"
+step stages 600 python3 -m dit_accel profile-block --stages vae --compare-attn cudnn,fp8 --runs 2 --warmup 1 --out "$work/stages"
 
 tar czf "$out/results.tgz" -C "$work" --exclude='cache' --exclude='*.json.gz' .
 cat "$work/steps.txt"
