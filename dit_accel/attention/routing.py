@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from ..patching.counts import CallCounts
 from ..patching.model_globals import ModelGlobalSwap, model_file
 from .backends import AttentionBackend, BackendCannotServe, get_backend
 from .crossover import ROUTED_REASON, Crossover, crossover_for
@@ -66,13 +67,9 @@ class RoutedBackend:
 
     served_calls: calls our kernel answered. fallback_calls: reason -> calls sent to diffusers'
     default backend instead, or, for the reason "routed: <name> measured faster", to the diffusers
-    backend the crossover measured faster at their shape. Every dispatch made by a processor holding this object counts in
-    exactly one of the two, also inside a torch.compile'd model: the counts are 0-d int64 tensors
-    bumped in place, so the increment is part of the compiled graph and runs on every call
-    (a Python int reached through a module would be guarded by its value, and each increment
-    would recompile the model). They live on the CPU, which costs no kernel launch in eager runs;
-    the limits: calls replayed from a CUDA graph (a manual capture, or inductor's CUDA graphs) are
-    counted once, at capture, and a CPU op in a compiled CUDA graph makes inductor split or skip it.
+    backend the crossover measured faster at their shape. Every dispatch made by a processor holding
+    this object counts in exactly one of the two, also inside a torch.compile'd model
+    (`patching.counts.CallCounts`: 0-d CPU tensors bumped in place, with its limits under CUDA graphs).
     """
 
     backend: AttentionBackend
@@ -85,7 +82,7 @@ class RoutedBackend:
     crossover: Crossover | None = None
     crossover_note: str = "no crossover data looked up"
     _fallback_values: dict[str, Any] = field(default_factory=dict, repr=False)
-    _counts: dict[str | None, torch.Tensor] = field(default_factory=dict, repr=False)  # None: served
+    counts: CallCounts = field(default_factory=CallCounts, repr=False)
 
     def __post_init__(self) -> None:
         if self.crossover is not None:
@@ -94,20 +91,17 @@ class RoutedBackend:
             self._fallback_values = {ROUTED_REASON.format(name): AttentionBackendName(get_backend(name).diffusers_backend)
                                      for name in self.crossover.fallbacks}
 
-    def _count(self, reason: str | None) -> None:
-        self._counts.setdefault(reason, torch.zeros((), dtype=torch.int64)).add_(1)
-
     def count_served(self) -> None:
         """One call answered by our backend outside `dispatch` (a fused path that asked `decline_reason`)."""
-        self._count(None)
+        self.counts.count(None)
 
     @property
     def served_calls(self) -> int:
-        return int(self._counts[None]) if None in self._counts else 0
+        return self.counts.served
 
     @property
     def fallback_calls(self) -> Counter[str]:
-        return Counter({reason: int(count) for reason, count in self._counts.items() if reason is not None})
+        return self.counts.declined
 
     @property
     def name(self) -> str:
@@ -141,9 +135,9 @@ class RoutedBackend:
             except BackendCannotServe as exc:
                 reason = str(exc)
             else:
-                self._count(None)
+                self.counts.count(None)
                 return out
-        self._count(reason)
+        self.counts.count(reason)
         # a routed call goes to the backend measured faster; every other to diffusers' default (None)
         return original_dispatch(**{**arguments, "backend": self._fallback_values.get(reason)})
 
