@@ -68,6 +68,22 @@ def test_quantization_stays_quantization_inside_the_attention_core():
     assert classify("_fp8_prep_amax_kernel", "attention core") == "quantize"
 
 
+def test_every_kernel_of_our_prep_is_classified_as_quantization():
+    """The jitted kernels' names as the profiler sees them, read from the source (Triton is absent here)."""
+    import ast
+    from pathlib import Path
+
+    import dit_accel.kernels.fp8_attention as fp8
+
+    tree = ast.parse((Path(fp8.__file__).parent / "prep_triton_kernels.py").read_text())
+    launched = [f.name for f in tree.body if isinstance(f, ast.FunctionDef) and f.name.endswith("_kernel")
+                and any(ast.unparse(d) == "triton.jit" for d in f.decorator_list)]
+    assert len(launched) == 2
+    for name in launched:
+        assert classify(name, "attention core") == "quantize", name
+        assert classify(name, None) == "quantize", name
+
+
 def test_generic_kernels_take_the_kind_of_their_range():
     mul = "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<MulFunctor<float>>>"
     assert classify(mul, "rope") == "rope"

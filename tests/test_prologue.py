@@ -101,15 +101,29 @@ def test_blocks_take_the_prologue_and_the_refiners_without_rope_decline(op_backe
 def test_a_compiled_model_with_the_prologue_is_one_graph_and_keeps_counting(op_backend):
     torch._dynamo.reset()
     model, inputs = bf16_tiny_h3()
-    with torch.no_grad(), use_attention_backend(model, "fp8-op"), fused_prologue(model) as swap:
+    with torch.no_grad(), use_attention_backend(model, "fp8-op") as routed, fused_prologue(model) as swap:
         eager = model(**inputs)[0]
         explanation = torch._dynamo.explain(model)(**inputs)
         compiled = torch.compile(model, fullgraph=True)
         outputs = [compiled(**inputs)[0] for _ in range(3)]
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1
     assert swap.served_calls == LAYERS * (1 + 1 + 3)  # eager, explain, three compiled calls
+    assert routed.served_calls == (LAYERS + REFINERS) * (1 + 1 + 3)  # the prologue's calls counted there too
     for out in outputs:
         torch.testing.assert_close(out, eager, rtol=2e-2, atol=2e-2)  # inductor's bf16 outside attention
+
+
+def test_context_parallel_calls_keep_diffusers_processor(op_backend):
+    """Under context parallelism each rank holds a shard of the sequence: diffusers' all-to-all must run."""
+    model, inputs = bf16_tiny_h3()
+    with use_attention_backend(model, "fp8-op"), fused_prologue(model):
+        attn = model.transformer_blocks[0].attn
+        wrapper = attn.processor
+        wrapper.original._parallel_config = object()
+        q = torch.zeros(1, 13, 2, 32, dtype=torch.bfloat16)
+        cos, sin = rotary(13, 24)
+        reason = wrapper._decline_reason(attn, q, (cos, sin), None, prologue._arguments(q, q, q, wrapper.original))
+    assert reason == "context parallelism"
 
 
 def test_the_prologue_needs_our_attention_and_h3(op_backend):

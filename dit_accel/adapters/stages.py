@@ -123,7 +123,8 @@ def text_encoder_stage(folder: Path | None, text_rows: int, batch: int, expected
     text = getattr(config, "text_config", config)  # a vision-language model's language part encodes the prompt
     if scale_down:
         for name, value in (("num_hidden_layers", 2), ("hidden_size", 256), ("intermediate_size", 512),
-                            ("num_attention_heads", 4), ("num_key_value_heads", 2), ("head_dim", 64)):
+                            ("num_attention_heads", 4), ("num_key_value_heads", 2), ("head_dim", 64),
+                            ("d_ff", 512), ("d_kv", 64)):  # the last two: T5's names, outside its attribute map
             if hasattr(text, name):
                 setattr(text, name, value)
     vocab = int(getattr(text, "vocab_size", 32000))
@@ -132,7 +133,9 @@ def text_encoder_stage(folder: Path | None, text_rows: int, batch: int, expected
 
     def build() -> nn.Module:
         with _parameters_on_meta():
-            return AutoModel.from_config(text)
+            model = AutoModel.from_config(text)
+        # An encoder-decoder (T5, umT5: Wan's text encoder) encodes the prompt with its encoder alone.
+        return model.get_encoder() if getattr(text, "is_encoder_decoder", False) else model
 
     def make_inputs(device, dtype, generator):
         return {"input_ids": torch.randint(0, vocab, (batch, text_rows), generator=generator, device=device)}

@@ -68,7 +68,8 @@ class CrossoverGrid:
 # On a GPU: the sequence lengths where the kernel's fixed cost and short key sides show (128/129: one
 # tile and one tile plus a row; 512/777: Wan's and H3's text cross-attention) up to the H3 shape, where it
 # wins; Skv also takes every Sq, so self-attention is on the grid. 108 shapes, under 3 minutes on an
-# H200 with the default backends. On the CPU a scaled-down grid checks the tool (no CPU data is used).
+# H200 with the default backends. The CPU grid is scaled down for the tests, which run the command with a
+# stand-in routed backend (the real ones need a GPU, so on a CPU the command refuses); no CPU data is used.
 GRIDS = {
     "cuda": CrossoverGrid(1, 56, (128, 129, 1024, 4096, 8192, 30272),
                           (128, 129, 512, 777, 1024, 2048, 4096, 8192, 30272), (64, 128)),

@@ -145,6 +145,9 @@ def _measure_crossover(choices, dtype, warmup, runs, seed, device, out_dir) -> N
 
     asked = [get_backend(choice.backend) for choice in choices] if choices else list(map(get_backend, DEFAULT_BACKENDS))
     backends = [b for b in asked if b.unavailable_reason(device) is None]
+    for b in asked:
+        if b not in backends and choices:  # named by the user: say why it is not in the data
+            console.print(f"crossover: {b.name} left out: {b.unavailable_reason(device)}")
     if not any(b.routed for b in backends) or not any(b.diffusers_backend for b in backends):
         reasons = "; ".join(f"{b.name}: {b.unavailable_reason(device) or 'runs here'}" for b in asked)
         raise UserError(f"--crossover needs a routed backend (fp8, fa4) and a diffusers one (native, cudnn, ...) "
@@ -172,7 +175,8 @@ def _measure_crossover(choices, dtype, warmup, runs, seed, device, out_dir) -> N
     for head_dim in table.head_dims:
         console.print(_crossover_grid(table, head_dim))
     console.print(f"measured in {data['elapsed_s']} s; wrote {final_dir}/ (report.json, results.csv, {file_name}); "
-                  f"the router reads it from dit_accel/attention/crossover_data/{file_name}")
+                  f"the router reads it once it is copied to dit_accel/attention/crossover_data/, or with "
+                  f"DIT_ACCEL_CROSSOVER={final_dir / file_name}")
 
 
 def _routing_table(routing: list[dict], source: str) -> Table:

@@ -119,7 +119,8 @@ class _TerminalProgress(SessionProgress):
 @click.option("--outside", "outside_mode", type=click.Choice(["measure"]), default=None,
               help="measure: time the transformer without its blocks (embeddings, refiner layers, output norm and "
                    "heads; synthetic weights, eager) once on this workload's pass, and add it to every recipe's "
-                   "extrapolation. Default: 0 ms, or --outside-ms.")
+                   "extrapolation. Default: 0 ms, or --outside-ms; --stages and --validate model measure it unless "
+                   "--outside-ms states it.")
 @click.option("--stages", type=StageList(), default=None,
               help="Also measure the pipeline's other stages at this workload's size, synthetic weights (text, vae, "
                    "audio, comma-separated, or all), and print the whole-video table: text encoding | denoising | "
@@ -128,7 +129,8 @@ class _TerminalProgress(SessionProgress):
 @click.option("--text-encoder-config", type=click.Path(path_type=Path), default=None,
               help="A local folder with the text encoder's config.json (transformers; no weights needed), for "
                    "--stages text.")
-@click.option("--validate", "validate_blocks", default="0", callback=_validate_count,
+@click.option("--validate", "validate_blocks", default="0", callback=_validate_count, metavar="N|model",
+              show_default=True,
               help="N: chain N real blocks (synthetic weights) and compare with N x the block. model: one forward "
                    "of the whole transformer (all its blocks and the parts outside them, synthetic weights) against "
                    "blocks x block + outside (measured as --outside measure unless --outside-ms states it).")

@@ -24,7 +24,10 @@ class CallCounts:
 
     def count(self, reason: str | None) -> None:
         """One call: served (None) or declined for `reason`."""
-        self._counts.setdefault(reason, torch.zeros((), dtype=torch.int64)).add_(1)
+        count = self._counts.get(reason)
+        if count is None:
+            count = self._counts[reason] = torch.zeros((), dtype=torch.int64)
+        count.add_(1)
 
     @property
     def served(self) -> int:

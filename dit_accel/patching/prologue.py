@@ -17,7 +17,8 @@ It wraps each MiniMax-H3 attention module's processor in `FusedPrologueProcessor
 the processor's projections and output projection around the fused op. It serves a call only when
 the attention router would have served it with our kernel (the processor's backend is our `fp8` or
 `fp8-v1`, and the router would neither fall back nor route it to a faster backend), the call has
-rotary embeddings and no mask, and nothing needs autograd; every other call runs the original
+rotary embeddings and no mask, no context parallelism is on (each rank would hold a shard of the
+sequence), and nothing needs autograd; every other call runs the original
 processor unchanged (its projections are recomputed: fallbacks are meant to be rare) and is
 counted by reason. Served calls also count as served in the router, so its totals stay complete.
 Both counters are 0-d tensors, so they count inside torch.compile'd graphs too; the wrapper itself
@@ -73,6 +74,8 @@ class FusedPrologueProcessor:
             return "attention is not routed to fp8"
         if rotary_emb is None or attention_mask is not None:
             return "no rotary embedding" if rotary_emb is None else "attention mask"
+        if self.original._parallel_config is not None:
+            return "context parallelism"  # each rank holds a shard of the sequence: diffusers' all-to-all must run
         if attn.norm_q.weight is None or attn.norm_k.weight is None or attn.norm_q.eps != attn.norm_k.eps \
                 or attn.norm_q.eps is None:
             return "QK-norm without weights or one stated eps"

@@ -336,6 +336,9 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
     console.print(f"  next levers beside attention ({fastest.backend}): {levers}")
     for line in base.extrapolation.assumptions():
         console.print(f"  assumes: {line}")
+    if not report.get("whole_video"):
+        console.print("  assumes: the denoising passes only; text encoding and VAE decode are not included "
+                      "(--stages measures them)")
     if validation:
         _render_validation(console, validation)
     if report.get("whole_video"):

@@ -190,11 +190,12 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
                 if fell_back:
                     notes.append(f"{sum(fell_back.values())} attention call(s) fell back from {recipe.backend}: "
                                  f"{fell_back}")
-            if swap is not None and swap.fallback_calls:
+            declined = {} if swap is None else {r: n for r, n in swap.fallback_calls.items()
+                                                 if not r.startswith("routed:")}  # those are noted above
+            if declined:
                 what = "RoPE call(s) {} ran diffusers' own function, not the fused kernel" if recipe.fused_rope else \
                     "attention call(s) {} ran diffusers' own processor, not the fused prologue"
-                notes.append(f"{sum(swap.fallback_calls.values())} {what.format('of ' + recipe.label)}: "
-                             f"{dict(swap.fallback_calls)}")
+                notes.append(f"{sum(declined.values())} {what.format('of ' + recipe.label)}: {declined}")
             if recipe.fused_rope and recipe.compile_mode is not None:
                 notes.append(f"{recipe.label}: inside the compiled graph RoPE is diffusers' own function, fused by "
                              f"inductor into its neighbours, not our RoPE kernel")
@@ -229,7 +230,7 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
     if s.validate_blocks:
         first, recipe = runs[0], s.recipes[0]
         activation_bytes = (first.profile.peak_memory_bytes or 0) - first.profile.weights_bytes
-        with processor_swap(loaded.block, recipe):  # the rotary global is per model file: covers the chain
+        with processor_swap(loaded.block, recipe):  # +rope's global is per model file: it covers the chain
             validation = validate_chain(s.adapter, loaded.block, inputs, s.validate_blocks, attention=recipe.backend,
                                         device=s.device, dtype=s.dtype, block_ms=first.block_ms,
                                         activation_bytes=max(0, activation_bytes), offload=s.offload,

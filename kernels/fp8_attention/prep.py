@@ -56,6 +56,8 @@ def prologue_reason(q: torch.Tensor, k: torch.Tensor, prologue: Prologue) -> str
         return "fp8_attention prologue: self-attention only (q and k of one length)"
     if prologue.norm_q_weight.shape != (d,) or prologue.norm_k_weight.shape != (d,):
         return f"fp8_attention prologue: norm weights must be [{d}]"
+    if prologue.norm_q_weight.stride(0) != 1 or prologue.norm_k_weight.stride(0) != 1:
+        return "fp8_attention prologue: norm weights must be contiguous"
     if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[0] != q.shape[1]:
         return f"fp8_attention prologue: cos and sin must be [S, R] with S = {q.shape[1]}"
     if cos.shape[1] == 0 or cos.shape[1] % 2 or cos.shape[1] > d:

@@ -4,9 +4,9 @@ Two launches serve q, k and v together (program axis 2 picks the tensor, axis 1 
 a group of HEADS heads, axis 0 a block of rows), so a call costs two Triton launches whatever the
 shapes:
 
-- `_amax_kernel`: amax[t, bh] = max |x_t[b, :, h, :]| by atomic max (NaN counts as inf, so a NaN
+- `_fp8_prep_amax_kernel`: amax[t, bh] = max |x_t[b, :, h, :]| by atomic max (NaN counts as inf, so a NaN
   head cannot hide);
-- `_pack_kernel`: descale/quant from amax in the kernel (rounded as `prep.scales_from_amax`
+- `_fp8_prep_pack_kernel`: descale/quant from amax in the kernel (rounded as `prep.scales_from_amax`
   rounds them), the e4m3 codes of x * quant into the packed layouts, and descale.
 
 Both read x [B, S, H, D] through its strides (innermost stride 1). With PROLOGUE, q and k are
@@ -59,6 +59,7 @@ def _normed_rotated(x_ptr, w_ptr, b, h, rows, S, stride_b, stride_s, stride_h, e
     x = _load(x_ptr, b, h, rows, S, stride_b, stride_s, stride_h, cols)
     x_partner = _load(x_ptr, b, h, rows, S, stride_b, stride_s, stride_h, partner)  # the same rows: cached
     r = (1.0 / tl.sqrt_rn(tl.sum(x * x, axis=1) / D + eps))[:, None]
+    r = tl.where(rows[:, None] < S, r, 0.0)  # padding rows: 0, not 0 * inf (eps = 0) = NaN
     w = tl.load(w_ptr + cols).to(tl.float32)[None, :]
     w_partner = tl.load(w_ptr + partner).to(tl.float32)[None, :]
     return (x * r * w) * c + (x_partner * r * w_partner) * ssin
@@ -86,7 +87,7 @@ def _amax_heads(x_ptr, w_ptr, amax_ptr, b, h0, H, rows, S, stride_b, stride_s, s
 
 
 @triton.jit
-def _amax_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, Sq, Skv, H, GROUPS, BH,
+def _fp8_prep_amax_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, Sq, Skv, H, GROUPS, BH,
                  sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
                  wq_ptr, wk_ptr, cos_ptr, sin_ptr, stride_cos, stride_sin, eps,
                  D: tl.constexpr, BLOCK: tl.constexpr, HEADS: tl.constexpr, PROLOGUE: tl.constexpr,
@@ -95,18 +96,19 @@ def _amax_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, Sq, Skv, H, GROUPS, BH,
     which = tl.program_id(2)
     b, h0 = tl.program_id(1) // GROUPS, tl.program_id(1) % GROUPS * HEADS
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    partner, c, ssin = tl.arange(0, D), 1.0, 0.0  # the identity rotation: read only with PROLOGUE
-    if PROLOGUE:
-        partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, rows, Sq, stride_cos, stride_sin, D, HALF)
-    if which == 0:
-        _amax_heads(q_ptr, wq_ptr, amax_ptr, b, h0, H, rows, Sq, sqb, sqs, sqh, eps, partner, c, ssin,
-                    D, HEADS, PROLOGUE)
-    elif which == 1:
-        _amax_heads(k_ptr, wk_ptr, amax_ptr + BH, b, h0, H, rows, Skv, skb, sks, skh, eps, partner, c, ssin,
-                    D, HEADS, PROLOGUE)
+    if which == 2:  # v takes no prologue
+        _amax_heads(v_ptr, wk_ptr, amax_ptr + 2 * BH, b, h0, H, rows, Skv, svb, svs, svh, eps, tl.arange(0, D), 1.0,
+                    0.0, D, HEADS, False)
     else:
-        _amax_heads(v_ptr, wk_ptr, amax_ptr + 2 * BH, b, h0, H, rows, Skv, svb, svs, svh, eps, partner, c, ssin,
-                    D, HEADS, False)
+        partner, c, ssin = tl.arange(0, D), 1.0, 0.0  # the identity rotation: read only with PROLOGUE
+        if PROLOGUE:
+            partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, rows, Sq, stride_cos, stride_sin, D, HALF)
+        if which == 0:
+            _amax_heads(q_ptr, wq_ptr, amax_ptr, b, h0, H, rows, Sq, sqb, sqs, sqh, eps, partner, c, ssin,
+                        D, HEADS, PROLOGUE)
+        else:
+            _amax_heads(k_ptr, wk_ptr, amax_ptr + BH, b, h0, H, rows, Skv, skb, sks, skh, eps, partner, c, ssin,
+                        D, HEADS, PROLOGUE)
 
 
 @triton.jit
@@ -158,7 +160,7 @@ def _pack_heads(x_ptr, w_ptr, amax_ptr, descale_ptr, out_ptr, b, h0, H, pos, S, 
 
 
 @triton.jit
-def _pack_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, out_q, out_k, out_v, descale_ptr,
+def _fp8_prep_pack_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, out_q, out_k, out_v, descale_ptr,
                  Sq, Skv, Sq_pad, Skv_pad, H, GROUPS, BH, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
                  wq_ptr, wk_ptr, cos_ptr, sin_ptr, stride_cos, stride_sin, eps,
                  D: tl.constexpr, BLOCK: tl.constexpr, HEADS: tl.constexpr, PROLOGUE: tl.constexpr,
@@ -169,18 +171,19 @@ def _pack_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, out_q, out_k, out_v, descale_ptr
     b, h0 = tl.program_id(1) // GROUPS, tl.program_id(1) % GROUPS * HEADS
     pos = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     first = tl.program_id(0) == 0
-    partner, c, ssin = tl.arange(0, D), 1.0, 0.0  # the identity rotation: read only with PROLOGUE
-    if PROLOGUE:
-        partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, pos, Sq, stride_cos, stride_sin, D, HALF)
-    if which == 0:
-        _pack_heads(q_ptr, wq_ptr, amax_ptr, descale_ptr, out_q, b, h0, H, pos, Sq, Sq_pad, sqb, sqs, sqh, eps,
-                    partner, c, ssin, first, D, HEADS, PROLOGUE, False)
-    elif which == 1:
-        _pack_heads(k_ptr, wk_ptr, amax_ptr + BH, descale_ptr + BH, out_k, b, h0, H, pos, Skv, Skv_pad, skb, sks,
-                    skh, eps, partner, c, ssin, first, D, HEADS, PROLOGUE, False)
-    else:
+    if which == 2:  # v takes no prologue
         _pack_heads(v_ptr, wk_ptr, amax_ptr + 2 * BH, descale_ptr + 2 * BH, out_v, b, h0, H, pos, Skv, Skv_pad,
-                    svb, svs, svh, eps, partner, c, ssin, first, D, HEADS, False, True)
+                    svb, svs, svh, eps, tl.arange(0, D), 1.0, 0.0, first, D, HEADS, False, True)
+    else:
+        partner, c, ssin = tl.arange(0, D), 1.0, 0.0  # the identity rotation: read only with PROLOGUE
+        if PROLOGUE:
+            partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, pos, Sq, stride_cos, stride_sin, D, HALF)
+        if which == 0:
+            _pack_heads(q_ptr, wq_ptr, amax_ptr, descale_ptr, out_q, b, h0, H, pos, Sq, Sq_pad, sqb, sqs, sqh, eps,
+                        partner, c, ssin, first, D, HEADS, PROLOGUE, False)
+        else:
+            _pack_heads(k_ptr, wk_ptr, amax_ptr + BH, descale_ptr + BH, out_k, b, h0, H, pos, Skv, Skv_pad, skb,
+                        sks, skh, eps, partner, c, ssin, first, D, HEADS, PROLOGUE, False)
 
 
 def launch_prep(q, k, v, amax, out_q, out_k, out_v, descale, prologue=None) -> None:
@@ -200,8 +203,8 @@ def launch_prep(q, k, v, amax, out_q, out_k, out_v, descale, prologue=None) -> N
     shared = dict(D=d, BLOCK=block, HEADS=heads, PROLOGUE=prologue is not None, HALF=half)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
     tail = (wq, wk, cos, sin, stride_cos, stride_sin, eps)
-    _amax_kernel[(triton.cdiv(max(sq, skv), block), b * groups, 3)](
+    _fp8_prep_amax_kernel[(triton.cdiv(max(sq, skv), block), b * groups, 3)](
         q, k, v, amax, sq, skv, h, groups, b * h, *strides, *tail, **shared)
-    _pack_kernel[(triton.cdiv(max(sq_pad, skv_pad), block), b * groups, 3)](
+    _fp8_prep_pack_kernel[(triton.cdiv(max(sq_pad, skv_pad), block), b * groups, 3)](
         q, k, v, amax, out_q, out_k, out_v, descale, sq, skv, sq_pad, skv_pad, h, groups, b * h, *strides, *tail,
         **shared)

@@ -30,10 +30,11 @@ def raw_projections(seq: int, heads: int, head_dim: int, outliers: bool = False)
     return fused[..., :head_dim], fused[..., head_dim: 2 * head_dim], fused[..., 2 * head_dim:]
 
 
+@pytest.mark.parametrize("heads", [3, 10, 56])  # one group of heads, a partial second group, H3's 56
 @pytest.mark.parametrize("head_dim, rotary", [(128, 96), (128, 128), (64, 64), (64, 32)])
 @pytest.mark.parametrize("seq", [1, 333, 1000])
-def test_prologue_prep_matches_its_fp32_spec(seq, head_dim, rotary):
-    q, k, v = raw_projections(seq, 3, head_dim, outliers=True)
+def test_prologue_prep_matches_its_fp32_spec(seq, head_dim, rotary, heads):
+    q, k, v = raw_projections(seq, heads, head_dim, outliers=True)
     prologue = make_prologue(seq, head_dim, rotary)
     got, want = prep_triton(q, k, v, prologue), prep_reference(q, k, v, prologue)
     torch.testing.assert_close(got.descale, want.descale, rtol=2e-6, atol=0)
