@@ -143,3 +143,26 @@ def test_recipes_with_the_prologue(text, words):
     assert parse_recipe("fp8+compile+prologue+fp8-linear").label == "fp8+prologue+fp8-linear+compile"
     with pytest.raises(UserError, match=words):
         parse_recipe(text)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_fused_prologue_in_a_tiny_h3_model(monkeypatch):
+    """The real kernel and Triton prologue in a tiny H3 model with heads of 64: every block's attention
+    takes the prologue, and the output stays close to the plain fp8 path's."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("the FP8 kernel needs sm_89 or newer")
+    monkeypatch.setenv("DIT_ACCEL_CROSSOVER", "off")  # the kernel is under test, not the routing
+    model, inputs = tiny_h3_transformer(LAYERS, REFINERS, head_dim=64, rope_freq_dim=8)
+    model = model.to("cuda", torch.bfloat16)
+    inputs = {name: (x.to("cuda", torch.bfloat16) if x.is_floating_point() else x.cuda()) if torch.is_tensor(x) else x
+              for name, x in inputs.items()}
+    with torch.no_grad():
+        with use_attention_backend(model, "fp8"):
+            plain = model(**inputs)[0]
+        with use_attention_backend(model, "fp8") as routed, fused_prologue(model) as swap:
+            fused = model(**inputs)[0]
+    assert swap.served_calls == LAYERS and swap.fallback_calls == {"no rotary embedding": REFINERS}
+    assert routed.served_calls == LAYERS + REFINERS and routed.fallback_total == 0
+    assert torch.isfinite(fused).all()
+    assert ((fused.float() - plain.float()).norm() / plain.float().norm()) < 0.03

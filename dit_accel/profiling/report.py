@@ -389,7 +389,8 @@ def _render_stages(console: Console, report: dict[str, Any], ceilings: Ceilings,
                           f"rel L2 {100 * err['rel_l2']:.3g}%, cos {err['cosine']:.6f}"
                           + (f"; {run['served_calls']} attention call(s) served" if run["served_calls"] is not None else ""))
 
-    titles = {"text": "text encoding", "vae": "VAE decode", "audio": "audio decode"}
+    from ..adapters.stages import STAGE_TITLES
+
     whole = Table(title="Whole video: every stage" + (" (* scaled-down: not GPU figures)" if mark else ""))
     whole.add_column("recipe")
     for col in ("text encoding", "denoising", "VAE decode", "audio decode", "total"):
@@ -401,7 +402,7 @@ def _render_stages(console: Console, report: dict[str, Any], ceilings: Ceilings,
                       f"[bold]{_fmt_s(video['total_s'], mark)}[/bold]")
     console.print(whole)
     for key, note in report["whole_video"][0]["stage_notes"].items():
-        console.print(f"  {titles[key]}: {note}")
+        console.print(f"  {STAGE_TITLES[key]}: {note}")
     console.print("  denoising: steps x passes x (blocks x block + outside the blocks), as assumed above; "
                   "the total counts a stage shown — as 0 s")
 
