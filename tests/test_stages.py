@@ -208,3 +208,20 @@ def test_gpu_h3_vae_decode_at_full_size_with_fp8_attention(tmp_path, monkeypatch
     assert fp8.served_calls > 0 and not fp8.fallback_calls
     assert fp8.output_vs_first["rel_l2"] < 0.05
     assert m.runs[0].profile.peak_memory_bytes < 40 * 2**30
+
+
+def test_a_clip_chunked_decode_is_profiled_one_clip_at_a_time(monkeypatch):
+    """The H3 VAE decode of 2 clips: the profiler attributes one clip x 2, and that counts the same
+    attention calls as profiling the whole decode; the timing stays the whole decode's."""
+    monkeypatch.setattr(h3_adapter, "SCALED_DOWN_LATENTS", (12, 4, 4))  # 12 + 3 tokens: 2 clips of 7 frames
+    spec = _stage("minimax-h3", "vae")
+    assert spec.profile_parts == 2 and spec.profile_unit is not None and "one clip of 2" in spec.notes[0]
+    whole = dataclasses.replace(spec, profile_unit=None, profile_parts=1)
+    by_clip, by_decode = (measure_stage(s, ["native"], device=CPU, dtype=torch.float32, warmup=0, runs=1).runs[0]
+                          for s in (spec, whole))
+
+    def attention_calls(run):
+        return sum(k.calls for k in run.profile.kernels if k.category == "attention")
+
+    assert attention_calls(by_decode) > 0
+    assert attention_calls(by_clip) == pytest.approx(attention_calls(by_decode))

@@ -258,9 +258,11 @@ class MiniMaxH3Adapter(BlockAdapter):
             # tile's decoder forward (float32 residual stream, ~24 widths a row).
             return 4 * pixels * e + 24 * batch * rows_per_tile * dim * 4
 
-        def make_inputs(device, dtype, generator):
-            z = torch.randn(batch, channels, frames, height, width, generator=generator, device=device)
-            return {"z": z.to(dtype)}
+        def latents(frame_count):
+            def make_inputs(device, dtype, generator):
+                z = torch.randn(batch, channels, frame_count, height, width, generator=generator, device=device)
+                return {"z": z.to(dtype)}
+            return make_inputs
 
         def decode(model, z):
             return model.decode(z, return_dict=False)[0]
@@ -286,7 +288,7 @@ class MiniMaxH3Adapter(BlockAdapter):
             f"{height * VAE_SPATIAL}x{width * VAE_SPATIAL}: {clips} clip(s) x {tiles} tile(s), "
             f"{rows_per_tile} rows per decoder call",
             lambda: build_on_meta(h3_vae.AutoencoderKLMiniMaxH3, config, drop=("encoder", "quant_conv")),
-            tuple(h3_vae.AutoencoderKLMiniMaxH3._keep_in_fp32_modules), make_inputs, decode,
+            tuple(h3_vae.AutoencoderKLMiniMaxH3._keep_in_fp32_modules), latents(frames), decode,
             attention_routed=True,
             attention_note=(f"the decoder's attention processor (MiniMaxH3VideoAttnProcessor) calls diffusers' "
                             f"dispatch_attention_fn: each recipe's attention backend runs in it ({heads} heads x "
@@ -294,7 +296,13 @@ class MiniMaxH3Adapter(BlockAdapter):
             activation_bytes=activation_bytes,
             activation_source="the decoded video ~4 times over plus one tile's forward (not calibrated on a GPU)",
             attention_flops=4.0 * clips * tiles * layers * batch * rows_per_tile ** 2 * dim,
-            module_ranges=ranges, body_label="tiling, clip chunking, blending, residuals (decode body)")
+            module_ranges=ranges, body_label="tiling, clip chunking, blending, residuals (decode body)",
+            # Every clip decodes clip_frames latent frames (the last one padded), and latents of clip_frames
+            # frames decode as exactly one clip: the profiler attributes one, its kernels x clips (its events
+            # for the whole decode, ~120k kernels at full size, would cost more than the decode).
+            notes=(f"breakdown: one clip of {clips} ({clip_frames} latent frames, {tiles} tiles) profiled, its "
+                   f"kernels x {clips}; the time is the whole decode's",) if clips > 1 else (),
+            profile_unit=latents(clip_frames) if clips > 1 else None, profile_parts=clips)
 
     def scaled_down_config(self) -> dict[str, Any]:
         return {**self.config, "num_attention_heads": 4, "attention_head_dim": 128, "hidden_size": 384,

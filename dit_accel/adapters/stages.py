@@ -49,6 +49,9 @@ class StageSpec:
     attention_note says which way and why.  activation_bytes(element size): what one run holds
     beyond its weights, for the memory check (`activation_source` says how that was worked out).
     GEMM and convolution FLOPs are counted when the stage runs (`profiling.stages.count_flops`).
+    profile_unit(device, dtype, generator), profile_parts: inputs of one of `profile_parts` equal parts
+    of the call (e.g. one clip of a clip-chunked decode), which the profiler attributes in place of the
+    whole call (its kernels x profile_parts); the whole call is still what is timed. None: the whole call.
     """
 
     key: str
@@ -67,6 +70,8 @@ class StageSpec:
     module_ranges: tuple[ModuleRange, ...] = ()
     body_label: str = "stage body (outside the ranges)"
     notes: tuple[str, ...] = field(default=())
+    profile_unit: Callable[[torch.device, torch.dtype, torch.Generator], dict[str, Any]] | None = None
+    profile_parts: int = 1
 
     @property
     def title(self) -> str:

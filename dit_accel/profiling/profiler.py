@@ -159,7 +159,7 @@ def _bytes_key(owner, label: str, op_bytes: dict[tuple[str, str], float]) -> tup
     return label, owner.name if owner is not None else ""
 
 
-def _collect(prof, runs: int, device_kind: str, body_label: str,
+def _collect(prof, runs: float, device_kind: str, body_label: str,
              op_bytes: dict[tuple[str, str], float]) -> list[KernelRecord]:
     """Fold profiler events into per-(kernel, range) records, per block run.
 
@@ -193,8 +193,14 @@ def _collect(prof, runs: int, device_kind: str, body_label: str,
 def profile_block(block: nn.Module, inputs: dict[str, Any], adapter: BlockAdapter, *, device: torch.device,
                   warmup: int, runs: int, profiled_runs: int = 2, trace_path: Path | None = None,
                   named_ranges: bool = True, progress: SessionProgress = NO_PROGRESS,
-                  label: str = "block") -> BlockProfile:
+                  label: str = "block", profile_inputs: dict[str, Any] | None = None,
+                  profile_scale: int = 1) -> BlockProfile:
     """Time `block(**inputs)` and attribute its work; the inputs are reused (the block does not modify them).
+
+    profile_inputs, profile_scale: attribute the work of `block(**profile_inputs)`, one of
+    `profile_scale` equal parts of the timed call (e.g. one clip of a VAE decode), with its kernels'
+    times, calls and bytes multiplied by profile_scale; the timing is still the whole call's. For
+    calls of hundreds of thousands of kernels, whose profiler events cost more than the work.
 
     named_ranges=False (a compiled block): no module ranges and no per-op byte count. Hooks and
     dispatch modes around a compiled graph would be traced into it or force recompiles, and its
@@ -203,15 +209,14 @@ def profile_block(block: nn.Module, inputs: dict[str, Any], adapter: BlockAdapte
     pass (the op-byte count run and the profiled runs), each stage named after `label`.
     """
 
-    def step():
-        with torch.no_grad():
-            block(**inputs)
-
-    def counted(done):
+    def counted(done, call_inputs=inputs):
         def run():
-            step()
+            with torch.no_grad():
+                block(**call_inputs)
             done()
         return run
+
+    unit = inputs if profile_inputs is None else profile_inputs
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -230,13 +235,14 @@ def profile_block(block: nn.Module, inputs: dict[str, Any], adapter: BlockAdapte
     ranges = adapter.module_ranges if named_ranges else ()
     with progress.stage(f"{label}: profiler pass", profiled_runs + named_ranges) as done, \
             instrument(block, ranges, use_nvtx=device.type == "cuda"):
-        op_bytes = count_op_bytes(counted(done), adapter.body_label) if named_ranges else {}
+        op_bytes = count_op_bytes(counted(done, unit), adapter.body_label) if named_ranges else {}
+        op_bytes = {key: n * profile_scale for key, n in op_bytes.items()}
         prof = torch.profiler.profile(activities=activities)
         with kineto_markers_dropped():  # the `with profile(...)` statement's enter and exit, filtered
             prof.__enter__()
         try:
             for _ in range(profiled_runs):
-                counted(done)()
+                counted(done, unit)()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         finally:
@@ -244,5 +250,5 @@ def profile_block(block: nn.Module, inputs: dict[str, Any], adapter: BlockAdapte
                 prof.__exit__(None, None, None)
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
-    kernels = _collect(prof, profiled_runs, device.type, adapter.body_label, op_bytes)
+    kernels = _collect(prof, profiled_runs / profile_scale, device.type, adapter.body_label, op_bytes)
     return BlockProfile(timing, kernels, peak, param_bytes(block), profiled_runs, device.type, trace_path)

@@ -382,6 +382,8 @@ def _render_stages(console: Console, report: dict[str, Any], ceilings: Ceilings,
         if peaks:
             table.caption += f"; peak memory {', '.join(peaks)}"
         console.print(table)
+        for note in stage["notes"]:
+            console.print(f"  {stage['title']}: {note}")
         for run in runs[1:]:
             err = run["output_vs_first"]
             console.print(f"  {stage['title']} with {run['backend']}: {run['ms']:.2f} ms{mark} "

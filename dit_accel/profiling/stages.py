@@ -116,6 +116,7 @@ def measure_stage(spec: StageSpec, backends: list[str], *, device: torch.device,
     module = StageModule(model, spec)
     generator = torch.Generator(device=device).manual_seed(seed)
     inputs = spec.make_inputs(device, dtype, generator)
+    unit_inputs = None if spec.profile_unit is None else spec.profile_unit(device, dtype, generator)
     with progress.stage(f"{spec.title}: FLOP count (one run)"):
         flops = count_flops(lambda: module(**inputs))
     flops["attention"] = spec.attention_flops
@@ -126,7 +127,8 @@ def measure_stage(spec: StageSpec, backends: list[str], *, device: torch.device,
         with swap as routed:
             label = f"{spec.title} ({backend})" if backend else spec.title
             profile = profile_block(module, inputs, spec, device=device, warmup=warmup, runs=runs,
-                                    profiled_runs=1, progress=progress, label=label)
+                                    profiled_runs=1, progress=progress, label=label, profile_inputs=unit_inputs,
+                                    profile_scale=spec.profile_parts)
             with torch.no_grad():
                 output = module(**inputs).clone()
         run = StageRun(backend, profile)
@@ -139,7 +141,7 @@ def measure_stage(spec: StageSpec, backends: list[str], *, device: torch.device,
             run.output_vs_first = output_error(output, reference)
         measurement.runs.append(run)
         del output
-    del module, model, inputs, reference
+    del module, model, inputs, unit_inputs, reference
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return measurement
