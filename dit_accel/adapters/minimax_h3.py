@@ -1,7 +1,7 @@
 """MiniMax-H3: one packed sequence of text, video and audio rows, self-attention only.
 
 diffusers: `transformer_minimax_h3.MiniMaxH3TransformerBlock`. The default preset is the real public
-config (shared/h3/transformer_config.json). A block sees the packed rows `hidden_states [B, S, 5376]`,
+config (the public transformer/config.json). A block sees the packed rows `hidden_states [B, S, 5376]`,
 the timestep embedding `temb [T, 2688]` (float32: `time_embedder` is a float32 module), per-row AdaLN
 table indices `timestep_index * 3 + token_tag`, and the (cos, sin) of the 3-axis RoPE.
 """
@@ -30,7 +30,7 @@ H3_CONFIG = {
     "qk_norm_eps": 1e-05, "final_norm_eps": 1e-05,
 }
 
-# shared/h3/vae_config.json (the public pipeline's vae/config.json) but `latents_mean`/`latents_std`, which
+# the public pipeline's vae/config.json (a copy: tests/data/h3_vae_config.json) but `latents_mean`/`latents_std`, which
 # the pipeline applies before decoding and the decode itself never reads.
 H3_VAE_CONFIG = {
     "_class_name": "AutoencoderKLMiniMaxH3", "in_channels": 3, "out_channels": 3, "latent_channels": 24,
@@ -51,7 +51,7 @@ TEXT_ENCODER = "Qwen3-VL (MiniMaxH3ModularPipeline's text_encoder, Qwen3VLForCon
 # 2480 audio rows and 512 text rows the packed sequence is 30272 rows.
 DEFAULT_TEXT_ROWS = 512
 AUDIO_ROWS_PER_VIDEO_ROW = 2480 / 27280
-VAE_SPATIAL, VAE_TEMPORAL = 16, 4  # shared/h3/vae_config.json: 4 spatial /2 stages, 2 temporal /2 stages
+VAE_SPATIAL, VAE_TEMPORAL = 16, 4  # the public vae/config.json: 4 spatial /2 stages, 2 temporal /2 stages
 
 
 class MiniMaxH3Adapter(BlockAdapter):
@@ -282,8 +282,8 @@ class MiniMaxH3Adapter(BlockAdapter):
         )
         return StageSpec(
             "vae", f"AutoencoderKLMiniMaxH3 (ViT decoder: {layers} layers, {heads} heads x {head_dim})",
-            "scaled down for the CPU from shared/h3/vae_config.json" if scaled_down else
-            "shared/h3/vae_config.json (the public MiniMax-H3 vae/config.json, embedded)",
+            "scaled down for the CPU from the public MiniMax-H3 vae/config.json" if scaled_down else
+            "the public MiniMax-H3 vae/config.json (embedded)",
             f"latents {batch} x {channels} x {frames} x {height} x {width} -> video at "
             f"{height * VAE_SPATIAL}x{width * VAE_SPATIAL}: {clips} clip(s) x {tiles} tile(s), "
             f"{rows_per_tile} rows per decoder call",
