@@ -220,12 +220,33 @@ class BlockAdapter(ABC):
     scaled_down_seq_len: ClassVar[int] = 1024
 
     # --- the pipeline's other stages -------------------------------------------------------------
-    @abstractmethod
+    # The family pipeline's text encoder (named where no config is given) and why its audio decode is
+    # not measured here.
+    text_encoder: ClassVar[str] = ""
+    audio_skip_reason: ClassVar[str] = ""
+
     def pipeline_stages(self, workload: Workload, keys: tuple[str, ...], *, scaled_down: bool,
                         text_encoder_config: Any = None) -> list[Any]:
         """The family pipeline's stages named in `keys` ("text", "vae", "audio"; `adapters.stages`),
         each a `StageSpec` sized for the video `workload` is one pass of (scaled down on the CPU), or
         a `StageSkip` saying why it cannot be measured here."""
+        from .stages import StageSkip, text_encoder_stage
+
+        stages = {
+            "vae": lambda: self._vae_stage(workload, scaled_down),
+            "audio": lambda: StageSkip("audio", self.audio_skip_reason),
+            "text": lambda: text_encoder_stage(text_encoder_config, self.prompt_rows(workload), workload.batch,
+                                               self.text_encoder, scaled_down),
+        }
+        return [stages[key]() for key in keys]
+
+    @abstractmethod
+    def _vae_stage(self, workload: Workload, scaled_down: bool) -> Any:
+        """The VAE decode of the latents the workload's video rows come from (a `StageSpec`)."""
+
+    @abstractmethod
+    def prompt_rows(self, workload: Workload) -> int:
+        """Rows of the prompt the text encoder runs on."""
 
     # --- cost model ------------------------------------------------------------------------------
     def linear_flops(self, block: nn.Module, workload: Workload) -> float:

@@ -15,7 +15,7 @@ from diffusers.models.autoencoders import autoencoder_kl_minimax_h3 as h3_vae
 from diffusers.models.transformers import transformer_minimax_h3 as h3
 
 from .base import AttentionCall, BlockAdapter, ModuleRange, TransformerInputs, Workload, check_video_rows
-from .stages import StageSkip, StageSpec, build_on_meta, text_encoder_stage
+from .stages import StageSpec, build_on_meta
 
 _H3_MODULE = h3.__name__
 TAG_VIDEO, TAG_TEXT, TAG_AUDIO = 0, 1, 2  # `token_tags` values (diffusers' MiniMax-H3 docstring)
@@ -210,21 +210,13 @@ class MiniMaxH3Adapter(BlockAdapter):
         return super().linear_rows(linear_name, workload)
 
     # --- the pipeline's other stages -----------------------------------------------------------
-    def pipeline_stages(self, workload: Workload, keys: tuple[str, ...], *, scaled_down: bool,
-                        text_encoder_config: Any = None) -> list[Any]:
-        stages: list[Any] = []
-        for key in keys:
-            if key == "vae":
-                stages.append(self._vae_stage(workload, scaled_down))
-            elif key == "audio":
-                stages.append(StageSkip("audio", "MiniMax-H3's audio VAE config (audio_vae/config.json, "
-                                                 "AutoencoderKLMiniMaxH3Audio) is not among the public configs at hand "
-                                                 "and its class defaults are not known to be the released model's: not "
-                                                 "measured, not in the total"))
-            elif key == "text":
-                stages.append(text_encoder_stage(text_encoder_config, workload.rows["text"], workload.batch,
-                                                 TEXT_ENCODER, scaled_down))
-        return stages
+    text_encoder = TEXT_ENCODER
+    audio_skip_reason = ("MiniMax-H3's audio VAE config (audio_vae/config.json, AutoencoderKLMiniMaxH3Audio) is not "
+                         "among the public configs at hand and its class defaults are not known to be the released "
+                         "model's: not measured, not in the total")
+
+    def prompt_rows(self, workload: Workload) -> int:
+        return workload.rows["text"]
 
     def _vae_stage(self, workload: Workload, scaled_down: bool) -> StageSpec:
         """AutoencoderKLMiniMaxH3.decode of the latents the workload's video rows come from (the

@@ -14,7 +14,7 @@ from diffusers.models.transformers import transformer_wan as wan
 
 from ..errors import UserError
 from .base import AttentionCall, BlockAdapter, ModuleRange, TransformerInputs, Workload, check_video_rows
-from .stages import StageSkip, StageSpec, build_on_meta, text_encoder_stage
+from .stages import StageSpec, build_on_meta
 
 _WAN_MODULE = wan.__name__
 
@@ -200,18 +200,11 @@ class WanAdapter(BlockAdapter):
         return super().linear_rows(linear_name, workload)
 
     # --- the pipeline's other stages -----------------------------------------------------------
-    def pipeline_stages(self, workload: Workload, keys: tuple[str, ...], *, scaled_down: bool,
-                        text_encoder_config: Any = None) -> list[Any]:
-        stages: list[Any] = []
-        for key in keys:
-            if key == "vae":
-                stages.append(self._vae_stage(workload, scaled_down))
-            elif key == "audio":
-                stages.append(StageSkip("audio", "Wan 2.1 makes no audio: no such stage"))
-            elif key == "text":
-                stages.append(text_encoder_stage(text_encoder_config, TEXT_ROWS, workload.batch, TEXT_ENCODER,
-                                                 scaled_down))
-        return stages
+    text_encoder = TEXT_ENCODER
+    audio_skip_reason = "Wan 2.1 makes no audio: no such stage"
+
+    def prompt_rows(self, workload: Workload) -> int:
+        return TEXT_ROWS
 
     def _vae_stage(self, workload: Workload, scaled_down: bool) -> StageSpec:
         """AutoencoderKLWan.decode (diffusers' default config: the Wan 2.1 VAE) of the latents whose
