@@ -38,17 +38,21 @@ def _load(x_ptr, b, h, rows, S, stride_b, stride_s, stride_h, cols):
 
 
 @triton.jit
-def _rotary_tables(cos_ptr, sin_ptr, rows, S, stride_cos, stride_sin, D: tl.constexpr, HALF: tl.constexpr):
+def _rotary_tables(cos_ptr, sin_ptr, rows, S, stride_cos, stride_sin, D: tl.constexpr, HALF: tl.constexpr,
+                   PROLOGUE: tl.constexpr):
     """Per channel j of rows: (partner channel, cos, signed sin) with RoPE(x)[j] = x[j] cos + x[partner] ssin:
     partner j + HALF (sin negated) in the first half, j - HALF in the second, j itself (cos 1, sin 0)
-    in the pass-through channels."""
+    in the pass-through channels. Without PROLOGUE the identity, never read (cos and sin unloaded)."""
     cols = tl.arange(0, D)
-    rotary = cols < 2 * HALF
-    partner = tl.where(cols < HALF, cols + HALF, tl.where(rotary, cols - HALF, cols))
-    m = (rows[:, None] < S) & rotary[None, :]
-    c = tl.load(cos_ptr + rows[:, None] * stride_cos + cols[None, :], mask=m, other=1.0).to(tl.float32)
-    s = tl.load(sin_ptr + rows[:, None] * stride_sin + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    return partner, c, tl.where(cols[None, :] < HALF, -s, s)
+    partner, c, ssin = cols, 1.0, 0.0  # a constexpr branch may rebind them to tensors (the kernel ran so)
+    if PROLOGUE:
+        rotary = cols < 2 * HALF
+        partner = tl.where(cols < HALF, cols + HALF, tl.where(rotary, cols - HALF, cols))
+        m = (rows[:, None] < S) & rotary[None, :]
+        c = tl.load(cos_ptr + rows[:, None] * stride_cos + cols[None, :], mask=m, other=1.0).to(tl.float32)
+        s = tl.load(sin_ptr + rows[:, None] * stride_sin + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        ssin = tl.where(cols[None, :] < HALF, -s, s)
+    return partner, c, ssin
 
 
 @triton.jit
@@ -100,9 +104,7 @@ def _fp8_prep_amax_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, Sq, Skv, H, GROUPS, BH,
         _amax_heads(v_ptr, wk_ptr, amax_ptr + 2 * BH, b, h0, H, rows, Skv, svb, svs, svh, eps, tl.arange(0, D), 1.0,
                     0.0, D, HEADS, False)
     else:
-        partner, c, ssin = tl.arange(0, D), 1.0, 0.0  # the identity rotation: read only with PROLOGUE
-        if PROLOGUE:
-            partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, rows, Sq, stride_cos, stride_sin, D, HALF)
+        partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, rows, Sq, stride_cos, stride_sin, D, HALF, PROLOGUE)
         if which == 0:
             _amax_heads(q_ptr, wq_ptr, amax_ptr, b, h0, H, rows, Sq, sqb, sqs, sqh, eps, partner, c, ssin,
                         D, HEADS, PROLOGUE)
@@ -175,9 +177,7 @@ def _fp8_prep_pack_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, out_q, out_k, out_v, de
         _pack_heads(v_ptr, wk_ptr, amax_ptr + 2 * BH, descale_ptr + 2 * BH, out_v, b, h0, H, pos, Skv, Skv_pad,
                     svb, svs, svh, eps, tl.arange(0, D), 1.0, 0.0, first, D, HEADS, False, True)
     else:
-        partner, c, ssin = tl.arange(0, D), 1.0, 0.0  # the identity rotation: read only with PROLOGUE
-        if PROLOGUE:
-            partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, pos, Sq, stride_cos, stride_sin, D, HALF)
+        partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, pos, Sq, stride_cos, stride_sin, D, HALF, PROLOGUE)
         if which == 0:
             _pack_heads(q_ptr, wq_ptr, amax_ptr, descale_ptr, out_q, b, h0, H, pos, Sq, Sq_pad, sqb, sqs, sqh, eps,
                         partner, c, ssin, first, D, HEADS, PROLOGUE, False)
