@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections import Counter
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Iterator
@@ -51,7 +50,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from ..patching.counts import CallCounts
+from ..patching.counts import CallCounts, CountedCalls
 from ..patching.model_globals import ModelGlobalSwap, model_file
 from .backends import AttentionBackend, BackendCannotServe, get_backend
 from .crossover import ROUTED_REASON, Crossover, crossover_for
@@ -62,7 +61,7 @@ _UNSET = object()  # a processor that had no instance value (it read its class d
 
 
 @dataclass(eq=False)
-class RoutedBackend:
+class RoutedBackend(CountedCalls):
     """What the processors' `_attention_backend` holds while a custom backend is on.
 
     served_calls: calls our kernel answered. fallback_calls: reason -> calls sent to diffusers'
@@ -94,14 +93,6 @@ class RoutedBackend:
     def count_served(self) -> None:
         """One call answered by our backend outside `dispatch` (a fused path that asked `decline_reason`)."""
         self.counts.count(None)
-
-    @property
-    def served_calls(self) -> int:
-        return self.counts.served
-
-    @property
-    def fallback_calls(self) -> Counter[str]:
-        return self.counts.declined
 
     @property
     def name(self) -> str:

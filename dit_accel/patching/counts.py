@@ -36,3 +36,17 @@ class CallCounts:
     @property
     def declined(self) -> Counter[str]:
         return Counter({reason: int(n) for reason, n in self._counts.items() if reason is not None})
+
+
+class CountedCalls:
+    """`served_calls` and `fallback_calls` of a swap handle, read from its `counts` (a CallCounts)."""
+
+    counts: CallCounts
+
+    @property
+    def served_calls(self) -> int:
+        return self.counts.served
+
+    @property
+    def fallback_calls(self) -> Counter[str]:
+        return self.counts.declined

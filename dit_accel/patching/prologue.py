@@ -27,7 +27,6 @@ is traced by dynamo (the op is one opaque node).
 from __future__ import annotations
 
 import inspect
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +34,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .counts import CallCounts
+from .counts import CallCounts, CountedCalls
 
 PROCESSOR_CLASS = "MiniMaxH3AttnProcessor"  # the diffusers processor whose __call__ the wrapper reproduces
 PROCESSOR_MODULE = "diffusers.models.transformers.transformer_minimax_h3"
@@ -116,20 +115,12 @@ class FusedPrologueProcessor:
 
 
 @dataclass(eq=False)
-class FusedPrologue:
+class FusedPrologue(CountedCalls):
     """A live swap: undo it with `unpatch()` (or by leaving the `with` block)."""
 
     modules: int = 0  # attention modules wrapped
     counts: CallCounts = field(default_factory=CallCounts)
     _wrapped: list[tuple[nn.Module, Any]] = field(default_factory=list, repr=False)
-
-    @property
-    def served_calls(self) -> int:
-        return self.counts.served
-
-    @property
-    def fallback_calls(self) -> Counter[str]:
-        return self.counts.declined
 
     def summary(self) -> dict[str, Any]:
         return {"attention_modules": self.modules, "served_calls": self.served_calls,
