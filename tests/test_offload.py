@@ -2,6 +2,7 @@
 stream), the hidden-transfer arithmetic, and the profile-block wiring; the H3-sized run is a GPU test."""
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -113,3 +114,125 @@ def test_pack_into_one_buffer_keeps_values_and_aligns():
     with torch.no_grad():
         out = block[1](block[0](torch.ones(1, 5)).to(torch.bfloat16))
     assert out.shape == (1, 3)
+
+
+# --- prefetching, checked on the CPU through a fake side stream ---------------------------------------------------
+
+class _LoggedStream:
+    """A side (or default) stream that only logs when the host waits for it."""
+
+    def __init__(self, log: list, name: str):
+        self.log, self.name = log, name
+
+    def synchronize(self):
+        self.log.append(("wait", self.name))
+
+
+@pytest.fixture
+def fake_side_stream(monkeypatch):
+    """diffusers' streamed group offloading (`use_stream=True`: the lazy prefetch hook, the side stream) on
+    the CPU, whose backend has no streams: `stream_blocks`' call to `apply_group_offloading` is served by
+    diffusers' own `_apply_group_offloading` with a logged fake stream (and no `record_stream`, which needs
+    a real one). Returns the log: ("copy", group, tensor) for each tensor a group copies to the device,
+    ("wait", "side") when the host waits for the side stream."""
+    import diffusers.hooks
+    import diffusers.hooks.group_offloading as go
+
+    log = []
+    side, default = _LoggedStream(log, "side"), _LoggedStream(log, "default")
+
+    class Backend:
+        def __init__(self, device=None):
+            pass
+
+        Stream = staticmethod(lambda: side)
+        stream = staticmethod(lambda s: contextlib.nullcontext())
+        current_stream = staticmethod(lambda: default)
+
+    def apply(module, *, onload_device, offload_type, num_blocks_per_group, block_modules=None,
+              exclude_kwargs=None, **_):
+        config = go.GroupOffloadingConfig(
+            # cpu:0 compares unequal to a CPU tensor's device, as "cpu" does to a GPU tensor's: diffusers'
+            # "was it prefetched?" check (its params still on the offload device) then reads as on a GPU.
+            onload_device=onload_device, offload_device=torch.device("cpu", 0),
+            offload_type=go.GroupOffloadingType(offload_type), num_blocks_per_group=num_blocks_per_group,
+            non_blocking=True, record_stream=False, low_cpu_mem_usage=False, stream=side,
+            block_modules=block_modules if block_modules is not None else getattr(
+                module, "_group_offload_block_modules", None),
+            exclude_kwargs=exclude_kwargs if exclude_kwargs is not None else getattr(module, "_skip_keys", None))
+        go._apply_group_offloading(module, config)
+
+    transfer = go.ModuleGroup._transfer_tensor_to_device
+
+    def logged_transfer(group, tensor, source, default_stream):
+        log.append(("copy", group, tensor))
+        return transfer(group, tensor, source, default_stream)
+
+    monkeypatch.setattr(go, "TorchDeviceBackend", Backend)
+    monkeypatch.setattr(diffusers.hooks, "apply_group_offloading", apply)
+    monkeypatch.setattr(go.ModuleGroup, "_transfer_tensor_to_device", logged_transfer)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)  # diffusers pins its copies
+    return log
+
+
+def _small(family, num_layers):
+    adapter = adapter_for_preset(family)
+    return type(adapter)({**adapter.scaled_down_config(), "num_layers": num_layers}, preset=adapter.preset)
+
+
+@pytest.mark.parametrize("family, whole_model", [("minimax-h3", False), ("minimax-h3", True), ("wan", True)],
+                         ids=["h3-chain", "h3-model", "wan-model"])
+def test_each_streamed_block_is_prefetched_while_the_one_before_runs(fake_side_stream, family, whole_model):
+    """After the first pass (which teaches diffusers the order), every streamed block's copy is issued
+    before the previous block's computation (one block ahead), the host waits for it before queuing the
+    block's own (so no block reads weights still in flight), and nothing outside the block stacks is
+    copied per pass: the `--validate N` chain and `--validate model`'s transformer alike."""
+    from dit_accel.profiling.validate import build_stack
+
+    log, cpu, n = fake_side_stream, torch.device("cpu"), 4
+    adapter = _small(family, n)
+    workload = adapter.workload_from_seq_len(64, 1)
+    generator = torch.Generator().manual_seed(0)
+    if whole_model:
+        arguments = adapter.make_transformer_inputs(workload, cpu, torch.float32, generator).kwargs
+    else:
+        arguments = {**adapter.make_inputs(workload, cpu, torch.float32, generator), "n": n}
+
+    def stack(offload):
+        first = synthetic_block(adapter, 0, cpu, torch.float32, seed=0).block
+        return build_stack(adapter, first, n, device=cpu, dtype=torch.float32, activation_bytes=0, offload=offload,
+                           whole_model=whole_model)
+
+    with torch.no_grad():
+        resident_stack = stack("resident")
+        resident = resident_stack.model(**arguments)
+        streamed = stack("stream")
+        assert list(streamed.model.state_dict()) == list(resident_stack.model.state_dict())  # nothing added or lost
+        blocks = list(streamed.blocks if whole_model else streamed.model.blocks)  # the chain is its own stack
+        in_blocks = {id(t) for b in blocks for t in [*b.parameters(), *b.buffers()]}
+        outside = [t for t in [*streamed.model.parameters(), *streamed.model.buffers()] if id(t) not in in_blocks]
+        assert bool(outside) == whole_model
+        for block in blocks:
+            for linear in (m for m in block.modules() if isinstance(m, torch.nn.Linear)):
+                linear.register_forward_pre_hook(lambda m, args, block=block: log.append(("compute", block)))
+        streamed.model(**arguments)  # the first pass: diffusers learns the blocks' order
+        for _ in range(2):
+            log.clear()
+            output = streamed.model(**arguments)
+            for o, r in zip(output if whole_model else [output], resident if whole_model else [resident]):
+                assert torch.equal(o, r)
+
+            def starts(block):
+                return next(i for i, e in enumerate(log) if e[0] == "compute" and e[1] is block)
+
+            for i, block in enumerate(blocks):
+                copies = [j for j, e in enumerate(log) if e[0] == "copy" and block in e[1].modules]
+                assert copies, f"block {i} was not copied to the device in this pass"
+                assert max(copies) < starts(block), f"block {i} ran before its copy was issued"
+                if i:
+                    assert max(copies) < starts(blocks[i - 1]), (
+                        f"block {i} was copied after block {i - 1} started: not prefetched one block ahead")
+                assert ("wait", "side") in log[max(copies) + 1:starts(block)], (
+                    f"block {i} was queued without waiting for its copy on the side stream")
+            copied = {id(e[2]) for e in log if e[0] == "copy"}
+            assert not [t for t in outside if id(t) in copied], "the parts outside the blocks were copied again"

@@ -4,14 +4,17 @@ one at a time, the next block prefetched on a side stream while the current one 
 The engine is diffusers' group offloading (`apply_group_offloading`, block level, one block per
 group, `use_stream=True`): it onloads a block before its forward, learns the execution order on
 the first pass and from then on prefetches the next block on a side CUDA stream, so at most two
-streamed blocks are on the GPU at once. We add what a user needs around it: parameters are put in
-pinned memory *before* diffusers sees them (diffusers would otherwise keep a pinned copy beside
+streamed blocks are on the GPU at once. Only the model's block stacks are streamed; the rest of
+the model (embeddings, norms, heads: what diffusers would copy in and out synchronously on every
+forward) stays on the GPU (`stream_blocks` says why). We add what a user needs around it:
+parameters are put in pinned memory *before* diffusers sees them (diffusers would otherwise keep a pinned copy beside
 each pageable tensor, twice the host memory: 129 GB for the 50 H3 blocks), the host-to-device
 bandwidth is measured, and `StreamedRun` says how much of the transfer the computation hid.
 """
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -73,16 +76,58 @@ def pin_to_host(module: nn.Module, pin: bool = True) -> int:
     return sum(t.numel() * t.element_size() for t in everything)
 
 
+def block_stacks(model: nn.Module) -> dict[str, nn.Module]:
+    """The block stacks `stream_blocks` streams: `model`'s nn.ModuleList / nn.Sequential children (those
+    diffusers' block-level offloading makes one group per block of), by name."""
+    return {name: child for name, child in model.named_children() if isinstance(child, (nn.ModuleList, nn.Sequential))}
+
+
+@contextmanager
+def _seen_as(model: nn.Module, children: dict[str, nn.Module], buffers: dict[str, torch.Tensor]):
+    """`model` with only `children` as its submodules, `buffers` as its buffers and no parameters of its
+    own for the duration (its real ones are put back after, even on an exception)."""
+    real = {key: vars(model)[key] for key in ("_modules", "_parameters", "_buffers")}
+    vars(model).update(_modules=dict(children), _parameters={}, _buffers=dict(buffers))
+    try:
+        yield
+    finally:
+        vars(model).update(real)
+
+
 def stream_blocks(model: nn.Module, device: torch.device) -> int:
-    """Applies block-level group offloading to `model` (its nn.ModuleList children are the blocks):
-    everything stays in pinned host memory and each block comes to `device` for its forward, the
-    next one prefetched on a side stream on CUDA. Returns the bytes streamed per forward pass."""
+    """Applies block-level group offloading to `model`'s block stacks (`block_stacks`: its nn.ModuleList
+    children): their blocks stay in pinned host memory and each comes to `device` for its forward, the
+    next one prefetched on a side stream on CUDA. Everything else of `model` (embeddings, norms, heads,
+    H3's token refiner) moves to `device` and stays there. Returns the bytes streamed per forward pass.
+
+    Why diffusers sees only the stacks: on the whole model, block-level offloading puts every other part
+    in one "unmatched" group on the model itself, built with `stream=None, non_blocking=False`; each
+    forward starts by copying it in synchronously (before the first prefetch is issued) and ends by
+    copying it out with `module.to("cpu")` into new pageable memory, so from the second pass on it comes
+    back from pageable memory (1.8 GB for H3, with the refiner blocks, which are not a direct ModuleList).
+    And with nothing outside the stacks (the `--validate N` chain) diffusers builds no such group, and with
+    it no lazy prefetch hook: no block is prefetched, each copies itself on the side stream and runs with
+    nothing waiting for that copy. So diffusers is shown the stacks plus an empty anchor buffer (its
+    group, the lazy prefetch hook's carrier, copies nothing), the same for a chain and for a model.
+    """
     from diffusers.hooks import apply_group_offloading
 
     cuda = device.type == "cuda"
-    streamed = pin_to_host(model, pin=cuda)
-    apply_group_offloading(model, onload_device=device, offload_device="cpu", offload_type="block_level",
-                           num_blocks_per_group=1, use_stream=cuda, non_blocking=cuda, record_stream=cuda)
+    stacks = block_stacks(model)
+    if not stacks:
+        raise ValueError(f"{type(model).__name__} has no nn.ModuleList of blocks to stream")
+    streamed = sum(pin_to_host(stack, pin=cuda) for stack in stacks.values())
+    with torch.no_grad():
+        for name, child in model.named_children():
+            if name not in stacks:
+                child.to(device)
+        for tensor in [*vars(model)["_parameters"].values(), *vars(model)["_buffers"].values()]:
+            if tensor is not None:
+                tensor.data = tensor.data.to(device)
+    with _seen_as(model, stacks, {"_dit_accel_prefetch_anchor": torch.empty(0)}):
+        apply_group_offloading(model, onload_device=device, offload_device="cpu", offload_type="block_level",
+                               num_blocks_per_group=1, use_stream=cuda, non_blocking=cuda, record_stream=cuda,
+                               block_modules=[])
     return streamed
 
 

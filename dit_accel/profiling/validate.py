@@ -1,8 +1,8 @@
 """`--validate`: time one pass built from real blocks (synthetic weights) to check the extrapolation.
 `--validate N` chains N blocks on the block's inputs; `--validate model` runs the whole transformer:
 its parts outside the blocks (`synthetic_outside`) with the blocks put in as its block stack, on the
-pass the block is one block of. With `--offload stream` the blocks (and the parts outside them) live
-in host memory and stream onto the GPU."""
+pass the block is one block of. With `--offload stream` the blocks live in host memory and stream
+onto the GPU (the parts outside them stay on it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,8 +70,9 @@ def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device
     the values, as long as they are not zeros) held on the device; for a chain, when fewer than `n`
     fit, they are cycled through (the whole model holds all `n`: the memory check refuses it when
     they do not fit). stream: `n` fresh synthetic blocks, each built on the device and moved to
-    pinned host memory, streamed back one block at a time (`offload.stream_blocks`; the parts
-    outside the blocks are its top-level group, copied to the device for each pass).
+    pinned host memory, streamed back one block at a time, the next prefetched while one runs
+    (`offload.stream_blocks`, the same for the chain and the whole model; the parts outside the
+    blocks stay on the device).
     """
     if offload == "stream":
         blocks = []
