@@ -62,7 +62,7 @@ step generate-compile 240 bash -c "python3 -m dit_accel make-tiny-pipeline wan $
 step crossover 300 python3 -m dit_accel bench-attention --crossover --out "$work/crossover"
 step validate-model 420 bash -c "python3 -m dit_accel profile-block --validate model --runs 5 --out $work/validate-model \
   && python3 -m dit_accel profile-block --validate model --offload stream --memory-budget 16GiB --runs 3 --out $work/validate-model-stream"
-step stages 600 python3 -m dit_accel profile-block --stages vae --compare-attn cudnn,fp8 --runs 2 --warmup 1 --out "$work/stages"
+step stages 600 python3 -m dit_accel profile-block --stages all --compare-attn cudnn,fp8+prologue+fp8-linear+compile --runs 2 --warmup 1 --out "$work/stages"
 
 tar czf "$out/results.tgz" -C "$work" --exclude='cache' --exclude='*.json.gz' .
 cat "$work/steps.txt"

@@ -216,11 +216,15 @@ def test_a_clip_chunked_decode_is_profiled_one_clip_at_a_time(monkeypatch):
     spec = _stage("minimax-h3", "vae")
     assert spec.profile_parts == 2 and spec.profile_unit is not None and "one clip of 2" in spec.notes[0]
     whole = dataclasses.replace(spec, profile_unit=None, profile_parts=1)
-    by_clip, by_decode = (measure_stage(s, ["native"], device=CPU, dtype=torch.float32, warmup=0, runs=1).runs[0]
-                          for s in (spec, whole))
+    clip_measured, decode_measured = (measure_stage(s, ["native"], device=CPU, dtype=torch.float32, warmup=0, runs=1)
+                                      for s in (spec, whole))
+    by_clip, by_decode = clip_measured.runs[0], decode_measured.runs[0]
 
     def attention_calls(run):
         return sum(k.calls for k in run.profile.kernels if k.category == "attention")
 
     assert attention_calls(by_decode) > 0
     assert attention_calls(by_clip) == pytest.approx(attention_calls(by_decode))
+    # The FLOPs are counted on one clip too, x 2: the clips' decoder calls are the same GEMMs.
+    assert clip_measured.flops["gemm"] > 0
+    assert clip_measured.flops == pytest.approx(decode_measured.flops, rel=1e-6)
