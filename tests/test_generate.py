@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import imageio.v2 as imageio
@@ -130,6 +131,17 @@ def test_fp8_on_the_cpu_is_one_line_and_writes_nothing(tiny_wan, tmp_path):
                                        "--device", "cpu"])
     assert result.exit_code == 2
     assert result.output.startswith("error: --attn fp8 cannot run here") and result.output.count("\n") == 1
+    assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
+def test_a_missing_ffmpeg_plugin_is_one_line_before_anything_runs(tiny_wan, tmp_path, monkeypatch):
+    """imageio imports without imageio-ffmpeg and fails only when the writer opens, after the runs:
+    generate asks first, in one line, and writes nothing."""
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # `import imageio_ffmpeg` raises ImportError
+    out = tmp_path / "outputs" / "run"
+    result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--out", str(out), "--device", "cpu"])
+    assert result.exit_code == 2, result.output
+    assert result.output == "error: writing MP4 needs imageio and imageio-ffmpeg: pip install 'dit-accel[generate]'\n"
     assert not out.parent.exists() or not any(out.parent.iterdir())
 
 

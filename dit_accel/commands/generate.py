@@ -176,12 +176,14 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
     from ..pipelines.parallel import UNEVEN_SEQUENCE, start_ulysses, stop_ulysses
     from ..pipelines.report import GenerateSettings
     from ..pipelines.running import AttentionUnavailable, Request
+    from ..pipelines.video_io import mp4_writer
 
     attention = (attn or parse_recipe("fp8" if compare else "bf16")).with_options(
         fp8_linear=linear == "fp8", compile_mode=compile_mode)  # the reference (--compare) runs as named
     if compare and attention.label == compare.label:
         raise UserError(f"--compare {compare.label} compares another attention against {compare.label}; pass --attn fp8")
     folder = inspect_pipeline_folder(pipeline_dir)
+    mp4_writer()  # the video is written after every run: refuse now, not after the runs
     suggested = read_run_defaults(pipeline_dir)
 
     def given_or_suggested(value, key):

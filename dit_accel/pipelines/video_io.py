@@ -39,16 +39,24 @@ def write_wav(path: Path, audio, sample_rate: int) -> dict:
             "sample_rate": int(sample_rate), "seconds": array.shape[1] / sample_rate, "bytes": path.stat().st_size}
 
 
+def mp4_writer():
+    """imageio's v2 API with its ffmpeg plugin, or a UserError saying what to install. `generate` asks
+    before the pipeline runs: imageio alone imports, and only opening a writer finds ffmpeg missing."""
+    try:
+        import imageio.v2 as imageio
+        import imageio_ffmpeg  # noqa: F401 (imageio's FFMPEG plugin needs it)
+    except ImportError as exc:
+        raise UserError("writing MP4 needs imageio and imageio-ffmpeg: pip install 'dit-accel[generate]'") from exc
+    return imageio
+
+
 def write_mp4(path: Path, frames, fps: float, audio_path: Path | None = None) -> dict:
     """H.264 (yuv420p) MP4 that common players open; returns its frame count, size and bytes.
 
     Frame sizes must be even (yuv420p halves chroma); pipelines produce multiples of 16 or 32.
     `audio_path` (a WAV) is muxed in as an AAC stream.
     """
-    try:
-        import imageio.v2 as imageio
-    except ImportError as exc:
-        raise UserError("writing MP4 needs imageio and imageio-ffmpeg: pip install 'dit-accel[generate]'") from exc
+    imageio = mp4_writer()
     array = to_uint8_frames(frames)
     if array.shape[1] % 2 or array.shape[2] % 2:
         raise UserError(f"frames of {array.shape[1]}x{array.shape[2]} (height x width) cannot be written as H.264; "
