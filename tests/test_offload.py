@@ -82,13 +82,13 @@ def test_offload_stream_needs_a_gpu(tmp_path):
 
 @pytest.mark.gpu
 def test_streamed_h3_chain_under_a_small_budget(tmp_path):
-    """Eight full-size H3 blocks (10 GB) streamed under a 6 GiB cap: they could not be resident."""
+    """Eight full-size H3 blocks (10.3 GB) streamed under an 8 GiB cap: they could not be resident."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     out = tmp_path / "stream"
     try:
         result = CliRunner().invoke(main, ["profile-block", "--seq-len", "4096", "--runs", "2", "--warmup", "1",
-                                           "--validate", "8", "--offload", "stream", "--memory-budget", "6GiB",
+                                           "--validate", "8", "--offload", "stream", "--memory-budget", "8GiB",
                                            "--out", str(out)], catch_exceptions=False)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
@@ -236,3 +236,17 @@ def test_each_streamed_block_is_prefetched_while_the_one_before_runs(fake_side_s
                     f"block {i} was queued without waiting for its copy on the side stream")
             copied = {id(e[2]) for e in log if e[0] == "copy"}
             assert not [t for t in outside if id(t) in copied], "the parts outside the blocks were copied again"
+
+
+def test_generate_counts_only_the_streamed_block_stacks():
+    """generate's streamed bytes per pass: the transformer's block stacks, not its parts that stay on the GPU
+    nor the other components."""
+    from types import SimpleNamespace
+
+    from dit_accel.pipelines.loading import streamed_bytes
+
+    transformer = torch.nn.Module()
+    transformer.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])  # 3 x 20 floats
+    transformer.proj_out = torch.nn.Linear(4, 100)  # stays on the GPU
+    pipe = SimpleNamespace(components={"transformer": transformer, "vae": torch.nn.Linear(8, 8), "scheduler": object()})
+    assert streamed_bytes(pipe) == 3 * 20 * 4

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..loading.offload import stream_blocks
+from ..loading.offload import block_stacks, stream_blocks
 
 MODEL_INDEX = "model_index.json"
 MODULAR_INDEX = "modular_model_index.json"
@@ -128,10 +128,11 @@ STREAMED_COMPONENTS = ("transformer", "transformer_2")  # what --offload stream 
 
 
 def streamed_bytes(pipe) -> int:
-    """Weight bytes that --offload stream copies to the GPU per denoising pass."""
+    """Weight bytes that --offload stream copies to the GPU per denoising pass: the streamed
+    components' block stacks (the rest of them stays on the GPU, `offload.stream_blocks`)."""
     return sum(p.numel() * p.element_size() for name, component in pipe.components.items()
                if name in STREAMED_COMPONENTS and isinstance(component, torch.nn.Module)
-               for p in component.parameters())
+               for stack in block_stacks(component).values() for p in stack.parameters())
 
 
 def quiet_libraries() -> None:

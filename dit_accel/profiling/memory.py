@@ -21,7 +21,7 @@ attention reference's bytes: 8 on the CPU, 4 on a GPU):
   fits and cycles, so only one more block when streaming); `--validate model` holds every block
   resident ((N-1) x weights, no cycling) or streams them (one more block), and beside them the
   transformer without its blocks (counted as `outside`, here held together with the block and the
-  chain; streamed, its weights come to the GPU for each pass). Its forward's activations are taken
+  chain; streamed too, since only the block stacks stream and the rest stays on the GPU). Its forward's activations are taken
   as the block's: not yet calibrated on a GPU.
 
 total = (weights + inputs + kept outputs + max(forward, attention check) + validate) * (1 +
