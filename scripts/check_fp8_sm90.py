@@ -4,10 +4,9 @@ correctness matrix, timings at the H3 shape beside v1 and torch SDPA (cuDNN / fl
     python scripts/check_fp8_sm90.py --out $OUT [--budget-s 300] [--variants 128x2,128x3,192x2]
     python scripts/check_fp8_sm90.py --out $OUT --sanitize   # tiny shape, for compute-sanitizer
 
-Variant "NxS[s][n][eK]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
+Variant "NxS[s][eK]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
 (each block's P.V added to O in fp32 by the FMA units); "s" = single-level (P.V accumulated by
-the tensor core across all blocks); "n" = no intra-warpgroup overlap (S, softmax, P.V in turn);
-"eK" = the exp2s of K n8 tiles per row on the FMA pipe. kernels/NOTES.md lists the
+the tensor core across all blocks); "eK" = the exp2s of K n8 tiles per row on the FMA pipe. kernels/NOTES.md lists the
 variants measured. The first variant is the one checked for
 correctness; every variant is timed. Writes $OUT/check_fp8_sm90.json, prints a
 table last.
@@ -50,26 +49,26 @@ def main():
     from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention
     from dit_accel.kernels.fp8_attention.prep import prep_triton
 
-    def parse(name):  # "128x2se2" -> (128, 2, False, 2, True)
-        m = re.fullmatch(r"(\d+)x(\d+)(s?)(n?)(?:e(\d+))?", name)
+    def parse(name):  # "128x2se2" -> (128, 2, False, 2)
+        m = re.fullmatch(r"(\d+)x(\d+)(s?)(?:e(\d+))?", name)
         if not m:
-            parser.error(f"bad variant {name!r}; NxS[s][n][eK], e.g. 128x2 or 192x2n")
-        return int(m[1]), int(m[2]), not m[3], int(m[5] or 0), not m[4]
+            parser.error(f"bad variant {name!r}; NxS[s][eK], e.g. 128x2 or 192x2s")
+        return int(m[1]), int(m[2]), not m[3], int(m[4] or 0)
 
     variants = [parse(v) for v in args.variants.split(",")]
-    label = lambda v: "%dx%d" % v[:2] + ("" if v[2] else "s") + ("" if v[4] else "n") + (f"e{v[3]}" if v[3] else "")
+    label = lambda v: "%dx%d" % v[:2] + ("" if v[2] else "s") + (f"e{v[3]}" if v[3] else "")
     report = {"device": torch.cuda.get_device_name(), "variants": args.variants,
               "compile": [], "correctness": [], "timing": []}
     kernels = {}
 
-    def get(d, with_lse, tile_n, stages, two_level, fma_exp2_tiles, overlap):
-        key = (d, with_lse, tile_n, stages, two_level, fma_exp2_tiles, overlap)
+    def get(d, with_lse, tile_n, stages, two_level, fma_exp2_tiles):
+        key = (d, with_lse, tile_n, stages, two_level, fma_exp2_tiles)
         if key not in kernels:
             t0 = time.time()
             kernels[key] = compile_fp8_attention(d, torch.bfloat16, with_lse, kernel="sm90",
                                                  tile_n=tile_n, num_stages=stages,
                                                  two_level_pv=two_level,
-                                                 fma_exp2_tiles=fma_exp2_tiles, intra_wg_overlap=overlap)
+                                                 fma_exp2_tiles=fma_exp2_tiles)
             entry = {"key": key, "compile_s": round(time.time() - t0, 2)}
             # The dump's file name is truncated, so variants share it: ptxas it right away.
             dumped = sorted(glob.glob(os.path.join(ptx_dir, "*.ptx")), key=os.path.getmtime)
