@@ -247,6 +247,15 @@ def test_generate_counts_only_the_streamed_block_stacks():
 
     transformer = torch.nn.Module()
     transformer.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])  # 3 x 20 floats
+    transformer.blocks[0].register_buffer("table", torch.zeros(5))  # buffers stream too
     transformer.proj_out = torch.nn.Linear(4, 100)  # stays on the GPU
     pipe = SimpleNamespace(components={"transformer": transformer, "vae": torch.nn.Linear(8, 8), "scheduler": object()})
-    assert streamed_bytes(pipe) == 3 * 20 * 4
+    assert streamed_bytes(pipe) == (3 * 20 + 5) * 4
+
+
+def test_a_model_without_a_block_stack_is_refused_in_one_line():
+    from dit_accel.errors import UserError
+    from dit_accel.loading.offload import stream_blocks
+
+    with pytest.raises(UserError, match="Linear has none; leave out --offload stream"):
+        stream_blocks(torch.nn.Linear(4, 4), torch.device("cpu"))

@@ -82,6 +82,13 @@ def block_stacks(model: nn.Module) -> dict[str, nn.Module]:
     return {name: child for name, child in model.named_children() if isinstance(child, (nn.ModuleList, nn.Sequential))}
 
 
+def stack_bytes(model: nn.Module) -> int:
+    """Bytes of the parameters and buffers of `model`'s block stacks: what `stream_blocks` copies to
+    the device per forward pass."""
+    return sum(t.numel() * t.element_size() for stack in block_stacks(model).values()
+               for t in [*stack.parameters(), *stack.buffers()])
+
+
 @contextmanager
 def _seen_as(model: nn.Module, children: dict[str, nn.Module], buffers: dict[str, torch.Tensor]):
     """`model` with only `children` as its submodules, `buffers` as its buffers and no parameters of its
@@ -109,14 +116,18 @@ def stream_blocks(model: nn.Module, device: torch.device) -> int:
     it no lazy prefetch hook: no block is prefetched, each copies itself on the side stream and runs with
     nothing waiting for that copy. So diffusers is shown the stacks plus an empty anchor buffer (its
     group, the lazy prefetch hook's carrier, copies nothing), the same for a chain and for a model.
+    Call it once per model: diffusers refuses a second prefetch hook. diffusers' own re-application of
+    group offloading (when LoRAs are loaded or QKV projections fused) would see the whole model again.
     """
     from diffusers.hooks import apply_group_offloading
 
     cuda = device.type == "cuda"
     stacks = block_stacks(model)
     if not stacks:
-        raise ValueError(f"{type(model).__name__} has no nn.ModuleList of blocks to stream")
-    streamed = sum(pin_to_host(stack, pin=cuda) for stack in stacks.values())
+        raise UserError(f"--offload stream streams a model's nn.ModuleList of blocks, and {type(model).__name__} "
+                        f"has none; leave out --offload stream")
+    for stack in stacks.values():
+        pin_to_host(stack, pin=cuda)
     with torch.no_grad():
         for name, child in model.named_children():
             if name not in stacks:
@@ -128,7 +139,7 @@ def stream_blocks(model: nn.Module, device: torch.device) -> int:
         apply_group_offloading(model, onload_device=device, offload_device="cpu", offload_type="block_level",
                                num_blocks_per_group=1, use_stream=cuda, non_blocking=cuda, record_stream=cuda,
                                block_modules=[])
-    return streamed
+    return stack_bytes(model)
 
 
 def host_to_device_gbps(device: torch.device, nbytes: int = 1 << 28, runs: int = 3) -> float:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..loading.offload import block_stacks, stream_blocks
+from ..loading.offload import stack_bytes, stream_blocks
 
 MODEL_INDEX = "model_index.json"
 MODULAR_INDEX = "modular_model_index.json"
@@ -130,9 +130,8 @@ STREAMED_COMPONENTS = ("transformer", "transformer_2")  # what --offload stream 
 def streamed_bytes(pipe) -> int:
     """Weight bytes that --offload stream copies to the GPU per denoising pass: the streamed
     components' block stacks (the rest of them stays on the GPU, `offload.stream_blocks`)."""
-    return sum(p.numel() * p.element_size() for name, component in pipe.components.items()
-               if name in STREAMED_COMPONENTS and isinstance(component, torch.nn.Module)
-               for stack in block_stacks(component).values() for p in stack.parameters())
+    return sum(stack_bytes(component) for name, component in pipe.components.items()
+               if name in STREAMED_COMPONENTS and isinstance(component, torch.nn.Module))
 
 
 def quiet_libraries() -> None:
