@@ -138,6 +138,11 @@ def test_a_missing_ffmpeg_plugin_is_one_line_before_anything_runs(tiny_wan, tmp_
     """imageio imports without imageio-ffmpeg and fails only when the writer opens, after the runs:
     generate asks first, in one line, and writes nothing."""
     monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # `import imageio_ffmpeg` raises ImportError
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("the pipeline was loaded before the MP4 writer was checked")
+
+    monkeypatch.setattr("dit_accel.pipelines.loading.load_pipeline", must_not_load)
     out = tmp_path / "outputs" / "run"
     result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--out", str(out), "--device", "cpu"])
     assert result.exit_code == 2, result.output

@@ -19,6 +19,7 @@ from dit_accel.commands.options import STAGE_CHOICES
 from dit_accel.errors import UserError
 from dit_accel.profiling import memory
 from dit_accel.profiling.classify import classify
+from dit_accel.profiling import stages as stages_module
 from dit_accel.profiling.stages import measure_stage
 
 CPU = torch.device("cpu")
@@ -215,9 +216,27 @@ def test_a_clip_chunked_decode_is_profiled_one_clip_at_a_time(monkeypatch):
     monkeypatch.setattr(h3_adapter, "SCALED_DOWN_LATENTS", (12, 4, 4))  # 12 + 3 tokens: 2 clips of 7 frames
     spec = _stage("minimax-h3", "vae")
     assert spec.profile_parts == 2 and spec.profile_unit is not None and "one clip of 2" in spec.notes[0]
+    counting, counted_frames = [], []  # counted_frames: latent frames of each decode the FLOP counter saw
+
+    def recording_call(model, z):
+        if counting:
+            counted_frames.append(z.shape[2])
+        return h3_call(model, z)
+
+    def flagged_count_flops(fn):
+        counting.append(True)
+        try:
+            return count_flops(fn)
+        finally:
+            counting.pop()
+
+    h3_call, count_flops = spec.call, stages_module.count_flops
+    monkeypatch.setattr(stages_module, "count_flops", flagged_count_flops)
+    spec = dataclasses.replace(spec, call=recording_call)
     whole = dataclasses.replace(spec, profile_unit=None, profile_parts=1)
     clip_measured, decode_measured = (measure_stage(s, ["native"], device=CPU, dtype=torch.float32, warmup=0, runs=1)
                                       for s in (spec, whole))
+    assert counted_frames == [7, 12]  # one clip's latents x 2, then the whole decode's
     by_clip, by_decode = clip_measured.runs[0], decode_measured.runs[0]
 
     def attention_calls(run):
