@@ -4,12 +4,13 @@ correctness matrix, timings at the H3 shape beside v1 and torch SDPA (cuDNN / fl
     python scripts/check_fp8_sm90.py --out $OUT [--budget-s 300] [--variants 128x2,128x3,192x2]
     python scripts/check_fp8_sm90.py --out $OUT --sanitize   # tiny shape, for compute-sanitizer
 
-Variant "NxS[s][eK]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
+Variant "NxS[s][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
 (each block's P.V added to O in fp32 by the FMA units); "s" = single-level (P.V accumulated by
-the tensor core across all blocks); "eK" = the exp2s of K n8 tiles per row on the FMA pipe. kernels/NOTES.md lists the
-variants measured. The first variant is the one checked for
-correctness; every variant is timed. Writes $OUT/check_fp8_sm90.json, prints a
-table last.
+the tensor core across all blocks); "eK" = the exp2s of K n8 tiles per row on the FMA pipe;
+"wW" = W consumer warpgroups (2, or 3: 192-row tiles at 160 registers, meant for D = 64).
+--head-dim picks the quick check's and the timing's head dim (the correctness matrix has both).
+kernels/NOTES.md lists the variants measured. The first variant is the one checked for
+correctness; every variant is timed. Writes $OUT/check_fp8_sm90.json, prints a table last.
 """
 import argparse
 import glob
@@ -31,6 +32,7 @@ def main():
     parser.add_argument("--variants", default="128x2,128x2e2,128x2s,192x2s")
     parser.add_argument("--sanitize", action="store_true")
     parser.add_argument("--no-v1", action="store_true")
+    parser.add_argument("--head-dim", type=int, choices=(64, 128), default=128)
     parser.add_argument("--profile", action="store_true", help="B1 H56 S8192 D128, each variant once (for ncu)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -49,26 +51,26 @@ def main():
     from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention
     from dit_accel.kernels.fp8_attention.prep import prep_triton
 
-    def parse(name):  # "128x2se2" -> (128, 2, False, 2)
-        m = re.fullmatch(r"(\d+)x(\d+)(s?)(?:e(\d+))?", name)
+    def parse(name):  # "128x2se2w3" -> (128, 2, False, 2, 3)
+        m = re.fullmatch(r"(\d+)x(\d+)(s?)(?:e(\d+))?(?:w(\d))?", name)
         if not m:
-            parser.error(f"bad variant {name!r}; NxS[s][eK], e.g. 128x2 or 192x2s")
-        return int(m[1]), int(m[2]), not m[3], int(m[4] or 0)
+            parser.error(f"bad variant {name!r}; NxS[s][eK][wW], e.g. 128x2, 192x2s or 128x2w3")
+        return int(m[1]), int(m[2]), not m[3], int(m[4] or 0), int(m[5] or 2)
 
     variants = [parse(v) for v in args.variants.split(",")]
-    label = lambda v: "%dx%d" % v[:2] + ("" if v[2] else "s") + (f"e{v[3]}" if v[3] else "")
+    label = lambda v: "%dx%d" % v[:2] + ("" if v[2] else "s") + (f"e{v[3]}" if v[3] else "") + (f"w{v[4]}" if v[4] != 2 else "")
     report = {"device": torch.cuda.get_device_name(), "variants": args.variants,
               "compile": [], "correctness": [], "timing": []}
     kernels = {}
 
-    def get(d, with_lse, tile_n, stages, two_level, fma_exp2_tiles):
-        key = (d, with_lse, tile_n, stages, two_level, fma_exp2_tiles)
+    def get(d, with_lse, tile_n, stages, two_level, fma_exp2_tiles, warpgroups):
+        key = (d, with_lse, tile_n, stages, two_level, fma_exp2_tiles, warpgroups)
         if key not in kernels:
             t0 = time.time()
             kernels[key] = compile_fp8_attention(d, torch.bfloat16, with_lse, kernel="sm90",
                                                  tile_n=tile_n, num_stages=stages,
                                                  two_level_pv=two_level,
-                                                 fma_exp2_tiles=fma_exp2_tiles)
+                                                 fma_exp2_tiles=fma_exp2_tiles, consumer_warpgroups=warpgroups)
             entry = {"key": key, "compile_s": round(time.time() - t0, 2)}
             # The dump's file name is truncated, so variants share it: ptxas it right away.
             dumped = sorted(glob.glob(os.path.join(ptx_dir, "*.ptx")), key=os.path.getmtime)
@@ -121,7 +123,7 @@ def main():
                 report["compile"].append({"key": (d, True, *variant), "error": f"{type(e).__name__}: {e}"[:3000]})
 
     # ---------------------------------------------------------------- quick check of every variant
-    q, k, v = random_qkv(2, 1000, 700, 3, 128, True, seed=7)
+    q, k, v = random_qkv(2, 1000, 700, 3, args.head_dim, True, seed=7)
     packed = prep_triton(q, k, v)
     emu = emulate_fp8_attention(q, k, v, block_keys=variants[0][0], reverse=True)
     report["quick_check"] = {}
@@ -133,7 +135,7 @@ def main():
             report["quick_check"][label(variant)] = round(100 * rel_rms_err(out, emu), 3)
         except Exception as e:  # noqa: BLE001
             report["quick_check"][label(variant)] = f"{type(e).__name__}: {e}"[:300]
-    print("quick check, % rel RMS vs emulation (B2 Sq1000 Skv700 D128, outliers):", report["quick_check"])
+    print(f"quick check, % rel RMS vs emulation (B2 Sq1000 Skv700 D{args.head_dim}, outliers):", report["quick_check"])
 
     # ---------------------------------------------------------------- correctness (first variant)
     main_variant = variants[0]
@@ -181,7 +183,7 @@ def main():
     report["all_ok"] = all(r.get("ok", False) for r in report["correctness"])
 
     # ---------------------------------------------------------------- timing (H3 shape)
-    b, h, s, d = 1, 56, 30272, 128
+    b, h, s, d = 1, 56, 30272, args.head_dim
     flop = 4 * b * h * s * s * d
     try:
         q, k, v = random_qkv(b, s, s, h, d, False, seed=123)

@@ -8,7 +8,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from .layout import LN_2, Q_ROWS
+from .layout import LN_2
 from .softmax import quad_sum
 
 
@@ -26,12 +26,13 @@ def store_row(
     pv_scale: Float32,
     lane: Int32,
     lse_offset_log2: cutlass.Constexpr,
+    tile_rows: cutlass.Constexpr,
 ):
     """O[batch, row, head, :] = acc_row * pv_scale / row sum, and the row's natural-log LSE.
 
     acc_row: this lane's fp32 accumulator values of the row; coord_row: their (row, feature)
-    coordinates inside the CTA's tile of Q_ROWS rows (the matching slice of the identity
-    tensor), so the row is m_block * Q_ROWS + coord_row[0][0]. row_max: the running max in
+    coordinates inside the CTA's tile of `tile_rows` query rows (the matching slice of the identity
+    tensor), so the row is m_block * tile_rows + coord_row[0][0]. row_max: the running max in
     log2-logit units; row_sum: this lane's share of the sum of the stored p, summed over the
     quad here. pv_scale turns accumulator units back into V's. lse_offset_log2: log2 of the
     factor the stored p carry (sm90: P_SCALE_LOG2, its row sum is of p * 256; v1: 0, its
@@ -42,7 +43,7 @@ def store_row(
     # total >= 1 for every real row (its max key contributes 2^0, or 2^8 with the P scale in
     # it); the guard keeps a degenerate row at 0 instead of inf / NaN.
     inv = pv_scale / total if total > 0.0 else Float32(0.0)
-    row = m_block * Q_ROWS + coord_row[0][0]
+    row = m_block * tile_rows + coord_row[0][0]
     if row < mO.shape[1]:
         if const_expr(mLSE is not None):
             if lane % 4 == 0:

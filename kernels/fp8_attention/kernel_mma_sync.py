@@ -229,7 +229,7 @@ class Fp8AttentionMmaSync:
                 state = 2 * m_tile + half
                 store_row(mO, mLSE, batch, head, m_block,
                           tOrO[(None, half), m_tile, None], tOcO[(None, half), m_tile, None],
-                          row_max[state], row_sum[state], pv_scale, lane, 0)
+                          row_max[state], row_sum[state], pv_scale, lane, 0, Q_ROWS)
 
     @cute.jit
     def strip(

@@ -8,7 +8,8 @@ the fp32 accumulator of an m64nNk32 wgmma has mma.sync's C layout (lane t of a r
 and 16 + 4t..16 + 4t+3 of each 32-key k-block), so P goes from the S accumulator into the A
 registers of the P.V wgmma without shuffles. Every wgmma operand is K-major, as FP8 wgmma needs.
 
-CTA = 128 query rows of one (batch, head), 3 warpgroups (384 threads):
+CTA = 128 query rows of one (batch, head), 3 warpgroups (384 threads) by default
+(`consumer_warpgroups=3`: 192 rows, 4 warpgroups, consumers at 160 registers, no ping-pong):
 
 - warpgroup 0, producer (24 registers): warp 0 issues TMA loads of Q once, then K and V blocks
   of ``tile_n`` keys into ``num_stages``-deep smem rings (`PipelineTmaAsync`, one full and one
@@ -46,18 +47,20 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
 from .epilogue import store_row
-from .layout import KEYS, LOG2_E, P_SCALE_LOG2, Q_ROWS
+from .layout import KEYS, LOG2_E, P_SCALE_LOG2
 from .named_barrier import NamedBarrier
 from .softmax import quad_max
 from .support import check_head_dim
 
-# Q_ROWS (query rows per CTA): 2 consumer warpgroups x 64 rows. P is stored as p * 2^P_SCALE_LOG2
-# = p * 256 in e4m3 (max 256 < 448).
+# Query rows per CTA: 64 per consumer warpgroup (128 with the default two: prep's Q_ROWS padding; a
+# 192-row tile past the padded rows reads TMA's zero fill and writes nothing). P is stored as
+# p * 2^P_SCALE_LOG2 = p * 256 in e4m3 (max 256 < 448).
 DEFAULT_TILE_N = 128  # keys per block (kernels/NOTES.md: 128 to 224 measured)
 WG_THREADS = 128
-NUM_CONSUMER_WG = 2
-NUM_THREADS = WG_THREADS * (1 + NUM_CONSUMER_WG)
-PRODUCER_REGS, CONSUMER_REGS = 24, 240  # 128 * 24 + 256 * 240 <= 64K registers
+PRODUCER_REGS = 24
+# Registers per consumer thread by consumer warpgroup count: 128 * 24 + 256 * 240 and
+# 128 * 24 + 384 * 160 fit the 64K registers of an SM.
+CONSUMER_REGS = {2: 240, 3: 160}
 # exp2 on the FMA pipe: x + 1.5 * 2^23 rounds x to the nearest integer j (kept in the low
 # mantissa bits), f = x - j in [-0.5, 0.5], 2^f by a degree-2 polynomial (minimax relative
 # error 1.7e-3, far below e4m3's 2^-4 rounding of P), then j is added to the exponent field.
@@ -115,10 +118,18 @@ class Fp8AttentionSm90:
     """Non-causal FP8 attention forward on sm_90a; one compile per (head_dim, out dtype, LSE)."""
 
     def __init__(self, head_dim: int, tile_n: int = DEFAULT_TILE_N, num_stages: int = 2,
-                 two_level_pv: bool = True, fma_exp2_tiles: int = 0):
+                 two_level_pv: bool = True, fma_exp2_tiles: int = 0, consumer_warpgroups: int = 2):
         check_head_dim(head_dim)
         if tile_n % KEYS != 0:
             raise ValueError("tile_n must be a multiple of the 32-key wgmma k-block")
+        if consumer_warpgroups not in CONSUMER_REGS:
+            raise ValueError(f"consumer_warpgroups must be one of {tuple(CONSUMER_REGS)}")
+        # Each consumer warpgroup owns 64 query rows. Three (192-row tiles, FA3's choice for D = 64)
+        # put three consumer warps on each SM sub-partition to hide the softmax's latency, at 160
+        # registers each; their GEMMs are not ping-ponged (the named-barrier scheme is for two).
+        self.consumer_warpgroups = consumer_warpgroups
+        self.tile_m = 64 * consumer_warpgroups
+        self.ping_pong = consumer_warpgroups == 2
         self.head_dim = head_dim
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -165,12 +176,13 @@ class Fp8AttentionSm90:
             for t in (mQ, mK, mV)
         ]  # Q, K: (S_pad, D, BH); V: (D, Skv_pad, BH)
 
-        sQ_layout = kmajor_smem_layout(fp8, Q_ROWS, D, 1)
+        M = self.tile_m
+        sQ_layout = kmajor_smem_layout(fp8, M, D, 1)
         sK_layout = kmajor_smem_layout(fp8, N, D, self.num_stages)
         sV_layout = kmajor_smem_layout(fp8, D, N, self.num_stages)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (Q_ROWS, D), 1)
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (M, D), 1)
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, cute.select(sK_layout, mode=[0, 1]), (N, D), 1)
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mV, cute.select(sV_layout, mode=[0, 1]), (D, N), 1)
 
@@ -183,21 +195,21 @@ class Fp8AttentionSm90:
             k: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sK_layout)], 1024]
             v: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sV_layout)], 1024]
 
-        # Two consumer warpgroups stacked along M, each one wgmma of 64 rows.
+        # The consumer warpgroups stacked along M, each one wgmma of 64 rows.
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-            atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1), tiler_mn=(64, N))
+            atom_layout_mnk=(self.consumer_warpgroups, 1, 1), tiler_mn=(64, N))
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-            atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1), tiler_mn=(64, D),
+            atom_layout_mnk=(self.consumer_warpgroups, 1, 1), tiler_mn=(64, D),
             a_source=warpgroup.OperandSource.RMEM)
 
-        grid = (cute.ceil_div(mQ.shape[0], Q_ROWS), cute.size(mQ.shape[2]), 1)
+        grid = (cute.ceil_div(mQ.shape[0], M), cute.size(mQ.shape[2]), 1)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
             mDescale, mO, mLSE, softmax_scale * LOG2_E, seqlen_kv,
             sQ_layout, sK_layout, sV_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
-        ).launch(grid=grid, block=[NUM_THREADS, 1, 1], stream=stream, min_blocks_per_mp=1)
+        ).launch(grid=grid, block=[WG_THREADS * (1 + self.consumer_warpgroups), 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
     def kernel(
@@ -235,11 +247,11 @@ class Fp8AttentionSm90:
         # Full barriers: the producer's one elected thread arms them with the TMA byte count.
         # Empty barriers: lane 0 of each of the 8 consumer warps arrives once per stage use.
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_CONSUMER_WG * 4)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.consumer_warpgroups * 4)
         D, N = self.head_dim, self.tile_n
         pipeline_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, producer_group=producer,
-            consumer_group=consumers, tx_count=Q_ROWS * D, defer_sync=True)
+            consumer_group=consumers, tx_count=self.tile_m * D, defer_sync=True)
         pipeline_k = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.num_stages,
             producer_group=producer, consumer_group=consumers, tx_count=N * D, defer_sync=True)
@@ -261,7 +273,7 @@ class Fp8AttentionSm90:
                           pipeline_q, pipeline_k, pipeline_v, m_block, bh, n_blocks)
         else:
             # -------------------------------------------------------------- consumers
-            cute.arch.setmaxregister_increase(CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(CONSUMER_REGS[self.consumer_warpgroups])
             self.consume(mDescale, mO, mLSE, softmax_scale_log2, seqlen_kv, sQ, sK, sV,
                          tiled_mma_qk, tiled_mma_pv, pipeline_q, pipeline_k, pipeline_v,
                          m_block, bh, n_blocks)
@@ -272,7 +284,7 @@ class Fp8AttentionSm90:
         """Producer warp: Q once, then K of block n with V of block n+1 (V lags one block, the
         order in which the consumers' overlapped loop needs them)."""
         D, N = self.head_dim, self.tile_n
-        gQ = cute.local_tile(mQ[None, None, bh], (Q_ROWS, D), (None, 0))  # (128, D, m_blocks)
+        gQ = cute.local_tile(mQ[None, None, bh], (self.tile_m, D), (None, 0))  # (M, D, m_blocks)
         gK = cute.local_tile(mK[None, None, bh], (N, D), (None, 0))  # (N, D, n_blocks)
         gV = cute.local_tile(mV[None, None, bh], (D, N), (0, None))  # (D, N, n_blocks)
         partition = lambda atom, s, g: cpasync.tma_partition(
@@ -308,8 +320,9 @@ class Fp8AttentionSm90:
                 m_block: Int32, bh: Int32, n_blocks: Int32):
         """Consumer warpgroup: the whole key loop for its 64 query rows, then the epilogue."""
         D, N = self.head_dim, self.tile_n
-        tidx = cute.arch.thread_idx()[0] - WG_THREADS  # 0..255 over both consumer warpgroups
-        wg = cute.arch.make_warp_uniform(tidx // WG_THREADS)  # 0 or 1
+        M = self.tile_m
+        tidx = cute.arch.thread_idx()[0] - WG_THREADS  # 0..M*2-1 over the consumer warpgroups
+        wg = cute.arch.make_warp_uniform(tidx // WG_THREADS)  # this consumer warpgroup, from 0
         num_heads = mO.shape[2]
         batch, head = bh // num_heads, bh % num_heads
 
@@ -328,15 +341,15 @@ class Fp8AttentionSm90:
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ[None, None, 0]))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrV = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sV))
-        tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((Q_ROWS, N)))
+        tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((M, N)))
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
-        acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((Q_ROWS, D)), Float32)
+        acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((M, D)), Float32)
         acc_O.fill(0.0)
         # Per-block P.V accumulator (two-level accumulation), else P.V accumulates into acc_O.
         acc_PV = cute.make_rmem_tensor(acc_O.shape, Float32) if const_expr(self.two_level_pv) else acc_O
-        tScS = thr_mma_qk.partition_C(cute.make_identity_tensor((Q_ROWS, N)))
-        tOcO = thr_mma_pv.partition_C(cute.make_identity_tensor((Q_ROWS, D)))
+        tScS = thr_mma_qk.partition_C(cute.make_identity_tensor((M, N)))
+        tOcO = thr_mma_pv.partition_C(cute.make_identity_tensor((M, D)))
 
         # Online-softmax state of this thread's 2 rows: row_max in log2-logit units, row_sum
         # this lane's share of sum(p * 256) (the 4 lanes of a quad are added in the epilogue).
@@ -346,9 +359,10 @@ class Fp8AttentionSm90:
         row_sum.fill(0.0)
 
         # Ping-pong: consumer warpgroup 1 lets warpgroup 0 issue first.
-        if wg == 1:
-            cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE),
-                                     number_of_threads=2 * WG_THREADS)
+        if const_expr(self.ping_pong):
+            if wg == 1:
+                cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE),
+                                         number_of_threads=2 * WG_THREADS)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         pipeline_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
@@ -370,13 +384,15 @@ class Fp8AttentionSm90:
             state_v = state.clone()
             state.advance()
             pipeline_k.consumer_wait(state)
-            cute.arch.barrier(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE) + wg,
-                              number_of_threads=2 * WG_THREADS)
+            if const_expr(self.ping_pong):
+                cute.arch.barrier(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE) + wg,
+                                  number_of_threads=2 * WG_THREADS)
             acc_S_next = self.qk(tiled_mma_qk, tScS, tSrQ, tSrK, state.index, -1)
             pipeline_v.consumer_wait(state_v)
             wgmma(tiled_mma_pv, acc_PV, tOrP, tOrV[None, None, None, state_v.index], self.two_level_pv, -1)
-            cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE) + 1 - wg,
-                                     number_of_threads=2 * WG_THREADS)
+            if const_expr(self.ping_pong):
+                cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE) + 1 - wg,
+                                         number_of_threads=2 * WG_THREADS)
             warpgroup.wait_group(1)  # S has landed; P.V may still run
             pipeline_k.consumer_release(state)
             row_scale = self.online_softmax(acc_S_next, acc_O, row_max, row_sum, qk_scale_log2, False)
@@ -399,7 +415,7 @@ class Fp8AttentionSm90:
         acc_O_rows = self.rows_view(acc_O)
         for r in cutlass.range_constexpr(2):
             store_row(mO, mLSE, batch, head, m_block, acc_O_rows[r, None],
-                      tOcO[(None, r, None), 0, 0], row_max[r], row_sum[r], pv_scale, lane, P_SCALE_LOG2)
+                      tOcO[(None, r, None), 0, 0], row_max[r], row_sum[r], pv_scale, lane, P_SCALE_LOG2, M)
 
     @cute.jit
     def qk(self, tiled_mma_qk, tScS, tSrQ, tSrK, stage: Int32, wait: cutlass.Constexpr):

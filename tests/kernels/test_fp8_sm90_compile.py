@@ -17,18 +17,22 @@ import pytest
 pytest.importorskip("cutlass")
 
 COMPILE = r"""
-import glob, json, os, torch
+import glob, json, os, re, torch
 from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
 dump = os.environ["CUTE_DSL_DUMP_DIR"]
 done = []
-for head_dim, with_lse, tile_n, two_level, tiles in [(64, False, 128, True, 0), (128, True, 128, True, 0),
-                                                     (128, False, 192, False, 0), (128, False, 128, True, 2)]:
+for head_dim, with_lse, tile_n, two_level, tiles, wgs in [(64, False, 128, True, 0, 2), (128, True, 128, True, 0, 2),
+                                                          (128, False, 192, False, 0, 2), (128, False, 128, True, 2, 2),
+                                                          (64, True, 128, True, 0, 3)]:
     for f in glob.glob(os.path.join(dump, "*.ptx")):
         os.remove(f)
     compile_fp8_attention(head_dim, torch.bfloat16, with_lse, kernel="sm90", tile_n=tile_n,
-                          two_level_pv=two_level, fma_exp2_tiles=tiles)
+                          two_level_pv=two_level, fma_exp2_tiles=tiles, consumer_warpgroups=wgs)
     ptx = open(glob.glob(os.path.join(dump, "*.ptx"))[0]).read()
-    done.append({"head_dim": head_dim, "tile_n": tile_n, "fma_exp2_tiles": tiles,
+    done.append({"head_dim": head_dim, "tile_n": tile_n, "fma_exp2_tiles": tiles, "warpgroups": wgs,
+                 "consumer_regs": int(re.search(r"setmaxnreg.inc.sync.aligned.u32\s+(\d+)", ptx)[1]),
+                 "threads": int(re.search(r"\.reqntid\s+(\d+)", ptx)[1]) if ".reqntid" in ptx else None,
+                 "named_barriers": len(re.findall(r"bar\.(?:sync|arrive)\s+\S+,\s*256;", ptx)),
                  "poly_exp2": ptx.count("0f4B400000"), "ex2": ptx.count("ex2.approx"),
                  "qk": ptx.count(f"wgmma.mma_async.sync.aligned.m64n{tile_n}k32.f32.e4m3.e4m3"),
                  "pv": ptx.count(f"wgmma.mma_async.sync.aligned.m64n{head_dim}k32.f32.e4m3.e4m3"),
@@ -44,7 +48,7 @@ def test_sm90_compiles(tmp_path):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     variants = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(variants) == 4
+    assert len(variants) == 5
     for v in variants:
         d, n = v["head_dim"], v["tile_n"]
         if d == n:  # QK^T and P.V wgmmas have the same shape
@@ -52,6 +56,11 @@ def test_sm90_compiles(tmp_path):
         else:
             assert v["qk"] == 2 * d // 32 and v["pv"] == 2 * n // 32, v
         assert v["tma"] >= 3 and v["setmaxnreg"] == 2, v
+        # 2 consumer warpgroups at 240 registers ping-pong through named barriers 1 and 2; 3 (192-row
+        # tiles) at 160 registers do not ping-pong.
+        assert v["consumer_regs"] == {2: 240, 3: 160}[v["warpgroups"]], v
+        assert (v["named_barriers"] > 0) == (v["warpgroups"] == 2), v
+        assert v["threads"] == 128 * (1 + v["warpgroups"]), v
         # P: N/32 k-blocks x 8 pairs per thread, in the first block and in the loop body
         assert v["cvt_e4m3x2"] == 2 * (n // 32) * 8, v
         # Per thread and softmax (first block, loop body): 2 rows x n/4 values, 4 per FMA tile,

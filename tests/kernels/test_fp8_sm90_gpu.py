@@ -32,6 +32,25 @@ def test_sm90_matches_emulation(b, sq, skv, d, outliers):
     assert float((lse.double() - emu_lse).abs().max() / emu_lse.abs().max().clamp_min(1.0)) < 2e-3
 
 
+@pytest.mark.parametrize("b,sq,skv", [(1, 1, 1), (2, 17, 17), (1, 191, 191), (2, 193, 193), (1, 385, 777),
+                                       (2, 1000, 512), (1, 4096, 4096)])
+def test_three_consumer_warpgroups_match_emulation(b, sq, skv):
+    """192-row tiles (3 consumer warpgroups, D = 64): every row written, including the rows of a tile
+    past prep's 128-row padding (TMA's zero fill), no row past Sq."""
+    from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
+
+    q, k, v = random_qkv(b, sq, skv, 3, 64, True, seed=sq + skv)
+    packed = prep_fp8_attention(q, k, v)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((b, 3, sq), float("nan"), device="cuda")
+    kernel = compile_fp8_attention(64, torch.bfloat16, True, kernel="sm90", consumer_warpgroups=3)
+    kernel(packed.q, packed.k, packed.v, packed.descale, out, lse, 64 ** -0.5, packed.seqlen_kv)
+    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=DEFAULT_TILE_N, reverse=True)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert rel_rms_err(out, emu) < 0.01
+    assert float((lse.double() - emu_lse).abs().max() / emu_lse.abs().max().clamp_min(1.0)) < 2e-3
+
+
 @pytest.mark.parametrize("fma_exp2_tiles", [1, 4])
 def test_exp2_on_the_fma_pipe_matches_emulation(fma_exp2_tiles):
     """Part of each row's exp2 as a polynomial (relative error 1.7e-3, below e4m3's rounding of
