@@ -9,7 +9,8 @@ For the MiniMax-H3 and Wan 2.1 blocks (synthetic weights, bf16) patched with `fp
     every attention call still counted by the router;
   - the compiled call captured in a torch.cuda.CUDAGraph and replayed: same output;
 and the per-call host cost of one attention call at a tiny shape (1000 back-to-back calls):
-cuDNN through torch SDPA, our kernel through the custom op, and through the plain function.
+cuDNN through torch SDPA, our kernel through the custom op, and through the plain function;
+and the GPU time of prep down its one- and two-launch paths (CUDA-graph replays, B1 D128, S 128-2048).
 Writes $OUT/check_compile.json and prints it.
 """
 import argparse
@@ -74,17 +75,27 @@ def per_call_cost(calls: int = 1000) -> dict:
     from dit_accel.kernels.fp8_attention import fp8_attention
     from dit_accel.kernels.fp8_attention.interface import fp8_attention_packed
     from dit_accel.kernels.fp8_attention.op import FP8_ATTENTION
+    from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk
     from dit_accel.kernels.fp8_attention.prep import prep_triton
     from dit_accel.kernels.fp8_attention.support import can_implement
 
     packed = prep_triton(q, k, v)
+
+    def two_launch_prep():  # the path above SINGLE_LAUNCH_MAX_S, at this shape: what the one launch saves
+        threshold, tk.SINGLE_LAUNCH_MAX_S = tk.SINGLE_LAUNCH_MAX_S, 0
+        try:
+            return prep_triton(q, k, v)
+        finally:
+            tk.SINGLE_LAUNCH_MAX_S = threshold
+
     candidates = {
         "cudnn (torch SDPA)": lambda: get_backend("cudnn").run(q, k, v),
         "fp8 backend (custom op)": lambda: get_backend("fp8").run(q, k, v),
         "fp8 op direct": lambda: FP8_ATTENTION(q, k, v, None, "auto"),
         "fp8_attention function": lambda: fp8_attention(q, k, v),
         "  of which checks (can_implement)": lambda: can_implement(q, k, v),
-        "  of which prep (2 Triton launches)": lambda: prep_triton(q, k, v),
+        "  of which prep (1 Triton launch)": lambda: prep_triton(q, k, v),
+        "  prep forced to 2 launches + zeroed amax": two_launch_prep,
         "  of which kernel launch (TVM-FFI)": lambda: fp8_attention_packed(packed),
     }
     result = {}
@@ -97,6 +108,45 @@ def per_call_cost(calls: int = 1000) -> dict:
             fn()
         torch.cuda.synchronize()
         result[name] = round((time.perf_counter() - start) / calls * 1e6, 1)  # us per call
+    return result
+
+
+def prep_device_time(calls: int = 20, replays: int = 5) -> dict:
+    """GPU time of prep per call, one launch against two (SINGLE_LAUNCH_MAX_S forced either way), from
+    CUDA-graph replays of `calls` back-to-back preps (no host cost in it): whether the one-launch path's
+    serial row loop costs GPU time at the threshold (1024) and past it (2048)."""
+    from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk
+    from dit_accel.kernels.fp8_attention.prep import Prologue, prep_triton
+
+    result, threshold = {}, tk.SINGLE_LAUNCH_MAX_S
+    for heads, seq in ((1, 128), (56, 128), (56, 512), (56, 1024), (56, 2048)):
+        q, k, v = random_qkv(1, seq, seq, heads, 128, device="cuda")
+        angles = torch.rand(seq, 48, device="cuda") * 50
+        prologue = Prologue(torch.ones(128, device="cuda"), torch.ones(128, device="cuda"), 1e-5,
+                            torch.cat([angles.cos()] * 2, 1), torch.cat([angles.sin()] * 2, 1))
+        for name, fields in (("plain", None), ("prologue", prologue)):
+            row = {}
+            for launches, limit in ((1, 1 << 30), (2, 0)):
+                tk.SINGLE_LAUNCH_MAX_S = limit
+                try:
+                    prep_triton(q, k, v, fields)  # compiles outside the capture
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        for _ in range(calls):
+                            prep_triton(q, k, v, fields)
+                    graph.replay()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(replays):
+                        graph.replay()
+                    end.record()
+                    torch.cuda.synchronize()
+                    row[f"{launches} launch{'es' if launches > 1 else ''}"] = round(
+                        start.elapsed_time(end) * 1e3 / (replays * calls), 1)  # us per prep
+                finally:
+                    tk.SINGLE_LAUNCH_MAX_S = threshold
+            result[f"B1 H{heads} S{seq} D128 {name}"] = row
     return result
 
 
@@ -117,8 +167,9 @@ def main() -> None:
             report[family] = {"failed": f"{type(exc).__name__}: {str(exc)[:2000]}"}
         print(json.dumps({family: report[family]}, indent=1), flush=True)
     report["per_call_us"] = per_call_cost()
+    report["prep_gpu_us"] = prep_device_time()
     (args.out / "check_compile.json").write_text(json.dumps(report, indent=1))
-    print(json.dumps(report["per_call_us"], indent=1))
+    print(json.dumps({key: report[key] for key in ("per_call_us", "prep_gpu_us")}, indent=1))
 
 
 if __name__ == "__main__":

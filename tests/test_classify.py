@@ -78,7 +78,7 @@ def test_every_kernel_of_our_prep_is_classified_as_quantization():
     tree = ast.parse((Path(fp8.__file__).parent / "prep_triton_kernels.py").read_text())
     launched = [f.name for f in tree.body if isinstance(f, ast.FunctionDef) and f.name.endswith("_kernel")
                 and any(ast.unparse(d) == "triton.jit" for d in f.decorator_list)]
-    assert len(launched) == 2
+    assert sorted(launched) == ["_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel", "_fp8_prep_single_kernel"]
     for name in launched:
         assert classify(name, "attention core") == "quantize", name
         assert classify(name, None) == "quantize", name

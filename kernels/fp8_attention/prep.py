@@ -18,8 +18,10 @@ every output of the head (Q or K: the logits; V: the output scale). No host sync
 kernel stay asynchronous and can be captured in a CUDA graph.
 
 Two implementations of the same contract: `prep_reference` (torch, any device, the spec) and
-`prep_triton` (CUDA, two Triton launches for q, k and v together: amax, then scales + quantize +
-pack). The GPU check compares them bit for bit.
+`prep_triton` (CUDA, Triton, q, k and v together: at padded lengths up to
+`prep_triton_kernels.SINGLE_LAUNCH_MAX_S` one launch, a program per head group doing amax, scales and
+packing; beyond, two launches, amax into a zeroed buffer, then scales + quantize + pack). The GPU
+check compares them bit for bit.
 
 The prologue (`Prologue`, MiniMax-H3's attention): q and k arrive as the raw projections, and
 prep quantizes RoPE(RMSNorm(x) * w) instead of x, computed in fp32 with no rounding to bf16 in
@@ -149,19 +151,19 @@ def prep_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def prep_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Prologue | None = None) -> PackedQKV:
-    """Same contract as `prep_reference`, on CUDA: two Triton launches (amax, then scales and
-    packing) for the three tensors, reading any [B, S, H, D] strides (innermost stride 1)."""
+    """Same contract as `prep_reference`, on CUDA: one Triton launch for short sequences, else two
+    (amax, then scales and packing; `prep_triton_kernels.launch_prep` picks) for the three tensors,
+    reading any [B, S, H, D] strides (innermost stride 1)."""
     from . import prep_triton_kernels as tk
 
     b, sq, h, d = q.shape
     skv = k.shape[1]
-    amax = torch.zeros(3, b * h, dtype=torch.float32, device=q.device)
-    descale = torch.empty_like(amax)
+    descale = torch.empty(3, b * h, dtype=torch.float32, device=q.device)
     sq_pad, skv_pad = round_up(sq, Q_ROWS), round_up(skv, KEYS)
     out_q = torch.empty(b * h, sq_pad, d, dtype=FP8, device=q.device)
     out_k = torch.empty(b * h, skv_pad, d, dtype=FP8, device=q.device)
     out_v = torch.empty(b * h, d, skv_pad, dtype=FP8, device=q.device)
     fields = None if prologue is None else (prologue.norm_q_weight, prologue.norm_k_weight, prologue.eps,
                                             prologue.cos, prologue.sin)
-    tk.launch_prep(q, k, v, amax, out_q, out_k, out_v, descale, fields)
+    tk.launch_prep(q, k, v, out_q, out_k, out_v, descale, fields)
     return PackedQKV(out_q, out_k, out_v, descale, b, h, sq, skv, d)

@@ -43,13 +43,89 @@ def test_public_entry_point_and_scale():
     assert rel_rms_err(out, reference_attention(q, k, v, scale=0.05)) < 0.08
 
 
-def test_triton_prep_matches_reference_bitwise():
+PREP_KERNELS = ("_fp8_prep_single_kernel", "_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel")
+
+
+def prep_launches(monkeypatch, one_launch=None):
+    """The names of the prep kernels launched from here on; one_launch True / False forces that path
+    (`prep_triton_kernels.SINGLE_LAUNCH_MAX_S`), None keeps the threshold."""
+    from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk
+
+    if one_launch is not None:
+        monkeypatch.setattr(tk, "SINGLE_LAUNCH_MAX_S", 1 << 30 if one_launch else 0)
+    launched = []
+
+    class Counted:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launched.append(self.name)
+            return self.kernel[grid]
+
+    for name in PREP_KERNELS:
+        monkeypatch.setattr(tk, name, Counted(name, getattr(tk, name)))
+    return launched
+
+
+@pytest.mark.parametrize("one_launch", [True, False])
+def test_triton_prep_matches_reference_bitwise(monkeypatch, one_launch):
     q, k, v = random_qkv(2, 333, 77, 3, 128, outliers=True)
     q = q.transpose(1, 2).contiguous().transpose(1, 2)  # a non-contiguous [B, S, H, D] view
+    launched = prep_launches(monkeypatch, one_launch)
     a, r = prep_triton(q, k, v), prep_reference(q, k, v)
+    assert len(launched) == (1 if one_launch else 2)
     for name in ("q", "k", "v"):
         assert torch.equal(getattr(a, name).view(torch.uint8), getattr(r, name).view(torch.uint8)), name
     assert torch.equal(a.descale, r.descale)
+
+
+def small_prep_inputs(b, sq, skv, h, d, layout, special):
+    """q, k, v: contiguous; views of one fused [B, S, 3, H, D] projection ("qkv"); or transposed [B, H, S, D]
+    storage ("heads-major"). special: an all-zero head in q and v, inf in q and v, NaN in k."""
+    q, k, v = random_qkv(b, sq, skv, h, d, outliers=True)
+    if layout == "qkv":
+        q, k, v = torch.stack((q, k, v), dim=2).unbind(2)
+    elif layout == "heads-major":
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    if special:
+        q[0, sq // 2, 0, 3] = float("inf")
+        k[b - 1, skv - 1, h - 1, 1] = float("nan")
+        v[0, :, 0] = 0
+        if b * h > 1:
+            q[b - 1, :, h - 1] = 0
+            v[b - 1, 0, h - 1, 2] = float("-inf")
+    return q, k, v
+
+
+@pytest.mark.parametrize("special", [False, True])
+@pytest.mark.parametrize("b, h, sq, skv, d, layout", [  # all at max(Sq_pad, Skv_pad) <= 1024: one launch
+    (1, 1, 1, 1, 64, "contiguous"),
+    (1, 1, 128, 128, 128, "contiguous"),  # the per-call cost's shape
+    (2, 3, 17, 65, 128, "contiguous"),
+    (1, 10, 64, 129, 64, "contiguous"),
+    (2, 3, 129, 17, 128, "heads-major"),
+    (1, 3, 1000, 64, 128, "contiguous"),
+    (2, 1, 65, 1000, 64, "contiguous"),
+    (2, 10, 129, 129, 128, "qkv"),
+    (1, 10, 1000, 1000, 64, "qkv"),
+    (2, 3, 1000, 1000, 128, "qkv"),
+])
+def test_single_launch_prep_matches_reference_bitwise(monkeypatch, b, h, sq, skv, d, layout, special):
+    """The short-sequence path (one launch, no amax buffer) against the torch spec, bit for bit; a head
+    holding inf or NaN has a NaN descale in both, and its codes are not compared (the spec's quant is 1
+    for a NaN amax, the kernel's 0: NaN counts as inf)."""
+    q, k, v = small_prep_inputs(b, sq, skv, h, d, layout, special)
+    launched = prep_launches(monkeypatch)
+    got, want = prep_triton(q, k, v), prep_reference(q, k, v)
+    assert launched == ["_fp8_prep_single_kernel"]
+    finite = torch.isfinite(want.descale)
+    assert torch.equal(torch.isnan(got.descale), ~finite)
+    assert torch.equal(got.descale[finite], want.descale[finite])
+    assert special or bool(finite.all())
+    for t, name in enumerate(("q", "k", "v")):
+        a, r = getattr(got, name).view(torch.uint8), getattr(want, name).view(torch.uint8)
+        assert a.shape == r.shape and torch.equal(a[finite[t]], r[finite[t]]), name
 
 
 @pytest.mark.parametrize("kernel", ["mma_sync", "auto"])

@@ -48,6 +48,34 @@ def test_prologue_prep_matches_its_fp32_spec(seq, head_dim, rotary, heads):
         assert ((a - b).abs() <= step)[differ].all(), name
 
 
+@pytest.mark.parametrize("special", [False, True])
+@pytest.mark.parametrize("heads", [1, 3, 10])
+@pytest.mark.parametrize("head_dim, rotary", [(128, 96), (64, 32)])
+@pytest.mark.parametrize("seq", [1, 17, 65, 333, 1000])
+def test_single_launch_prologue_prep_matches_two_launches_bitwise(monkeypatch, seq, head_dim, rotary, heads, special):
+    """The short-sequence path (one launch) against the two-launch path with the prologue, bit for bit:
+    the same helpers, row blocks and per-row reduction order (`prep_triton_kernels.SINGLE_LAUNCH_WARPS`);
+    special heads: an all-zero q head, inf in q, NaN in k (NaN descales in both)."""
+    from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk
+
+    q, k, v = raw_projections(seq, heads, head_dim, outliers=True)
+    if special:
+        q, k = q.clone(), k.clone()
+        q[0, seq // 2, 0, 3], k[0, seq - 1, heads - 1, 1] = float("inf"), float("nan")
+        if heads > 1:
+            q[0, :, heads - 1] = 0
+    prologue = make_prologue(seq, head_dim, rotary)
+    packed = {}
+    for one_launch in (True, False):
+        monkeypatch.setattr(tk, "SINGLE_LAUNCH_MAX_S", 1 << 30 if one_launch else 0)
+        packed[one_launch] = prep_triton(q, k, v, prologue)
+    one, two = packed[True], packed[False]
+    for name in ("q", "k", "v"):
+        assert torch.equal(getattr(one, name).view(torch.uint8), getattr(two, name).view(torch.uint8)), name
+    assert torch.equal(one.descale.view(torch.int32), two.descale.view(torch.int32))
+    assert bool(torch.isnan(one.descale).any()) == special
+
+
 @pytest.mark.parametrize("seq", [333, 4096])
 def test_attention_with_prologue_matches_emulation(seq):
     q, k, v = raw_projections(seq, 4, 128)

@@ -1,0 +1,241 @@
+"""The one-launch prep for short sequences (`_fp8_prep_single_kernel`) against the two-launch prep, bit for
+bit, and `launch_prep`'s choice between them, in Triton's interpreter on the CPU.
+
+Both paths share `_codes`, whose float -> e4m3 rounding in the interpreter differs from the GPU's
+round-to-nearest-even, so neither is compared with the torch reference here; `test_fp8_gpu.py` and
+`test_fp8_prologue_gpu.py` do that, and the comparison of the two paths, on the GPU.
+
+Runs only where there is no CUDA GPU (there the compiled kernels are tested; interpreted kernels
+imported during collection would replace them for every later test) and Triton is importable: installed,
+or in INTERPRETER_TRITON (`pip install --no-deps --target /tmp/tri triton==3.6.0`).
+"""
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip("interpreter tests run where there is no CUDA GPU", allow_module_level=True)
+
+INTERPRETER_TRITON = Path("/tmp/tri")  # where CPU machines keep a Triton for its interpreter
+
+
+def _interpreted_kernels():
+    """prep_triton_kernels with every kernel an InterpretedFunction (TRITON_INTERPRET is read when
+    `triton.jit` decorates), or pytest.skip."""
+    added = importlib.util.find_spec("triton") is None and (INTERPRETER_TRITON / "triton").is_dir()
+    if added:
+        sys.path.append(str(INTERPRETER_TRITON))
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip(f"triton is not importable (nor from {INTERPRETER_TRITON})", allow_module_level=True)
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        from dit_accel.kernels.fp8_attention import prep_triton_kernels
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError as exc:
+        pytest.skip(f"triton's interpreter is not importable: {exc}", allow_module_level=True)
+    finally:
+        if added:  # triton's own lazy imports go through its package path, not sys.path
+            sys.path.remove(str(INTERPRETER_TRITON))
+        if before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+    if not isinstance(prep_triton_kernels._fp8_prep_single_kernel, InterpretedFunction):
+        pytest.skip("prep_triton_kernels was imported compiled, not interpreted", allow_module_level=True)
+    return prep_triton_kernels
+
+
+tk = _interpreted_kernels()
+
+from dit_accel.kernels.fp8_attention.prep import Prologue, prep_triton  # noqa: E402
+
+KERNELS = ("_fp8_prep_single_kernel", "_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel")
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch):
+    """TRITON_INTERPRET=1 while a test runs: the interpreter imports parts of Triton lazily, and they
+    read it too.
+
+    And a fix: Triton 3.6's interpreter holds a scalar argument as a 1-element array and converts it to a loop
+    bound with int(array), which numpy >= 2.4 refuses ("only 0-dimensional arrays can be converted to
+    Python scalars"), so `range(0, S, BLOCK)` fails there. Convert through .item() instead."""
+    from triton.runtime import interpreter
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patched)
+
+
+def make_inputs(b, sq, skv, h, d, layout, seed=0):
+    """q, k, v [B, S, H, D] bf16: contiguous; views of one fused [B, S, 3, H, D] projection ("qkv",
+    Sq == Skv); or transposed [B, H, S, D] storage ("heads-major"). A few 30x outliers."""
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(*shape):
+        x = torch.randn(*shape, generator=g)
+        x.view(-1)[:: 97] *= 30
+        return x.bfloat16()
+
+    if layout == "qkv":
+        assert sq == skv
+        return draw(b, sq, 3, h, d).unbind(2)
+    if layout == "heads-major":
+        return draw(b, h, sq, d).transpose(1, 2), draw(b, h, skv, d).transpose(1, 2), draw(b, h, skv, d).transpose(1, 2)
+    return draw(b, sq, h, d), draw(b, skv, h, d), draw(b, skv, h, d)
+
+
+def make_prologue(seq, d, rotary, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    angles = torch.rand(seq, rotary // 2, generator=g) * 50
+    cos, sin = torch.cat([angles.cos()] * 2, 1), torch.cat([angles.sin()] * 2, 1)
+    wq = (torch.rand(d, generator=g) + 0.5).bfloat16()
+    wk = torch.rand(d, generator=g) + 0.5  # fp32 weights are read as well
+    return Prologue(wq, wk, 1e-5, cos, sin)
+
+
+def add_special_heads(q, k, v):
+    """An all-zero head, a head with inf and one with NaN (a NaN descale each), on distinct heads where
+    there are two or more (b, h)."""
+    b, _, h, _ = q.shape
+    last = (b - 1, h - 1)
+    q[0, q.shape[1] // 2, 0, 3] = float("inf")
+    k[last[0], k.shape[1] - 1, last[1], 1] = float("nan")
+    v[0, :, 0] = 0
+    if b * h > 1:
+        q[last[0], :, last[1]] = 0
+        v[last[0], 0, last[1], 2] = float("-inf")
+
+
+def run_prep(monkeypatch, q, k, v, prologue, one_launch):
+    """prep_triton down one path, its torch.empty outputs pre-filled with 0x7F bytes (e4m3 NaN), so a
+    slot either path leaves unwritten shows."""
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        x = empty(*args, **kwargs)
+        x.view(torch.uint8).fill_(0x7F)
+        return x
+
+    with monkeypatch.context() as m:
+        m.setattr(tk, "SINGLE_LAUNCH_MAX_S", 1 << 30 if one_launch else 0)
+        launched = count_launches(m, run=True)
+        m.setattr(torch, "empty", poisoned)
+        packed = prep_triton(q, k, v, prologue)
+    assert launched == (["_fp8_prep_single_kernel"] if one_launch else ["_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel"])
+    return packed
+
+
+def count_launches(monkeypatch, run):
+    """The names of the prep kernels launched from here on; run=False launches nothing."""
+    launched = []
+
+    class Counted:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launched.append(self.name)
+            return self.kernel[grid] if run else (lambda *args, **kwargs: None)
+
+    for name in KERNELS:
+        monkeypatch.setattr(tk, name, Counted(name, getattr(tk, name)))
+    return launched
+
+
+def assert_same(one, two):
+    for name in ("q", "k", "v"):
+        a, b = getattr(one, name), getattr(two, name)
+        assert a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    assert torch.equal(one.descale.view(torch.int32), two.descale.view(torch.int32)), (one.descale, two.descale)
+
+
+def check_special_heads(p, b, h):
+    descale = p.descale.view(3, b, h)
+    assert torch.isnan(descale[0, 0, 0]) and torch.isnan(descale[1, b - 1, h - 1])
+    if b * h > 1:
+        assert torch.isnan(descale[2, b - 1, h - 1])
+        assert descale[0, b - 1, h - 1] == 1 and (p.q.view(b, h, -1)[b - 1, h - 1].float() == 0).all()
+        assert descale[2, 0, 0] == 1 and (p.v.view(b, h, -1)[0, 0].float() == 0).all()
+    else:
+        assert descale[2, 0, 0] == 1 and (p.v.float() == 0).all()
+
+
+def with_and_without_special_heads(cases, seq):
+    """Each case with and without `add_special_heads`; the slow ones (1000 rows) only with."""
+    return [(*case, special) for case in cases for special in (False, True) if special or seq(case) < 1000]
+
+
+@pytest.mark.parametrize("b, h, sq, skv, d, layout, special", with_and_without_special_heads([
+    (1, 1, 1, 1, 64, "contiguous"),
+    (2, 3, 17, 65, 128, "contiguous"),
+    (1, 10, 64, 129, 64, "contiguous"),
+    (2, 3, 129, 17, 64, "heads-major"),
+    (1, 3, 1000, 64, 128, "contiguous"),
+    (2, 1, 65, 1000, 64, "contiguous"),
+    (2, 3, 129, 129, 128, "qkv"),
+    (1, 10, 1000, 1000, 64, "qkv"),
+], seq=lambda case: max(case[2:4])))
+def test_one_launch_matches_two_launches(monkeypatch, b, h, sq, skv, d, layout, special):
+    q, k, v = make_inputs(b, sq, skv, h, d, layout)
+    if special:
+        add_special_heads(q, k, v)
+    one = run_prep(monkeypatch, q, k, v, None, one_launch=True)
+    assert_same(one, run_prep(monkeypatch, q, k, v, None, one_launch=False))
+    if special:
+        check_special_heads(one, b, h)
+
+
+@pytest.mark.parametrize("b, h, s, d, rotary, layout, special", with_and_without_special_heads([
+    (1, 1, 1, 64, 64, "contiguous"),
+    (2, 3, 17, 128, 96, "qkv"),
+    (1, 10, 65, 128, 128, "qkv"),  # a full group of 8 heads and a partial one
+    (2, 3, 129, 64, 32, "contiguous"),
+    (1, 3, 64, 64, 64, "heads-major"),
+    (1, 10, 1000, 128, 96, "qkv"),
+], seq=lambda case: case[2]))
+def test_one_launch_matches_two_launches_with_the_prologue(monkeypatch, b, h, s, d, rotary, layout, special):
+    q, k, v = make_inputs(b, s, s, h, d, layout, seed=1)
+    if special:
+        add_special_heads(q, k, v)
+    prologue = make_prologue(s, d, rotary)
+    one = run_prep(monkeypatch, q, k, v, prologue, one_launch=True)
+    assert_same(one, run_prep(monkeypatch, q, k, v, prologue, one_launch=False))
+    if special:
+        check_special_heads(one, b, h)
+
+
+@pytest.mark.parametrize("sq, skv, launches, prologue", [
+    (*case, prologue) for case in [
+        (128, 128, 1),  # the issue's 1x1x128x128
+        (1, 1, 1),
+        (1024, 1024, 1),  # Sq_pad = Skv_pad = 1024 = SINGLE_LAUNCH_MAX_S
+        (17, 1000, 1),  # Skv_pad 1024
+        (1025, 1025, 2),  # Sq_pad 1152
+        (17, 1025, 2),  # Skv_pad 1056
+        (4096, 4096, 2),
+    ] for prologue in (False, True) if case[0] == case[1] or not prologue  # the prologue: self-attention only
+])
+def test_one_launch_below_the_threshold_two_above(monkeypatch, sq, skv, launches, prologue):
+    assert tk.SINGLE_LAUNCH_MAX_S == 1024
+    q, k, v = make_inputs(1, sq, skv, 2, 64, "contiguous")
+    fields = make_prologue(sq, 64, 64) if prologue else None
+    zeros, count = torch.zeros, []
+    monkeypatch.setattr(torch, "zeros", lambda *a, **kw: count.append(a) or zeros(*a, **kw))
+    launched = count_launches(monkeypatch, run=False)
+    packed = prep_triton(q, k, v, fields)
+    if launches == 1:
+        assert launched == ["_fp8_prep_single_kernel"] and count == []  # no zeroed amax buffer
+    else:
+        assert launched == ["_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel"] and count == [(3, 2)]
+    assert packed.descale.shape == (3, 2) and packed.q.shape[1] == -(-sq // 128) * 128
