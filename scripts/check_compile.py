@@ -114,7 +114,7 @@ def per_call_cost(calls: int = 1000) -> dict:
 def prep_device_time(calls: int = 20, replays: int = 5) -> dict:
     """GPU time of prep per call, one launch against two (SINGLE_LAUNCH_MAX_S forced either way), from
     CUDA-graph replays of `calls` back-to-back preps (no host cost in it): whether the one-launch path's
-    serial row loop costs GPU time at the threshold (1024) and past it (2048)."""
+    serial row loop costs GPU time from 128 to 2048 rows (SINGLE_LAUNCH_MAX_S is 256 until this measures it)."""
     from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk
     from dit_accel.kernels.fp8_attention.prep import Prologue, prep_triton
 

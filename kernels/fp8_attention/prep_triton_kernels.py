@@ -34,13 +34,14 @@ PROLOGUE_BLOCK_S = 32  # rows per prologue program: its cos/sin tiles stay in re
 PROLOGUE_HEADS = 8  # heads per prologue program, sharing one load of cos/sin
 CODE_MAX = tl.constexpr(E4M3_MAX)  # a jitted function reads module globals only as constexprs
 DESCALE_PER_AMAX = tl.constexpr(1.0 / E4M3_MAX)  # rounded to fp32 in the kernel, as torch rounds it
-# The one-launch path up to this padded length. At S_pad <= 1024 a head is at most 256 KB of bf16 at
-# D = 128 (a few hundred KB), and a call is host-bound: each Triton launch costs 43-70 us of host time
-# (H200, 1x1x128x128) and the zeroed amax buffer one more allocation and fill, against a few us of
-# GPU time for such a head. The single launch runs a program's rows serially (2 * S_pad / BLOCK row
-# blocks: 32 at 1024 without the prologue, 64 with it), so its GPU time grows with S while the saved
-# host cost does not; past ~1024 the two-launch path's row-parallel grid is the better trade.
-SINGLE_LAUNCH_MAX_S = 1024
+# The one-launch path up to this padded length. A short call is host-bound: each Triton launch costs
+# 43-70 us of host time (H200, 1x1x128x128) and the zeroed amax buffer one more allocation and fill,
+# against a few us of GPU time for a head of a few hundred rows. The single launch runs a program's
+# rows serially (2 * S_pad / BLOCK row blocks: 8 at 256 without the prologue, 16 with it; 32 and 64 at
+# 1024, where B1 H56 with the prologue has only 21 programs), so its GPU time grows with S while the
+# saved host cost does not. 256 until `scripts/check_compile.py --per-call-only` (prep_gpu_us) has
+# measured where the trade turns; it may well be higher.
+SINGLE_LAUNCH_MAX_S = 256
 # Warps of the one-launch program, twice the two-launch kernels' 4: a program walks its rows alone, and
 # each thread holds half the tile. With 4 warps (and its pack loop's heads unrolled, which also hoists
 # every head's gather addresses out of the row loop) ptxas spilled 1.7 KB a thread at D = 128 with the

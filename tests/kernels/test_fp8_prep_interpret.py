@@ -219,15 +219,15 @@ def test_one_launch_matches_two_launches_with_the_prologue(monkeypatch, b, h, s,
     (*case, prologue) for case in [
         (128, 128, 1),  # the 1x1x128x128
         (1, 1, 1),
-        (1024, 1024, 1),  # Sq_pad = Skv_pad = 1024 = SINGLE_LAUNCH_MAX_S
-        (17, 1000, 1),  # Skv_pad 1024
-        (1025, 1025, 2),  # Sq_pad 1152
-        (17, 1025, 2),  # Skv_pad 1056
+        (256, 256, 1),  # Sq_pad = Skv_pad = 256 = SINGLE_LAUNCH_MAX_S
+        (17, 250, 1),  # Skv_pad 256
+        (257, 257, 2),  # Sq_pad 384
+        (17, 257, 2),  # Skv_pad 288
         (4096, 4096, 2),
     ] for prologue in (False, True) if case[0] == case[1] or not prologue  # the prologue: self-attention only
 ])
 def test_one_launch_below_the_threshold_two_above(monkeypatch, sq, skv, launches, prologue):
-    assert tk.SINGLE_LAUNCH_MAX_S == 1024
+    assert tk.SINGLE_LAUNCH_MAX_S == 256
     q, k, v = make_inputs(1, sq, skv, 2, 64, "contiguous")
     fields = make_prologue(sq, 64, 64) if prologue else None
     zeros, count = torch.zeros, []
