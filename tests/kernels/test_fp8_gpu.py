@@ -10,7 +10,9 @@ from dit_accel.kernels.fp8_attention import fp8_attention, fp8_attention_packed,
 from dit_accel.attention.reference import (  # noqa: E402
     random_qkv, reference_attention, reference_lse, rel_rms_err)
 from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention  # noqa: E402
+from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk  # noqa: E402
 from dit_accel.kernels.fp8_attention.prep import prep_reference, prep_triton  # noqa: E402
+from prep_launches import count_launches, force_path  # noqa: E402
 
 
 
@@ -43,36 +45,12 @@ def test_public_entry_point_and_scale():
     assert rel_rms_err(out, reference_attention(q, k, v, scale=0.05)) < 0.08
 
 
-PREP_KERNELS = ("_fp8_prep_single_kernel", "_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel")
-
-
-def prep_launches(monkeypatch, one_launch=None):
-    """The names of the prep kernels launched from here on; one_launch True / False forces that path
-    (`prep_triton_kernels.SINGLE_LAUNCH_MAX_S`), None keeps the threshold."""
-    from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk
-
-    if one_launch is not None:
-        monkeypatch.setattr(tk, "SINGLE_LAUNCH_MAX_S", 1 << 30 if one_launch else 0)
-    launched = []
-
-    class Counted:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            launched.append(self.name)
-            return self.kernel[grid]
-
-    for name in PREP_KERNELS:
-        monkeypatch.setattr(tk, name, Counted(name, getattr(tk, name)))
-    return launched
-
-
 @pytest.mark.parametrize("one_launch", [True, False])
 def test_triton_prep_matches_reference_bitwise(monkeypatch, one_launch):
     q, k, v = random_qkv(2, 333, 77, 3, 128, outliers=True)
     q = q.transpose(1, 2).contiguous().transpose(1, 2)  # a non-contiguous [B, S, H, D] view
-    launched = prep_launches(monkeypatch, one_launch)
+    force_path(monkeypatch, tk, one_launch)
+    launched = count_launches(monkeypatch, tk)
     a, r = prep_triton(q, k, v), prep_reference(q, k, v)
     assert len(launched) == (1 if one_launch else 2)
     for name in ("q", "k", "v"):
@@ -116,7 +94,8 @@ def test_single_launch_prep_matches_reference_bitwise(monkeypatch, b, h, sq, skv
     holding inf or NaN has a NaN descale in both, and its codes are not compared (the spec's quant is 1
     for a NaN amax, the kernel's 0: NaN counts as inf)."""
     q, k, v = small_prep_inputs(b, sq, skv, h, d, layout, special)
-    launched = prep_launches(monkeypatch, one_launch=True)
+    force_path(monkeypatch, tk, True)
+    launched = count_launches(monkeypatch, tk)
     got, want = prep_triton(q, k, v), prep_reference(q, k, v)
     assert launched == ["_fp8_prep_single_kernel"]
     finite = torch.isfinite(want.descale)

@@ -53,8 +53,8 @@ def _interpreted_kernels():
 tk = _interpreted_kernels()
 
 from dit_accel.kernels.fp8_attention.prep import Prologue, prep_triton  # noqa: E402
+from prep_launches import count_launches, force_path  # noqa: E402
 
-KERNELS = ("_fp8_prep_single_kernel", "_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel")
 
 
 @pytest.fixture(autouse=True)
@@ -128,29 +128,12 @@ def run_prep(monkeypatch, q, k, v, prologue, one_launch):
         return x
 
     with monkeypatch.context() as m:
-        m.setattr(tk, "SINGLE_LAUNCH_MAX_S", 1 << 30 if one_launch else 0)
-        launched = count_launches(m, run=True)
+        force_path(m, tk, one_launch)
+        launched = count_launches(m, tk)
         m.setattr(torch, "empty", poisoned)
         packed = prep_triton(q, k, v, prologue)
     assert launched == (["_fp8_prep_single_kernel"] if one_launch else ["_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel"])
     return packed
-
-
-def count_launches(monkeypatch, run):
-    """The names of the prep kernels launched from here on; run=False launches nothing."""
-    launched = []
-
-    class Counted:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            launched.append(self.name)
-            return self.kernel[grid] if run else (lambda *args, **kwargs: None)
-
-    for name in KERNELS:
-        monkeypatch.setattr(tk, name, Counted(name, getattr(tk, name)))
-    return launched
 
 
 def assert_same(one, two):
@@ -232,7 +215,7 @@ def test_one_launch_below_the_threshold_two_above(monkeypatch, sq, skv, launches
     fields = make_prologue(sq, 64, 64) if prologue else None
     zeros, count = torch.zeros, []
     monkeypatch.setattr(torch, "zeros", lambda *a, **kw: count.append(a) or zeros(*a, **kw))
-    launched = count_launches(monkeypatch, run=False)
+    launched = count_launches(monkeypatch, tk, run=False)
     packed = prep_triton(q, k, v, fields)
     if launches == 1:
         assert launched == ["_fp8_prep_single_kernel"] and count == []  # no zeroed amax buffer

@@ -11,7 +11,9 @@ from dit_accel.attention.reference import random_qkv, reference_attention, rel_r
 from dit_accel.kernels.fp8_attention import fp8_attention  # noqa: E402
 from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention  # noqa: E402
 from dit_accel.kernels.fp8_attention.op import FP8_ATTENTION_PROLOGUE  # noqa: E402
+from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk  # noqa: E402
 from dit_accel.kernels.fp8_attention.prep import Prologue, apply_prologue, prep_reference, prep_triton  # noqa: E402
+from prep_launches import force_path  # noqa: E402
 
 
 def make_prologue(seq: int, head_dim: int, rotary: int, seed: int = 0) -> Prologue:
@@ -56,8 +58,6 @@ def test_single_launch_prologue_prep_matches_two_launches_bitwise(monkeypatch, s
     """The short-sequence path (one launch) against the two-launch path with the prologue, bit for bit:
     the same helpers, row blocks and per-row reduction order (`prep_triton_kernels.SINGLE_LAUNCH_WARPS`);
     special heads: an all-zero q head, inf in q, NaN in k (NaN descales in both)."""
-    from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk
-
     q, k, v = raw_projections(seq, heads, head_dim, outliers=True)
     if special:
         q, k = q.clone(), k.clone()
@@ -67,7 +67,7 @@ def test_single_launch_prologue_prep_matches_two_launches_bitwise(monkeypatch, s
     prologue = make_prologue(seq, head_dim, rotary)
     packed = {}
     for one_launch in (True, False):
-        monkeypatch.setattr(tk, "SINGLE_LAUNCH_MAX_S", 1 << 30 if one_launch else 0)
+        force_path(monkeypatch, tk, one_launch)
         packed[one_launch] = prep_triton(q, k, v, prologue)
     one, two = packed[True], packed[False]
     for name in ("q", "k", "v"):

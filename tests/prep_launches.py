@@ -1,0 +1,27 @@
+"""The FP8 prep's Triton launches in tests: force the one- or two-launch path, and record which
+kernels a `prep_triton` call launched. `kernels` is `prep_triton_kernels` as the test imported it
+(compiled on a GPU machine, interpreted on the CPU)."""
+
+PREP_KERNELS = ("_fp8_prep_single_kernel", "_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel")
+
+
+def force_path(monkeypatch, kernels, one_launch: bool) -> None:
+    """Every call takes the one-launch path (one_launch) or the two-launch path, whatever its length."""
+    monkeypatch.setattr(kernels, "SINGLE_LAUNCH_MAX_S", 1 << 30 if one_launch else 0)
+
+
+def count_launches(monkeypatch, kernels, *, run: bool = True) -> list[str]:
+    """The names of the prep kernels launched from here on, in order; run=False launches nothing."""
+    launched = []
+
+    class Counted:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launched.append(self.name)
+            return self.kernel[grid] if run else (lambda *args, **kwargs: None)
+
+    for name in PREP_KERNELS:
+        monkeypatch.setattr(kernels, name, Counted(name, getattr(kernels, name)))
+    return launched
