@@ -15,7 +15,7 @@ from diffusers.models.autoencoders import autoencoder_kl_minimax_h3 as h3_vae
 from diffusers.models.transformers import transformer_minimax_h3 as h3
 
 from .base import AttentionCall, BlockAdapter, ModuleRange, TransformerInputs, Workload, check_video_rows
-from .stages import StageSpec, build_on_meta
+from .stages import StageSpec, build_on_meta, vae_decode
 
 _H3_MODULE = h3.__name__
 TAG_VIDEO, TAG_TEXT, TAG_AUDIO = 0, 1, 2  # `token_tags` values (diffusers' MiniMax-H3 docstring)
@@ -256,9 +256,6 @@ class MiniMaxH3Adapter(BlockAdapter):
                 return {"z": z.to(dtype)}
             return make_inputs
 
-        def decode(model, z):
-            return model.decode(z, return_dict=False)[0]
-
         block = "model.decoder.transformer_blocks.{}."
         per_block = lambda *names: tuple(block.format(i) + n for i in range(layers) for n in names)  # noqa: E731
         ranges = (
@@ -280,7 +277,7 @@ class MiniMaxH3Adapter(BlockAdapter):
             f"{height * VAE_SPATIAL}x{width * VAE_SPATIAL}: {clips} clip(s) x {tiles} tile(s), "
             f"{rows_per_tile} rows per decoder call",
             lambda: build_on_meta(h3_vae.AutoencoderKLMiniMaxH3, config, drop=("encoder", "quant_conv")),
-            tuple(h3_vae.AutoencoderKLMiniMaxH3._keep_in_fp32_modules), latents(frames), decode,
+            tuple(h3_vae.AutoencoderKLMiniMaxH3._keep_in_fp32_modules), latents(frames), vae_decode,
             attention_routed=True,
             attention_note=(f"the decoder's attention processor (MiniMaxH3VideoAttnProcessor) calls diffusers' "
                             f"dispatch_attention_fn: each recipe's attention backend runs in it ({heads} heads x "

@@ -92,6 +92,11 @@ def build_on_meta(cls: type, config: dict[str, Any], drop: tuple[str, ...] = ())
     return model
 
 
+def vae_decode(model: nn.Module, z: torch.Tensor) -> torch.Tensor:
+    """A diffusers VAE's decode of latents `z` (the VAE stages' `StageSpec.call`)."""
+    return model.decode(z, return_dict=False)[0]
+
+
 def read_model_config(folder: Path, option: str) -> dict[str, Any]:
     """A local model folder's config.json (a folder given with `option`), or a UserError."""
     path = folder / "config.json" if folder.is_dir() else folder

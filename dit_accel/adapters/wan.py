@@ -14,7 +14,7 @@ from diffusers.models.transformers import transformer_wan as wan
 
 from ..errors import UserError
 from .base import AttentionCall, BlockAdapter, ModuleRange, TransformerInputs, Workload, check_video_rows
-from .stages import StageSpec, build_on_meta
+from .stages import StageSpec, build_on_meta, vae_decode
 
 _WAN_MODULE = wan.__name__
 
@@ -233,9 +233,6 @@ class WanAdapter(BlockAdapter):
             z = torch.randn(batch, channels, frames, height, width, generator=generator, device=device)
             return {"z": z.to(dtype)}
 
-        def decode(model, z):
-            return model.decode(z, return_dict=False)[0]
-
         ranges = (
             ModuleRange("mid-block attention (torch SDPA, called directly)",
                         modules=("model.decoder.mid_block.attentions.0",)),
@@ -252,7 +249,7 @@ class WanAdapter(BlockAdapter):
             f"latents {batch} x {channels} x {frames} x {height} x {width} -> {1 + VAE_TEMPORAL * (frames - 1)} frames "
             f"at {height * VAE_SPATIAL}x{width * VAE_SPATIAL}, one latent frame at a time, untiled",
             lambda: build_on_meta(wan_vae.AutoencoderKLWan, config),
-            tuple(getattr(wan_vae.AutoencoderKLWan, "_keep_in_fp32_modules", None) or ()), make_inputs, decode,
+            tuple(getattr(wan_vae.AutoencoderKLWan, "_keep_in_fp32_modules", None) or ()), make_inputs, vae_decode,
             attention_routed=False,
             attention_note=("not patched: the VAE's only attention (one per mid block: a single head over each "
                             f"frame's {height}x{width} latent positions, head dim {base_dim * 4}) calls "
