@@ -14,6 +14,7 @@ and the GPU time of prep down its one- and two-launch paths (CUDA-graph replays,
 Writes $OUT/check_compile.json and prints it.
 """
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -69,24 +70,33 @@ def block_case(family: str, seq_len: int) -> dict:
     return report
 
 
+@contextlib.contextmanager
+def prep_path(one_launch: bool):
+    """Every prep_triton call in the body takes the one-launch (or the two-launch) path, whatever its
+    length (`prep_triton_kernels.SINGLE_LAUNCH_MAX_S`, restored after)."""
+    from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk
+
+    threshold, tk.SINGLE_LAUNCH_MAX_S = tk.SINGLE_LAUNCH_MAX_S, 1 << 30 if one_launch else 0
+    try:
+        yield
+    finally:
+        tk.SINGLE_LAUNCH_MAX_S = threshold
+
+
 def per_call_cost(calls: int = 1000) -> dict:
     """Host-bound cost of one call at a tiny shape: 1000 back-to-back calls, then one sync."""
     q, k, v = random_qkv(1, 128, 128, 1, 128, device="cuda")
     from dit_accel.kernels.fp8_attention import fp8_attention
     from dit_accel.kernels.fp8_attention.interface import fp8_attention_packed
     from dit_accel.kernels.fp8_attention.op import FP8_ATTENTION
-    from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk
     from dit_accel.kernels.fp8_attention.prep import prep_triton
     from dit_accel.kernels.fp8_attention.support import can_implement
 
     packed = prep_triton(q, k, v)
 
     def two_launch_prep():  # the path above SINGLE_LAUNCH_MAX_S, at this shape: what the one launch saves
-        threshold, tk.SINGLE_LAUNCH_MAX_S = tk.SINGLE_LAUNCH_MAX_S, 0
-        try:
+        with prep_path(one_launch=False):
             return prep_triton(q, k, v)
-        finally:
-            tk.SINGLE_LAUNCH_MAX_S = threshold
 
     candidates = {
         "cudnn (torch SDPA)": lambda: get_backend("cudnn").run(q, k, v),
@@ -115,10 +125,9 @@ def prep_device_time(calls: int = 20, replays: int = 5) -> dict:
     """GPU time of prep per call, one launch against two (SINGLE_LAUNCH_MAX_S forced either way), from
     CUDA-graph replays of `calls` back-to-back preps (no host cost in it): whether the one-launch path's
     serial row loop costs GPU time from 128 to 2048 rows (SINGLE_LAUNCH_MAX_S is 256 until this measures it)."""
-    from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk
     from dit_accel.kernels.fp8_attention.prep import Prologue, prep_triton
 
-    result, threshold = {}, tk.SINGLE_LAUNCH_MAX_S
+    result = {}
     for heads, seq in ((1, 128), (56, 128), (56, 512), (56, 1024), (56, 2048)):
         q, k, v = random_qkv(1, seq, seq, heads, 128, device="cuda")
         angles = torch.rand(seq, 48, device="cuda") * 50
@@ -126,9 +135,8 @@ def prep_device_time(calls: int = 20, replays: int = 5) -> dict:
                             torch.cat([angles.cos()] * 2, 1), torch.cat([angles.sin()] * 2, 1))
         for name, fields in (("plain", None), ("prologue", prologue)):
             row = {}
-            for launches, limit in ((1, 1 << 30), (2, 0)):
-                tk.SINGLE_LAUNCH_MAX_S = limit
-                try:
+            for launches in (1, 2):
+                with prep_path(one_launch=launches == 1):
                     prep_triton(q, k, v, fields)  # compiles outside the capture
                     torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
@@ -144,8 +152,6 @@ def prep_device_time(calls: int = 20, replays: int = 5) -> dict:
                     torch.cuda.synchronize()
                     row[f"{launches} launch{'es' if launches > 1 else ''}"] = round(
                         start.elapsed_time(end) * 1e3 / (replays * calls), 1)  # us per prep
-                finally:
-                    tk.SINGLE_LAUNCH_MAX_S = threshold
             result[f"B1 H{heads} S{seq} D128 {name}"] = row
     return result
 
