@@ -7,9 +7,10 @@ the first pass and from then on prefetches the next block on a side CUDA stream,
 streamed blocks are on the GPU at once. Only the model's block stacks are streamed; the rest of
 the model (embeddings, norms, heads: what diffusers would copy in and out synchronously on every
 forward) stays on the GPU (`stream_blocks` says why). We add what a user needs around it:
-parameters are put in pinned memory *before* diffusers sees them (diffusers would otherwise keep a pinned copy beside
-each pageable tensor, twice the host memory: 129 GB for the 50 H3 blocks), the host-to-device
-bandwidth is measured, and `StreamedRun` says how much of the transfer the computation hid.
+parameters are put in pinned memory *before* diffusers sees them (diffusers would otherwise keep a
+pinned copy beside each pageable tensor, twice the host memory: 129 GB for the 50 H3 blocks), the
+host-to-device bandwidth is measured, and `StreamedRun` says how much of the transfer the
+computation hid.
 """
 from __future__ import annotations
 
