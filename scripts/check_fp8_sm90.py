@@ -7,7 +7,8 @@ correctness matrix, timings at the H3 shape beside v1 and torch SDPA (cuDNN / fl
 Variant "NxS[s][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
 (each block's P.V added to O in fp32 by the FMA units); "s" = single-level (P.V accumulated by
 the tensor core across all blocks); "eK" = the exp2s of K n8 tiles per row on the FMA pipe;
-"wW" = W consumer warpgroups (2, or 3: 192-row tiles at 160 registers, meant for D = 64).
+"wW" = W consumer warpgroups (2, or 3: 192-row tiles at 160 registers); without it, the head
+dim's default (3 at D = 64, 2 at D = 128).
 --head-dim picks the quick check's and the timing's head dim (the correctness matrix has both).
 kernels/NOTES.md lists the variants measured. The first variant is the one checked for
 correctness; every variant is timed. Writes $OUT/check_fp8_sm90.json, prints a table last.
@@ -51,14 +52,14 @@ def main():
     from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention
     from dit_accel.kernels.fp8_attention.prep import prep_triton
 
-    def parse(name):  # "128x2se2w3" -> (128, 2, False, 2, 3)
+    def parse(name):  # "128x2se2w3" -> (128, 2, False, 2, 3); no "wW": None, the head dim's default
         m = re.fullmatch(r"(\d+)x(\d+)(s?)(?:e(\d+))?(?:w(\d))?", name)
         if not m:
             parser.error(f"bad variant {name!r}; NxS[s][eK][wW], e.g. 128x2, 192x2s or 128x2w3")
-        return int(m[1]), int(m[2]), not m[3], int(m[4] or 0), int(m[5] or 2)
+        return int(m[1]), int(m[2]), not m[3], int(m[4] or 0), int(m[5]) if m[5] else None
 
     variants = [parse(v) for v in args.variants.split(",")]
-    label = lambda v: "%dx%d" % v[:2] + ("" if v[2] else "s") + (f"e{v[3]}" if v[3] else "") + (f"w{v[4]}" if v[4] != 2 else "")
+    label = lambda v: "%dx%d" % v[:2] + ("" if v[2] else "s") + (f"e{v[3]}" if v[3] else "") + (f"w{v[4]}" if v[4] else "")
     report = {"device": torch.cuda.get_device_name(), "variants": args.variants,
               "compile": [], "correctness": [], "timing": []}
     kernels = {}

@@ -8,8 +8,9 @@ the fp32 accumulator of an m64nNk32 wgmma has mma.sync's C layout (lane t of a r
 and 16 + 4t..16 + 4t+3 of each 32-key k-block), so P goes from the S accumulator into the A
 registers of the P.V wgmma without shuffles. Every wgmma operand is K-major, as FP8 wgmma needs.
 
-CTA = 128 query rows of one (batch, head), 3 warpgroups (384 threads) by default
-(`consumer_warpgroups=3`: 192 rows, 4 warpgroups, consumers at 160 registers, no ping-pong):
+CTA = 64 query rows per consumer warpgroup of one (batch, head): at D = 128, 128 rows and 3
+warpgroups (384 threads), as below; at D = 64, 192 rows and 4 warpgroups (`consumer_warpgroups=3`,
+consumers at 160 registers, no ping-pong; `DEFAULT_CONSUMER_WARPGROUPS`):
 
 - warpgroup 0, producer (24 registers): warp 0 issues TMA loads of Q once, then K and V blocks
   of ``tile_n`` keys into ``num_stages``-deep smem rings (`PipelineTmaAsync`, one full and one
@@ -61,6 +62,10 @@ PRODUCER_REGS = 24
 # Registers per consumer thread by consumer warpgroup count: 128 * 24 + 256 * 240 and
 # 128 * 24 + 384 * 160 fit the 64K registers of an SM.
 CONSUMER_REGS = {2: 240, 3: 160}
+# Consumer warpgroups by head dim when not given: three at D = 64 (192-row tiles; +15-17% at
+# S = 30272, kernels/NOTES.md), two at D = 128 (with three, its overlapped loop's two-level
+# accumulators do not fit 160 registers: 572 B of spills).
+DEFAULT_CONSUMER_WARPGROUPS = {64: 3, 128: 2}
 # exp2 on the FMA pipe: x + 1.5 * 2^23 rounds x to the nearest integer j (kept in the low
 # mantissa bits), f = x - j in [-0.5, 0.5], 2^f by a degree-2 polynomial (minimax relative
 # error 1.7e-3, far below e4m3's 2^-4 rounding of P), then j is added to the exponent field.
@@ -118,8 +123,10 @@ class Fp8AttentionSm90:
     """Non-causal FP8 attention forward on sm_90a; one compile per (head_dim, out dtype, LSE)."""
 
     def __init__(self, head_dim: int, tile_n: int = DEFAULT_TILE_N, num_stages: int = 2,
-                 two_level_pv: bool = True, fma_exp2_tiles: int = 0, consumer_warpgroups: int = 2):
+                 two_level_pv: bool = True, fma_exp2_tiles: int = 0, consumer_warpgroups: int | None = None):
         check_head_dim(head_dim)
+        if consumer_warpgroups is None:
+            consumer_warpgroups = DEFAULT_CONSUMER_WARPGROUPS[head_dim]
         if tile_n % KEYS != 0:
             raise ValueError("tile_n must be a multiple of the 32-key wgmma k-block")
         if consumer_warpgroups not in CONSUMER_REGS:

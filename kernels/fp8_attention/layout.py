@@ -1,6 +1,7 @@
 """The prep/kernel contract: what prep writes and every reader (emulation, both kernels) assumes.
 
-- Q rows are padded to ``Q_ROWS`` (128): one CTA of either kernel owns 128 query rows.
+- Q rows are padded to ``Q_ROWS`` (128): one CTA owns 128 query rows (v1; sm90 at D = 128), or
+  192 (sm90 at D = 64: its last tile reads TMA's zero fill past the padding and writes no row).
 - K rows and V's key columns are padded to ``KEYS`` (32): one m16n8k32 (or m64nNk32) k-block of
   the P.V GEMM, and v1's key strip. Zero padding, masked to -inf in the last block.
 - V's keys are permuted inside every 16-key group by `key_order`, so that the fp32 S
@@ -16,7 +17,7 @@ import math
 
 import torch
 
-Q_ROWS = 128  # query rows per CTA and Sq padding (v1: 4 warps x 32 rows; sm90: 2 warpgroups x 64)
+Q_ROWS = 128  # Sq padding; query rows per CTA of v1 (4 warps x 32 rows) and of sm90 at D = 128 (2 x 64)
 KEYS = 32  # key padding of Skv; v1's strip; one k-block of the P.V MMA
 P_SCALE_LOG2 = 8.0  # P is stored as p * 2^8 in e4m3
 P_SCALE = 2.0**P_SCALE_LOG2  # 256.0

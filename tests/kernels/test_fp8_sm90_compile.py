@@ -23,15 +23,17 @@ dump = os.environ["CUTE_DSL_DUMP_DIR"]
 done = []
 for head_dim, with_lse, tile_n, two_level, tiles, wgs in [(64, False, 128, True, 0, 2), (128, True, 128, True, 0, 2),
                                                           (128, False, 192, False, 0, 2), (128, False, 128, True, 2, 2),
-                                                          (64, True, 128, True, 0, 3)]:
+                                                          (64, True, 128, True, 0, None)]:
     for f in glob.glob(os.path.join(dump, "*.ptx")):
         os.remove(f)
     compile_fp8_attention(head_dim, torch.bfloat16, with_lse, kernel="sm90", tile_n=tile_n,
                           two_level_pv=two_level, fma_exp2_tiles=tiles, consumer_warpgroups=wgs)
     ptx = open(glob.glob(os.path.join(dump, "*.ptx"))[0]).read()
-    done.append({"head_dim": head_dim, "tile_n": tile_n, "fma_exp2_tiles": tiles, "warpgroups": wgs,
+    threads = int(re.search(r"\.reqntid\s+(\d+)", ptx)[1])
+    done.append({"head_dim": head_dim, "tile_n": tile_n, "fma_exp2_tiles": tiles, "default": wgs is None,
+                 "warpgroups": wgs or threads // 128 - 1,
                  "consumer_regs": int(re.search(r"setmaxnreg.inc.sync.aligned.u32\s+(\d+)", ptx)[1]),
-                 "threads": int(re.search(r"\.reqntid\s+(\d+)", ptx)[1]) if ".reqntid" in ptx else None,
+                 "threads": threads,
                  "named_barriers": len(re.findall(r"bar\.(?:sync|arrive)\s+\S+,\s*256;", ptx)),
                  "poly_exp2": ptx.count("0f4B400000"), "ex2": ptx.count("ex2.approx"),
                  "qk": ptx.count(f"wgmma.mma_async.sync.aligned.m64n{tile_n}k32.f32.e4m3.e4m3"),
@@ -61,6 +63,8 @@ def test_sm90_compiles(tmp_path):
         assert v["consumer_regs"] == {2: 240, 3: 160}[v["warpgroups"]], v
         assert (v["named_barriers"] > 0) == (v["warpgroups"] == 2), v
         assert v["threads"] == 128 * (1 + v["warpgroups"]), v
+        if v["default"]:  # D = 64's default: 3 consumer warpgroups (192-row tiles)
+            assert v["head_dim"] == 64 and v["warpgroups"] == 3, v
         # P: N/32 k-blocks x 8 pairs per thread, in the first block and in the loop body
         assert v["cvt_e4m3x2"] == 2 * (n // 32) * 8, v
         # Per thread and softmax (first block, loop body): 2 rows x n/4 values, 4 per FMA tile,
