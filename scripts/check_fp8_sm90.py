@@ -4,11 +4,11 @@ correctness matrix, timings at the H3 shape beside v1 and torch SDPA (cuDNN / fl
     python scripts/check_fp8_sm90.py --out $OUT [--budget-s 300] [--variants 128x2,128x3,192x2]
     python scripts/check_fp8_sm90.py --out $OUT --sanitize   # tiny shape, for compute-sanitizer
 
-Variant "NxS[s][n][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
+Variant "NxS[s][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
 (each block's P.V added to O in fp32 by the FMA units); "s" = single-level (P.V accumulated by
-the tensor core across all blocks); "n" = no intra-warpgroup overlap (S -> softmax -> P.V in turn);
-"eK" = the exp2s of K n8 tiles per row on the FMA pipe; "wW" = W consumer warpgroups (2, or 3:
-192-row tiles at 160 registers); without it, the head dim's default (3 at D = 64, 2 at D = 128).
+the tensor core across all blocks); "eK" = the exp2s of K n8 tiles per row on the FMA pipe;
+"wW" = W consumer warpgroups (2, or 3: 192-row tiles at 160 registers); without it, the head
+dim's default (3 at D = 64, 2 at D = 128).
 --head-dim picks the quick check's and the timing's head dim (the correctness matrix has both).
 kernels/NOTES.md lists the variants measured. The first variant is the one checked for
 correctness; every variant is timed. Writes $OUT/check_fp8_sm90.json, prints a table last.
@@ -52,26 +52,25 @@ def main():
     from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention
     from dit_accel.kernels.fp8_attention.prep import prep_triton
 
-    def parse(name):  # "128x2sne2w3" -> (128, 2, False, False, 2, 3); no "wW": None, the head dim's default
-        m = re.fullmatch(r"(\d+)x(\d+)(s?)(n?)(?:e(\d+))?(?:w(\d))?", name)
+    def parse(name):  # "128x2se2w3" -> (128, 2, False, 2, 3); no "wW": None, the head dim's default
+        m = re.fullmatch(r"(\d+)x(\d+)(s?)(?:e(\d+))?(?:w(\d))?", name)
         if not m:
-            parser.error(f"bad variant {name!r}; NxS[s][n][eK][wW], e.g. 128x2, 192x2s, 192x2nw3")
-        return int(m[1]), int(m[2]), not m[3], not m[4], int(m[5] or 0), int(m[6]) if m[6] else None
+            parser.error(f"bad variant {name!r}; NxS[s][eK][wW], e.g. 128x2, 192x2s or 128x2w3")
+        return int(m[1]), int(m[2]), not m[3], int(m[4] or 0), int(m[5]) if m[5] else None
 
     variants = [parse(v) for v in args.variants.split(",")]
-    label = lambda v: ("%dx%d" % v[:2] + ("" if v[2] else "s") + ("" if v[3] else "n") + (f"e{v[4]}" if v[4] else "")
-                       + (f"w{v[5]}" if v[5] else ""))
+    label = lambda v: "%dx%d" % v[:2] + ("" if v[2] else "s") + (f"e{v[3]}" if v[3] else "") + (f"w{v[4]}" if v[4] else "")
     report = {"device": torch.cuda.get_device_name(), "variants": args.variants,
               "compile": [], "correctness": [], "timing": []}
     kernels = {}
 
-    def get(d, with_lse, tile_n, stages, two_level, overlap, fma_exp2_tiles, warpgroups):
-        key = (d, with_lse, tile_n, stages, two_level, overlap, fma_exp2_tiles, warpgroups)
+    def get(d, with_lse, tile_n, stages, two_level, fma_exp2_tiles, warpgroups):
+        key = (d, with_lse, tile_n, stages, two_level, fma_exp2_tiles, warpgroups)
         if key not in kernels:
             t0 = time.time()
             kernels[key] = compile_fp8_attention(d, torch.bfloat16, with_lse, kernel="sm90",
                                                  tile_n=tile_n, num_stages=stages,
-                                                 two_level_pv=two_level, intra_wg_overlap=overlap,
+                                                 two_level_pv=two_level,
                                                  fma_exp2_tiles=fma_exp2_tiles, consumer_warpgroups=warpgroups)
             entry = {"key": key, "compile_s": round(time.time() - t0, 2)}
             # The dump's file name is truncated, so variants share it: ptxas it right away.

@@ -61,7 +61,7 @@ WG_THREADS = 128
 PRODUCER_REGS = 24
 # Registers per consumer thread by consumer warpgroup count: 128 * 24 + 256 * 240 and
 # 128 * 24 + 384 * 160 fit the 64K registers of an SM.
-CONSUMER_REGS = {2: 240, 3: 160, 4: 120}  # 4 x 64 rows: 128 * 24 + 512 * 120
+CONSUMER_REGS = {2: 240, 3: 160}
 # Consumer warpgroups by head dim when not given: three at D = 64 (192-row tiles; +15-17% at
 # S = 30272, kernels/NOTES.md), two at D = 128 (with three, its overlapped loop's two-level
 # accumulators do not fit 160 registers: 572 B of spills).
@@ -123,8 +123,7 @@ class Fp8AttentionSm90:
     """Non-causal FP8 attention forward on sm_90a; one compile per (head_dim, out dtype, LSE)."""
 
     def __init__(self, head_dim: int, tile_n: int = DEFAULT_TILE_N, num_stages: int = 2,
-                 two_level_pv: bool = True, fma_exp2_tiles: int = 0, consumer_warpgroups: int | None = None,
-                 intra_wg_overlap: bool = True):
+                 two_level_pv: bool = True, fma_exp2_tiles: int = 0, consumer_warpgroups: int | None = None):
         check_head_dim(head_dim)
         if consumer_warpgroups is None:
             consumer_warpgroups = DEFAULT_CONSUMER_WARPGROUPS[head_dim]
@@ -157,11 +156,6 @@ class Fp8AttentionSm90:
         if not 0 <= fma_exp2_tiles < tile_n // 8:
             raise ValueError(f"fma_exp2_tiles must be in 0..{tile_n // 8 - 1}")
         self.fma_exp2_tiles = fma_exp2_tiles
-        # intra_wg_overlap: S of block n+1 is issued before P.V of block n, so S, the P.V accumulator,
-        # P and O are all live during the softmax. Off, each block runs S -> softmax -> P.V in turn
-        # (only the other warpgroups' GEMMs hide the softmax) and S is dead before the P.V
-        # accumulator is needed, so two-level accumulation fits wider key blocks or fewer registers.
-        self.intra_wg_overlap = intra_wg_overlap
 
     @cute.jit
     def __call__(
@@ -381,36 +375,6 @@ class Fp8AttentionSm90:
         pipeline_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
 
         # ------------------------------------------------------------------ main loop
-        if const_expr(self.intra_wg_overlap):
-            self.overlapped_loop(tiled_mma_qk, tiled_mma_pv, tScS, tSrQ, tSrK, tOrV, tOrP, acc_O, acc_PV,
-                                 row_max, row_sum, qk_scale_log2, seqlen_kv, n_blocks, pipeline_k, pipeline_v,
-                                 state, wg)
-        else:
-            self.serial_block(tiled_mma_qk, tiled_mma_pv, tScS, tSrQ, tSrK, tOrV, tOrP, acc_O, acc_PV,
-                              row_max, row_sum, qk_scale_log2, seqlen_kv, n_blocks, pipeline_k, pipeline_v,
-                              state, wg, True)
-            for _ in cutlass.range(n_blocks - 1, unroll=1):
-                state.advance()
-                self.serial_block(tiled_mma_qk, tiled_mma_pv, tScS, tSrQ, tSrK, tOrV, tOrP, acc_O, acc_PV,
-                                  row_max, row_sum, qk_scale_log2, seqlen_kv, n_blocks, pipeline_k, pipeline_v,
-                                  state, wg, False)
-
-        # ------------------------------------------------------------------ epilogue
-        # Row half r of this thread: its (c, j) values of O. The row sum is of p * 256, which
-        # cancels in O and comes off the LSE as P_SCALE_LOG2.
-        lane = cute.arch.lane_idx()
-        acc_O_rows = self.rows_view(acc_O)
-        for r in cutlass.range_constexpr(2):
-            store_row(mO, mLSE, batch, head, m_block, acc_O_rows[r, None],
-                      tOcO[(None, r, None), 0, 0], row_max[r], row_sum[r], pv_scale, lane, P_SCALE_LOG2, M)
-
-    @cute.jit
-    def overlapped_loop(self, tiled_mma_qk, tiled_mma_pv, tScS, tSrQ, tSrK, tOrV, tOrP, acc_O, acc_PV,
-                        row_max, row_sum, qk_scale_log2: Float32, seqlen_kv: Int32, n_blocks: Int32,
-                        pipeline_k, pipeline_v, state, wg: Int32):
-        """Every key block with intra-warpgroup overlap (S of block n - 1 in flight during P.V of
-        block n)."""
-        N = self.tile_n
         # First (last-in-order) block alone: S, key-tail mask, softmax, P.
         pipeline_k.consumer_wait(state)
         acc_S = self.qk(tiled_mma_qk, tScS, tSrQ, tSrK, state.index, 0)
@@ -451,42 +415,14 @@ class Fp8AttentionSm90:
         if const_expr(self.two_level_pv):
             acc_O.store(acc_O.load() + acc_PV.load())
 
-    @cute.jit
-    def serial_block(self, tiled_mma_qk, tiled_mma_pv, tScS, tSrQ, tSrK, tOrV, tOrP, acc_O, acc_PV,
-                     row_max, row_sum, qk_scale_log2: Float32, seqlen_kv: Int32, n_blocks: Int32,
-                     pipeline_k, pipeline_v, state, wg: Int32, first: cutlass.Constexpr):
-        """One key block without intra-warpgroup overlap: S, softmax, P, then P.V; O is rescaled
-        while P.V runs (two-level) and the block's P.V added after. `first`: the block visited
-        first, the one with the key-tail mask."""
-        pipeline_k.consumer_wait(state)
-        if const_expr(self.ping_pong):
-            cute.arch.barrier(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE) + wg,
-                              number_of_threads=2 * WG_THREADS)
-        acc_S = self.qk(tiled_mma_qk, tScS, tSrQ, tSrK, state.index, -1)
-        if const_expr(self.ping_pong):
-            cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE) + 1 - wg,
-                                     number_of_threads=2 * WG_THREADS)
-        warpgroup.wait_group(0)
-        pipeline_k.consumer_release(state)
-        if const_expr(first):
-            for i in cutlass.range_constexpr(cute.size(acc_S)):
-                if (n_blocks - 1) * self.tile_n + tScS[i][1] >= seqlen_kv:
-                    acc_S[i] = -Float32.inf
-        row_scale = self.online_softmax(acc_S, acc_O, row_max, row_sum, qk_scale_log2, first)
-        self.store_p(acc_S, tOrP)
-        rows = self.rows_view(acc_O)
-        if const_expr(not self.two_level_pv):  # P.V accumulates into O: rescale it first
-            for r in cutlass.range_constexpr(2):
-                rows[r, None].store(rows[r, None].load() * row_scale[r])
-        pipeline_v.consumer_wait(state)
-        wgmma(tiled_mma_pv, acc_PV, tOrP, tOrV[None, None, None, state.index], self.two_level_pv, -1)
-        if const_expr(self.two_level_pv):  # under the P.V (its accumulator is another one)
-            for r in cutlass.range_constexpr(2):
-                rows[r, None].store(rows[r, None].load() * row_scale[r])
-        warpgroup.wait_group(0)
-        pipeline_v.consumer_release(state)
-        if const_expr(self.two_level_pv):
-            acc_O.store(acc_O.load() + acc_PV.load())
+        # ------------------------------------------------------------------ epilogue
+        # Row half r of this thread: its (c, j) values of O. The row sum is of p * 256, which
+        # cancels in O and comes off the LSE as P_SCALE_LOG2.
+        lane = cute.arch.lane_idx()
+        acc_O_rows = self.rows_view(acc_O)
+        for r in cutlass.range_constexpr(2):
+            store_row(mO, mLSE, batch, head, m_block, acc_O_rows[r, None],
+                      tOcO[(None, r, None), 0, 0], row_max[r], row_sum[r], pv_scale, lane, P_SCALE_LOG2, M)
 
     @cute.jit
     def qk(self, tiled_mma_qk, tScS, tSrQ, tSrK, stage: Int32, wait: cutlass.Constexpr):
