@@ -1,12 +1,13 @@
-"""The FP8 prep's Triton launches in tests: force the one- or two-launch path, and record which
-kernels a `prep_triton` call launched. `kernels` is `prep_triton_kernels` as the test imported it
+"""The FP8 prep's Triton launches in tests: force the plain prep's one- or two-launch path, and record
+which kernels a `prep_triton` call launched. `kernels` is `prep_triton_kernels` as the test imported it
 (compiled on a GPU machine, interpreted on the CPU)."""
 
 PREP_KERNELS = ("_fp8_prep_single_kernel", "_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel")
 
 
 def force_path(monkeypatch, kernels, one_launch: bool) -> None:
-    """Every call takes the one-launch path (one_launch) or the two-launch path, whatever its length."""
+    """Every plain call takes the one-launch path (one_launch) or the two-launch path, whatever its length
+    (a call with the prologue takes two launches either way)."""
     monkeypatch.setattr(kernels, "SINGLE_LAUNCH_MAX_S", 1 << 30 if one_launch else 0)
 
 

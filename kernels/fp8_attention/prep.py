@@ -18,9 +18,9 @@ every output of the head (Q or K: the logits; V: the output scale). No host sync
 kernel stay asynchronous and can be captured in a CUDA graph.
 
 Two implementations of the same contract: `prep_reference` (torch, any device, the spec) and
-`prep_triton` (CUDA, Triton, q, k and v together: at padded lengths up to
-`prep_triton_kernels.SINGLE_LAUNCH_MAX_S` one launch, a program per head group doing amax, scales and
-packing; beyond, two launches, amax into a zeroed buffer, then scales + quantize + pack). The GPU
+`prep_triton` (CUDA, Triton, q, k and v together: without the prologue and at padded lengths up to
+`prep_triton_kernels.SINGLE_LAUNCH_MAX_S` one launch, a program per head doing amax, scales and
+packing; otherwise two launches, amax into a zeroed buffer, then scales + quantize + pack). The GPU
 check compares them bit for bit.
 
 The prologue (`Prologue`, MiniMax-H3's attention): q and k arrive as the raw projections, and
@@ -151,9 +151,9 @@ def prep_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def prep_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Prologue | None = None) -> PackedQKV:
-    """Same contract as `prep_reference`, on CUDA: one Triton launch for short sequences, else two
-    (amax, then scales and packing; `prep_triton_kernels.launch_prep` picks) for the three tensors,
-    reading any [B, S, H, D] strides (innermost stride 1)."""
+    """Same contract as `prep_reference`, on CUDA: one Triton launch for short sequences without the
+    prologue, else two (amax, then scales and packing; `prep_triton_kernels.launch_prep` picks) for the
+    three tensors, reading any [B, S, H, D] strides (innermost stride 1)."""
     from . import prep_triton_kernels as tk
 
     b, sq, h, d = q.shape

@@ -2,18 +2,26 @@
 
 A call costs one or two Triton launches for q, k and v together (`launch_prep` picks):
 
-- short sequences (max(Sq_pad, Skv_pad) <= SINGLE_LAUNCH_MAX_S): `_fp8_prep_single_kernel`, one
-  program per (tensor, batch entry, group of HEADS heads) that loops over its rows twice: the heads'
-  amax in registers, then scales, descale and codes. No atomics, no zeroed amax buffer;
-- otherwise two launches (program axis 2 picks the tensor, axis 1 a batch entry and a group of HEADS
-  heads, axis 0 a block of rows):
+- the plain prep (no prologue) of short sequences (max(Sq_pad, Skv_pad) <= SINGLE_LAUNCH_MAX_S):
+  `_fp8_prep_single_kernel`, one program per (tensor, batch entry, head) that loops over its rows
+  twice: the head's amax in a register, then scales, descale and codes. No atomics, no zeroed amax
+  buffer;
+- otherwise, and always with the prologue, two launches (program axis 2 picks the tensor, axis 1 a
+  batch entry and a group of HEADS heads, axis 0 a block of rows):
   - `_fp8_prep_amax_kernel`: amax[t, bh] = max |x_t[b, :, h, :]| by atomic max into a zeroed buffer;
   - `_fp8_prep_pack_kernel`: descale/quant from amax in the kernel, the e4m3 codes of x * quant into
     the packed layouts, and descale.
 
 Both paths share every mechanism below (values of a row block, magnitude with NaN counted as inf so
 a NaN head cannot hide, scales rounded as `prep.scales_from_amax` rounds them, codes, layouts) and
-the row-block shapes, so their outputs are bit-identical (`tests/kernels/test_fp8_prep_interpret.py`).
+the row-block shapes; a max does not depend on its order, so their outputs are bit-identical
+(`tests/kernels/test_fp8_prep_interpret.py`, and against the torch spec in `tests/kernels/test_fp8_gpu.py`).
+
+The prologue stays at two launches. A one-launch version (a program walking all its rows serially,
+up to 8 heads each) cost 1.7-5.9x the GPU time of the two launches on the H200 (B1 D128, H1-56,
+S 128-2048) and was not bit-identical to them there: descale 1 ulp off in 2 of 9 entries at B1 H3 S1
+D128, codes equal (compiled, the two kernels' fp32 prologue arithmetic differs; in the interpreter it did
+not; kernels/NOTES.md, "One-launch prep for short sequences").
 
 All read x [B, S, H, D] through its strides (innermost stride 1). With PROLOGUE, q and k are
 the attention's raw projections and both passes compute what MiniMax-H3's processor would feed
@@ -34,22 +42,12 @@ PROLOGUE_BLOCK_S = 32  # rows per prologue program: its cos/sin tiles stay in re
 PROLOGUE_HEADS = 8  # heads per prologue program, sharing one load of cos/sin
 CODE_MAX = tl.constexpr(E4M3_MAX)  # a jitted function reads module globals only as constexprs
 DESCALE_PER_AMAX = tl.constexpr(1.0 / E4M3_MAX)  # rounded to fp32 in the kernel, as torch rounds it
-# The one-launch path up to this padded length. A short call is host-bound: each Triton launch costs
-# 43-70 us of host time (H200, 1x1x128x128) and the zeroed amax buffer one more allocation and fill,
-# against a few us of GPU time for a head of a few hundred rows. The single launch runs a program's
-# rows serially (2 * S_pad / BLOCK row blocks: 8 at 256 without the prologue, 16 with it; 32 and 64 at
-# 1024, where B1 H56 with the prologue has only 21 programs), so its GPU time grows with S while the
-# saved host cost does not. 256 until `scripts/check_compile.py --per-call-only` (prep_gpu_us) has
-# measured where the trade turns; it may well be higher.
+# The plain prep's one-launch path up to this padded length. GPU time (H200, B1 D128, CUDA-graph replays),
+# one launch against two: H1 S128 3.5 against 5.1 us, H56 S128 5.9 / 7.7, S512 17.8 / 14.1, S1024 44.7 / 33.9,
+# S2048 89.4 / 63.1 (a program walks its head's row blocks alone, twice). Host time of a prep at B1 H1 S128:
+# 45.0 us in one launch, 105.2 in two with the zeroed amax buffer. 256 is kept (itself not measured): at S128
+# one launch wins on both; at S512 it would cost 3.7 us more GPU time for ~60 us less host time.
 SINGLE_LAUNCH_MAX_S = 256
-# Warps of the one-launch program, twice the two-launch kernels' 4: a program walks its rows alone, and
-# each thread holds half the tile. With 4 warps (and its pack loop's heads unrolled, which also hoists
-# every head's gather addresses out of the row loop) ptxas spilled 1.7 KB a thread at D = 128 with the
-# prologue; with 8 and the heads in a loop, 4 B (0 B without the prologue or at D = 64; ptxas 13.0, sm_90a).
-# The rows go to the extra warps, so a row's reduction (the RMSNorm sum) runs over the same lanes and
-# warps in the same order as in the two-launch kernels (TTGIR: threadsPerWarp [1, 32] and 4 warps along
-# D at D = 128, 2 at D = 64, in both), which keeps the codes bit-identical.
-SINGLE_LAUNCH_WARPS = 8
 
 
 @triton.jit
@@ -150,7 +148,7 @@ def _codes(x, quant):
 
 @triton.jit
 def _descale(amax):
-    """descale from amax (a scalar or a vector of heads): `prep.scales_from_amax`, rounding included;
+    """descale from amax: `prep.scales_from_amax`, rounding included;
     amax is never NaN here (`_magnitude` counts NaN as inf), and an inf amax gives a NaN descale."""
     descale = tl.where(amax > 0, amax * DESCALE_PER_AMAX, 1.0)
     finite = (amax == amax) & (amax != float("inf"))
@@ -241,65 +239,51 @@ def _fp8_prep_pack_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, out_q, out_k, out_v, de
 
 
 @triton.jit
-def _prep_heads(x_ptr, w_ptr, descale_ptr, out_ptr, b, h0, H, S, S_pad, stride_b, stride_s, stride_h, eps,
-                cos_ptr, sin_ptr, stride_cos, stride_sin, D: tl.constexpr, BLOCK: tl.constexpr,
-                HEADS: tl.constexpr, LANES: tl.constexpr, PROLOGUE: tl.constexpr, HALF: tl.constexpr,
-                FEATURE_MAJOR: tl.constexpr):
-    """All of prep for heads h0 .. h0 + HEADS - 1 (those < H) of one tensor: their amax over S rows in
-    registers (lane i of a LANES-wide vector, LANES = HEADS rounded up to a power of two), the scales,
+def _prep_head(x_ptr, descale_ptr, out_ptr, b, h, H, S, S_pad, stride_b, stride_s, stride_h, D: tl.constexpr,
+               BLOCK: tl.constexpr, FEATURE_MAJOR: tl.constexpr):
+    """All of the plain prep for head h of one tensor: its amax over S rows in a register, the scales,
     descale, then the codes of every slot < S_pad, in the row blocks the two-launch kernels use."""
-    lanes = tl.arange(0, LANES)
-    amax = tl.zeros([LANES], dtype=tl.float32)
+    cols = tl.arange(0, D)
+    amax = 0.0  # as the two-launch path's zeroed buffer
     for start in range(0, S, BLOCK):
         rows = start + tl.arange(0, BLOCK)
-        partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, rows, S, stride_cos, stride_sin, D, HALF, PROLOGUE)
-        for i in tl.static_range(HEADS):
-            if h0 + i < H:
-                y = _values(x_ptr, w_ptr, b, h0 + i, rows, S, stride_b, stride_s, stride_h, eps, partner, c, ssin,
-                            D, PROLOGUE)
-                amax = tl.where(lanes == i, tl.maximum(amax, _magnitude(y)), amax)
-    tl.store(descale_ptr + b * H + h0 + lanes, _descale(amax), mask=(lanes < HEADS) & (h0 + lanes < H))
+        amax = tl.maximum(amax, _magnitude(_load(x_ptr, b, h, rows, S, stride_b, stride_s, stride_h, cols)))
+    bh = b * H + h
+    tl.store(descale_ptr + bh, _descale(amax))
     quant = _quant_from(amax)
     for start in range(0, S_pad, BLOCK):
         pos = start + tl.arange(0, BLOCK)
-        src = _source_rows(pos, FEATURE_MAJOR)
-        partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, pos, S, stride_cos, stride_sin, D, HALF, PROLOGUE)
-        for i in range(HEADS):  # not unrolled: see SINGLE_LAUNCH_WARPS
-            h = h0 + i
-            if h < H:
-                head_quant = tl.max(tl.where(lanes == i, quant, 0.0), axis=0)  # quant >= 0: exactly lane i's
-                _pack_head(x_ptr, w_ptr, out_ptr, b, h, b * H + h, pos, src, S, S_pad, stride_b, stride_s,
-                           stride_h, eps, partner, c, ssin, head_quant, D, PROLOGUE, FEATURE_MAJOR)
+        _pack_head(x_ptr, x_ptr, out_ptr, b, h, bh, pos, _source_rows(pos, FEATURE_MAJOR), S, S_pad, stride_b,
+                   stride_s, stride_h, 0.0, cols, 1.0, 0.0, quant, D, False, FEATURE_MAJOR)  # no prologue: w unread
 
 
 @triton.jit
-def _fp8_prep_single_kernel(q_ptr, k_ptr, v_ptr, out_q, out_k, out_v, descale_ptr,
-                            Sq, Skv, Sq_pad, Skv_pad, H, GROUPS, BH, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
-                            wq_ptr, wk_ptr, cos_ptr, sin_ptr, stride_cos, stride_sin, eps,
-                            D: tl.constexpr, BLOCK: tl.constexpr, HEADS: tl.constexpr, LANES: tl.constexpr,
-                            PROLOGUE: tl.constexpr, HALF: tl.constexpr):
-    """The whole prep in one launch, one program per (tensor: axis 1, batch entry and group of heads:
-    axis 0); the outputs of the two-launch kernels, bit for bit."""
+def _fp8_prep_single_kernel(q_ptr, k_ptr, v_ptr, out_q, out_k, out_v, descale_ptr, Sq, Skv, Sq_pad, Skv_pad, H, BH,
+                            sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, D: tl.constexpr, BLOCK: tl.constexpr):
+    """The whole plain prep in one launch, one program per (tensor: axis 1, batch entry and head: axis 0);
+    the outputs of the two-launch kernels, bit for bit."""
     which = tl.program_id(1)
-    b, h0 = tl.program_id(0) // GROUPS, tl.program_id(0) % GROUPS * HEADS
-    if which == 2:  # v takes no prologue
-        _prep_heads(v_ptr, wk_ptr, descale_ptr + 2 * BH, out_v, b, h0, H, Skv, Skv_pad, svb, svs, svh, eps,
-                    cos_ptr, sin_ptr, stride_cos, stride_sin, D, BLOCK, HEADS, LANES, False, HALF, True)
-    elif which == 0:
-        _prep_heads(q_ptr, wq_ptr, descale_ptr, out_q, b, h0, H, Sq, Sq_pad, sqb, sqs, sqh, eps,
-                    cos_ptr, sin_ptr, stride_cos, stride_sin, D, BLOCK, HEADS, LANES, PROLOGUE, HALF, False)
+    b, h = tl.program_id(0) // H, tl.program_id(0) % H
+    if which == 0:
+        _prep_head(q_ptr, descale_ptr, out_q, b, h, H, Sq, Sq_pad, sqb, sqs, sqh, D, BLOCK, False)
+    elif which == 1:
+        _prep_head(k_ptr, descale_ptr + BH, out_k, b, h, H, Skv, Skv_pad, skb, sks, skh, D, BLOCK, False)
     else:
-        _prep_heads(k_ptr, wk_ptr, descale_ptr + BH, out_k, b, h0, H, Skv, Skv_pad, skb, sks, skh, eps,
-                    cos_ptr, sin_ptr, stride_cos, stride_sin, D, BLOCK, HEADS, LANES, PROLOGUE, HALF, False)
+        _prep_head(v_ptr, descale_ptr + 2 * BH, out_v, b, h, H, Skv, Skv_pad, svb, svs, svh, D, BLOCK, True)
 
 
 def launch_prep(q, k, v, out_q, out_k, out_v, descale, prologue=None) -> None:
-    """One launch when max(Sq_pad, Skv_pad) <= SINGLE_LAUNCH_MAX_S, else two (and a zeroed amax [3, B*H]
-    fp32 buffer for them); prologue None or (norm_q_weight, norm_k_weight, eps, cos, sin) with cos, sin
-    [S, R] (`prep.Prologue`)."""
+    """One launch without a prologue when max(Sq_pad, Skv_pad) <= SINGLE_LAUNCH_MAX_S, else two (and a
+    zeroed amax [3, B*H] fp32 buffer for them); prologue None or (norm_q_weight, norm_k_weight, eps, cos,
+    sin) with cos, sin [S, R] (`prep.Prologue`)."""
     b, sq, h, d = q.shape
     skv = k.shape[1]
     sq_pad, skv_pad = out_q.shape[1], out_k.shape[1]
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
+    if prologue is None and max(sq_pad, skv_pad) <= SINGLE_LAUNCH_MAX_S:
+        _fp8_prep_single_kernel[(b * h, 3)](q, k, v, out_q, out_k, out_v, descale, sq, skv, sq_pad, skv_pad, h, b * h,
+                                            *strides, D=d, BLOCK=BLOCK_S)
+        return
     if prologue is None:
         wq = wk = cos = sin = q  # unread (PROLOGUE is off): any pointer will do
         eps, stride_cos, stride_sin, half, block, heads = 0.0, 0, 0, 0, BLOCK_S, 1
@@ -309,13 +293,7 @@ def launch_prep(q, k, v, out_q, out_k, out_v, descale, prologue=None) -> None:
         block, heads = PROLOGUE_BLOCK_S, min(PROLOGUE_HEADS, h)
     groups = triton.cdiv(h, heads)
     shared = dict(D=d, BLOCK=block, HEADS=heads, PROLOGUE=prologue is not None, HALF=half)
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
     tail = (wq, wk, cos, sin, stride_cos, stride_sin, eps)
-    if max(sq_pad, skv_pad) <= SINGLE_LAUNCH_MAX_S:
-        _fp8_prep_single_kernel[(b * groups, 3)](
-            q, k, v, out_q, out_k, out_v, descale, sq, skv, sq_pad, skv_pad, h, groups, b * h, *strides, *tail,
-            LANES=triton.next_power_of_2(heads), num_warps=SINGLE_LAUNCH_WARPS, **shared)
-        return
     amax = torch.zeros(3, b * h, dtype=torch.float32, device=q.device)
     _fp8_prep_amax_kernel[(triton.cdiv(max(sq, skv), block), b * groups, 3)](
         q, k, v, amax, sq, skv, h, groups, b * h, *strides, *tail, **shared)
