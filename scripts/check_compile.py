@@ -10,7 +10,8 @@ For the MiniMax-H3 and Wan 2.1 blocks (synthetic weights, bf16) patched with `fp
   - the compiled call captured in a torch.cuda.CUDAGraph and replayed: same output;
 and the per-call host cost of one attention call at a tiny shape (1000 back-to-back calls):
 cuDNN through torch SDPA, our kernel through the custom op, and through the plain function;
-and the GPU time of prep down its one- and two-launch paths (CUDA-graph replays, B1 D128, S 128-2048).
+and the GPU time of the plain prep down its one- and two-launch paths (CUDA-graph replays, B1 D128,
+S 128-2048; the prologue has only the two).
 Writes $OUT/check_compile.json and prints it.
 """
 import argparse
@@ -72,8 +73,8 @@ def block_case(family: str, seq_len: int) -> dict:
 
 @contextlib.contextmanager
 def prep_path(one_launch: bool):
-    """Every prep_triton call in the body takes the one-launch (or the two-launch) path, whatever its
-    length (`prep_triton_kernels.SINGLE_LAUNCH_MAX_S`, restored after)."""
+    """Every plain prep_triton call in the body takes the one-launch (or the two-launch) path, whatever
+    its length (`prep_triton_kernels.SINGLE_LAUNCH_MAX_S`, restored after)."""
     from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk
 
     threshold, tk.SINGLE_LAUNCH_MAX_S = tk.SINGLE_LAUNCH_MAX_S, 1 << 30 if one_launch else 0
@@ -122,37 +123,33 @@ def per_call_cost(calls: int = 1000) -> dict:
 
 
 def prep_device_time(calls: int = 20, replays: int = 5) -> dict:
-    """GPU time of prep per call, one launch against two (SINGLE_LAUNCH_MAX_S forced either way), from
-    CUDA-graph replays of `calls` back-to-back preps (no host cost in it): whether the one-launch path's
-    serial row loop costs GPU time from 128 to 2048 rows (SINGLE_LAUNCH_MAX_S is 256 until this measures it)."""
-    from dit_accel.kernels.fp8_attention.prep import Prologue, prep_triton
+    """GPU time of the plain prep per call, one launch against two (SINGLE_LAUNCH_MAX_S forced either
+    way), from CUDA-graph replays of `calls` back-to-back preps (no host cost in it): what the one-launch
+    path's serial row loop costs from 128 to 2048 rows."""
+    from dit_accel.kernels.fp8_attention.prep import prep_triton
 
     result = {}
     for heads, seq in ((1, 128), (56, 128), (56, 512), (56, 1024), (56, 2048)):
         q, k, v = random_qkv(1, seq, seq, heads, 128, device="cuda")
-        angles = torch.rand(seq, 48, device="cuda") * 50
-        prologue = Prologue(torch.ones(128, device="cuda"), torch.ones(128, device="cuda"), 1e-5,
-                            torch.cat([angles.cos()] * 2, 1), torch.cat([angles.sin()] * 2, 1))
-        for name, fields in (("plain", None), ("prologue", prologue)):
-            row = {}
-            for launches in (1, 2):
-                with prep_path(one_launch=launches == 1):
-                    prep_triton(q, k, v, fields)  # compiles outside the capture
-                    torch.cuda.synchronize()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        for _ in range(calls):
-                            prep_triton(q, k, v, fields)
+        row = {}
+        for launches in (1, 2):
+            with prep_path(one_launch=launches == 1):
+                prep_triton(q, k, v)  # compiles outside the capture
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for _ in range(calls):
+                        prep_triton(q, k, v)
+                graph.replay()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(replays):
                     graph.replay()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for _ in range(replays):
-                        graph.replay()
-                    end.record()
-                    torch.cuda.synchronize()
-                    row[f"{launches} launch{'es' if launches > 1 else ''}"] = round(
-                        start.elapsed_time(end) * 1e3 / (replays * calls), 1)  # us per prep
-            result[f"B1 H{heads} S{seq} D128 {name}"] = row
+                end.record()
+                torch.cuda.synchronize()
+                row[f"{launches} launch{'es' if launches > 1 else ''}"] = round(
+                    start.elapsed_time(end) * 1e3 / (replays * calls), 1)  # us per prep
+        result[f"B1 H{heads} S{seq} D128"] = row
     return result
 
 
@@ -161,7 +158,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seq-len", type=int, default=30272)
     parser.add_argument("--wan-seq-len", type=int, default=32760)
-    parser.add_argument("--per-call-only", action="store_true", help="only the per-call host cost")
+    parser.add_argument("--per-call-only", action="store_true",
+                        help="only the per-call host cost and the prep's GPU time")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
