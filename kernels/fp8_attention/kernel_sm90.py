@@ -59,8 +59,10 @@ from .support import check_head_dim
 DEFAULT_TILE_N = 128  # keys per block (kernels/NOTES.md: 128 to 224 measured)
 WG_THREADS = 128
 PRODUCER_REGS = 24
-# Registers per consumer thread by consumer warpgroup count: 128 * 24 + 256 * 240 and
-# 128 * 24 + 384 * 160 fit the 64K registers of an SM.
+# Registers per consumer thread by consumer warpgroup count. setmaxnreg only moves registers inside the
+# CTA's launch allocation (threads x launch registers: 384 x 168 = 64512 with two consumer warpgroups,
+# 512 x 128 = 65536 with three), and an increase that does not fit waits forever:
+# 128 * 24 + 256 * 240 = 64512 and 128 * 24 + 384 * 160 = 64512 fit.
 CONSUMER_REGS = {2: 240, 3: 160}
 # Consumer warpgroups by head dim when not given: three at D = 64 (192-row tiles; +15-17% at
 # S = 30272, kernels/NOTES.md), two at D = 128 (with three, its overlapped loop's two-level

@@ -74,3 +74,16 @@ def test_sm90_compiles(tmp_path):
         assert v["poly_exp2"] == 2 * 4 * tiles, v
         if tiles == 0:
             assert v["ex2"] == 2 * (2 * n // 4) + 2, v
+
+
+def test_register_split_fits_the_launch_allocation():
+    """setmaxnreg moves registers only inside the CTA's launch allocation (threads x the launch register
+    count, which ptxas takes as 64K / threads rounded down to 8 here), and an increase that does not fit
+    waits forever: four consumer warpgroups at 120 registers hung the GPU this way."""
+    from dit_accel.kernels.fp8_attention.kernel_sm90 import CONSUMER_REGS, PRODUCER_REGS, WG_THREADS
+
+    for warpgroups, consumer_regs in CONSUMER_REGS.items():
+        threads = WG_THREADS * (1 + warpgroups)
+        launch_regs = 65536 // threads // 8 * 8
+        assert consumer_regs % 8 == 0 and PRODUCER_REGS % 8 == 0
+        assert WG_THREADS * PRODUCER_REGS + WG_THREADS * warpgroups * consumer_regs <= threads * launch_regs, warpgroups
