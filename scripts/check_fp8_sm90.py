@@ -1,15 +1,17 @@
 """One device run for the Hopper FP8 attention kernel (kernel_sm90): compile + ptxas report,
 correctness matrix, timings at the H3 shape beside v1 and torch SDPA (cuDNN / flash bf16).
 
-    python scripts/check_fp8_sm90.py --out $OUT [--budget-s 300] [--variants 128x2,128x3,192x2]
+    python scripts/check_fp8_sm90.py --out $OUT [--budget-s 300] [--variants 128x2,128x3,192x2] [--seq-lens 4096,30272]
     python scripts/check_fp8_sm90.py --out $OUT --sanitize   # tiny shape, for compute-sanitizer
 
-Variant "NxS[s][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
+Variant "NxS[s][p][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
 (each block's P.V added to O in fp32 by the FMA units); "s" = single-level (P.V accumulated by
-the tensor core across all blocks); "eK" = the exp2s of K n8 tiles per row on the FMA pipe;
-"wW" = W consumer warpgroups (2, or 3: 192-row tiles at 160 registers); without it, the head
-dim's default (3 at D = 64, 2 at D = 128).
---head-dim picks the quick check's and the timing's head dim (the correctness matrix has both).
+the tensor core across all blocks); "p" = persistent CTAs, one per SM, walking the tiles; "eK" = the
+exp2s of K n8 tiles per row on the FMA pipe; "wW" = W consumer warpgroups (2, or 3: 192-row tiles at
+160 registers); without it, the head dim's default (3 at D = 64, 2 at D = 128).
+--head-dim picks the quick check's and the timing's head dim (the correctness matrix has both, so
+the first variant is compiled for both and the others for --head-dim only); --seq-lens the timing's
+sequence lengths (B1 H56, self-attention).
 kernels/NOTES.md lists the variants measured. The first variant is the one checked for
 correctness; every variant is timed. Writes $OUT/check_fp8_sm90.json, prints a table last.
 """
@@ -34,6 +36,7 @@ def main():
     parser.add_argument("--sanitize", action="store_true")
     parser.add_argument("--no-v1", action="store_true")
     parser.add_argument("--head-dim", type=int, choices=(64, 128), default=128)
+    parser.add_argument("--seq-lens", default="30272")
     parser.add_argument("--profile", action="store_true", help="B1 H56 S8192 D128, each variant once (for ncu)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -52,25 +55,28 @@ def main():
     from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention
     from dit_accel.kernels.fp8_attention.prep import prep_triton
 
-    def parse(name):  # "128x2se2w3" -> (128, 2, False, 2, 3); no "wW": None, the head dim's default
-        m = re.fullmatch(r"(\d+)x(\d+)(s?)(?:e(\d+))?(?:w(\d))?", name)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def parse(name):  # "128x2spe2w3" -> (128, 2, False, sms, 2, 3); no "wW": None, the head dim's default
+        m = re.fullmatch(r"(\d+)x(\d+)(s?)(p?)(?:e(\d+))?(?:w(\d))?", name)
         if not m:
-            parser.error(f"bad variant {name!r}; NxS[s][eK][wW], e.g. 128x2, 192x2s or 128x2w3")
-        return int(m[1]), int(m[2]), not m[3], int(m[4] or 0), int(m[5]) if m[5] else None
+            parser.error(f"bad variant {name!r}; NxS[s][p][eK][wW], e.g. 128x2, 192x2s, 128x2p or 128x2w3")
+        return int(m[1]), int(m[2]), not m[3], sms if m[4] else 0, int(m[5] or 0), int(m[6]) if m[6] else None
 
     variants = [parse(v) for v in args.variants.split(",")]
-    label = lambda v: "%dx%d" % v[:2] + ("" if v[2] else "s") + (f"e{v[3]}" if v[3] else "") + (f"w{v[4]}" if v[4] else "")
+    label = lambda v: ("%dx%d" % v[:2] + ("" if v[2] else "s") + ("p" if v[3] else "") + (f"e{v[4]}" if v[4] else "")
+                       + (f"w{v[5]}" if v[5] else ""))
     report = {"device": torch.cuda.get_device_name(), "variants": args.variants,
               "compile": [], "correctness": [], "timing": []}
     kernels = {}
 
-    def get(d, with_lse, tile_n, stages, two_level, fma_exp2_tiles, warpgroups):
-        key = (d, with_lse, tile_n, stages, two_level, fma_exp2_tiles, warpgroups)
+    def get(d, with_lse, tile_n, stages, two_level, persistent_ctas, fma_exp2_tiles, warpgroups):
+        key = (d, with_lse, tile_n, stages, two_level, persistent_ctas, fma_exp2_tiles, warpgroups)
         if key not in kernels:
             t0 = time.time()
             kernels[key] = compile_fp8_attention(d, torch.bfloat16, with_lse, kernel="sm90",
                                                  tile_n=tile_n, num_stages=stages,
-                                                 two_level_pv=two_level,
+                                                 two_level_pv=two_level, persistent_ctas=persistent_ctas,
                                                  fma_exp2_tiles=fma_exp2_tiles, consumer_warpgroups=warpgroups)
             entry = {"key": key, "compile_s": round(time.time() - t0, 2)}
             # The dump's file name is truncated, so variants share it: ptxas it right away.
@@ -116,8 +122,8 @@ def main():
         return
 
     # ---------------------------------------------------------------- compile report
-    for variant in variants:
-        for d in (64, 128):
+    for i, variant in enumerate(variants):
+        for d in ((64, 128) if i == 0 else (args.head_dim,)):
             try:
                 get(d, True, *variant)
             except Exception as e:  # noqa: BLE001
@@ -183,32 +189,32 @@ def main():
             torch.cuda.empty_cache()
     report["all_ok"] = all(r.get("ok", False) for r in report["correctness"])
 
-    # ---------------------------------------------------------------- timing (H3 shape)
-    b, h, s, d = 1, 56, 30272, args.head_dim
-    flop = 4 * b * h * s * s * d
-    try:
-        q, k, v = random_qkv(b, s, s, h, d, False, seed=123)
-        packed = prep_triton(q, k, v)
-        out = torch.empty_like(q)
+    # ---------------------------------------------------------------- timing (B1 H56, --seq-lens)
+    for s in map(int, args.seq_lens.split(",")):
+        b, h, d = 1, 56, args.head_dim
+        flop = 4 * b * h * s * s * d
+        try:
+            q, k, v = random_qkv(b, s, s, h, d, False, seed=123)
+            packed = prep_triton(q, k, v)
+            out = torch.empty_like(q)
 
-        def prep_and(variant):
-            def go():
-                p = prep_triton(q, k, v)
-                run(p, out, None, variant)
-            return go
+            def prep_and(variant):
+                def go():
+                    run(prep_triton(q, k, v), out, None, variant)
+                return go
 
-        timed = [("prep alone", lambda: prep_triton(q, k, v))]
-        for variant in variants:
-            name = label(variant)
-            timed += [(f"sm90 {name} kernel", lambda variant=variant: run(packed, out, None, variant)),
-                      (f"sm90 {name} prep+kernel", prep_and(variant))]
-        if not args.no_v1:
-            timed.append(("v1 mma.sync kernel", lambda: interface.fp8_attention_packed(packed, out=out)))
-        timed += sdpa_cases(q, k, v, "SDPA")
-        time_cases(timed, report, f"B{b} H{h} S{s} D{d}", flop, lambda: over_budget(0.92),
-                   iters=7, warmup=1, no_flop_rate="prep alone")
-    except Exception as e:  # noqa: BLE001
-        report["timing"].append({"error": f"{type(e).__name__}: {e}"[:1000]})
+            timed = [("prep alone", lambda: prep_triton(q, k, v))]
+            for variant in variants:
+                name = label(variant)
+                timed += [(f"sm90 {name} kernel", lambda variant=variant: run(packed, out, None, variant)),
+                          (f"sm90 {name} prep+kernel", prep_and(variant))]
+            if not args.no_v1:
+                timed.append(("v1 mma.sync kernel", lambda: interface.fp8_attention_packed(packed, out=out)))
+            timed += sdpa_cases(q, k, v, "SDPA")
+            time_cases(timed, report, f"B{b} H{h} S{s} D{d}", flop, lambda: over_budget(0.92),
+                       iters=7, warmup=1, no_flop_rate="prep alone")
+        except Exception as e:  # noqa: BLE001
+            report["timing"].append({"error": f"{type(e).__name__}: {e}"[:1000]})
 
     write_report(report, args.out, "check_fp8_sm90.json", started)
 
@@ -226,7 +232,7 @@ def main():
               f"{str(r['all_written_finite']):>7} {r['ok']}")
     print(f"all_ok {report['all_ok']}\n")
     for t in report["timing"]:
-        print(f"{t.get('what', '?'):<26} {t.get('ms', '-'):>9} ms {t.get('tflops', '-'):>7} TFLOP/s {t.get('error', t.get('skipped', ''))}")
+        print(f"{t.get('shape', ''):<20} {t.get('what', '?'):<26} {t.get('ms', '-'):>9} ms {t.get('tflops', '-'):>7} TFLOP/s {t.get('error', t.get('skipped', ''))}")
     print(f"wall {report['wall_s']} s")
 
 

@@ -24,6 +24,10 @@ consumers at 160 registers, no ping-pong; `DEFAULT_CONSUMER_WARPGROUPS`):
   `named_barrier.NamedBarrier`),
   so one warpgroup's softmax overlaps the other's GEMMs.
 
+One CTA per tile by default; with `persistent_ctas` (opt-in, not yet measured) that many CTAs each
+walk tiles in turn, and the producer loads a tile's Q and first K/V blocks during the previous
+tile's last P.V and epilogue.
+
 Where the time goes (ncu, kernels/NOTES.md): each SM sub-partition holds one warp of each
 consumer warpgroup, and the one in its softmax issues with little instruction-level
 parallelism (stalls on fixed-latency dependencies and the MUFU queue): the softmax region is
@@ -125,7 +129,8 @@ class Fp8AttentionSm90:
     """Non-causal FP8 attention forward on sm_90a; one compile per (head_dim, out dtype, LSE)."""
 
     def __init__(self, head_dim: int, tile_n: int = DEFAULT_TILE_N, num_stages: int = 2,
-                 two_level_pv: bool = True, fma_exp2_tiles: int = 0, consumer_warpgroups: int | None = None):
+                 two_level_pv: bool = True, fma_exp2_tiles: int = 0, consumer_warpgroups: int | None = None,
+                 persistent_ctas: int = 0):
         check_head_dim(head_dim)
         if consumer_warpgroups is None:
             consumer_warpgroups = DEFAULT_CONSUMER_WARPGROUPS[head_dim]
@@ -158,6 +163,13 @@ class Fp8AttentionSm90:
         if not 0 <= fma_exp2_tiles < tile_n // 8:
             raise ValueError(f"fma_exp2_tiles must be in 0..{tile_n // 8 - 1}")
         self.fma_exp2_tiles = fma_exp2_tiles
+        # persistent_ctas: 0 launches one CTA per (query tile, b*h). Otherwise that many CTAs (the
+        # device's SM count: one CTA fits an SM) each walk tiles blockIdx, blockIdx + grid, ...; the
+        # consumers free Q after a tile's last S, so the producer loads the next tile's Q and first
+        # K/V blocks during the tile's last P.V and epilogue instead of after a CTA launch.
+        if persistent_ctas < 0:
+            raise ValueError("persistent_ctas must be >= 0")
+        self.persistent_ctas = persistent_ctas
 
     @cute.jit
     def __call__(
@@ -173,7 +185,7 @@ class Fp8AttentionSm90:
         stream,
     ):
         """Builds the TMA atoms, smem layouts, pipelines' storage and MMAs; launches one CTA per
-        (128 query rows, b*h)."""
+        (query tile, b*h), or `persistent_ctas` CTAs that walk those tiles."""
         fp8 = mQ.element_type
         D, N = self.head_dim, self.tile_n
         # Prep pads every row to whole 16-byte chunks, so the strides are 16-byte multiples (TMA
@@ -213,10 +225,13 @@ class Fp8AttentionSm90:
             atom_layout_mnk=(self.consumer_warpgroups, 1, 1), tiler_mn=(64, D),
             a_source=warpgroup.OperandSource.RMEM)
 
-        grid = (cute.ceil_div(mQ.shape[0], M), cute.size(mQ.shape[2]), 1)
+        m_blocks = cute.ceil_div(mQ.shape[0], M)
+        grid = (m_blocks, cute.size(mQ.shape[2]), 1)
+        if const_expr(self.persistent_ctas > 0):
+            grid = (self.persistent_ctas, 1, 1)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
-            mDescale, mO, mLSE, softmax_scale * LOG2_E, seqlen_kv,
+            mDescale, mO, mLSE, softmax_scale * LOG2_E, seqlen_kv, m_blocks, m_blocks * cute.size(mQ.shape[2]),
             sQ_layout, sK_layout, sV_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
         ).launch(grid=grid, block=[WG_THREADS * (1 + self.consumer_warpgroups), 1, 1], stream=stream, min_blocks_per_mp=1)
 
@@ -234,6 +249,8 @@ class Fp8AttentionSm90:
         mLSE: cute.Tensor | None,
         softmax_scale_log2: Float32,
         seqlen_kv: Int32,
+        m_blocks: Int32,
+        num_tiles: Int32,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -243,7 +260,9 @@ class Fp8AttentionSm90:
     ):
         # ------------------------------------------------------------------ set-up
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        m_block, bh, _ = cute.arch.block_idx()
+        # One tile (m_block, bh) = (x, y) per CTA; persistent: tiles x, x + grid, ... in m-fastest order
+        # (the CTAs at work together share a head's K and V in L2).
+        tile_x, tile_y, _ = cute.arch.block_idx()
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V):
                 cpasync.prefetch_descriptor(atom)
@@ -279,19 +298,32 @@ class Fp8AttentionSm90:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp_idx == 0:
                 self.load(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                          pipeline_q, pipeline_k, pipeline_v, m_block, bh, n_blocks)
+                          pipeline_q, pipeline_k, pipeline_v, tile_x, tile_y, m_blocks, num_tiles, n_blocks)
         else:
             # -------------------------------------------------------------- consumers
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.consumer_warpgroups])
             self.consume(mDescale, mO, mLSE, softmax_scale_log2, seqlen_kv, sQ, sK, sV,
                          tiled_mma_qk, tiled_mma_pv, pipeline_q, pipeline_k, pipeline_v,
-                         m_block, bh, n_blocks)
+                         tile_x, tile_y, m_blocks, num_tiles, n_blocks)
 
     @cute.jit
-    def load(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-             pipeline_q, pipeline_k, pipeline_v, m_block: Int32, bh: Int32, n_blocks: Int32):
-        """Producer warp: Q once, then K of block n with V of block n+1 (V lags one block, the
-        order in which the consumers' overlapped loop needs them)."""
+    def load(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
+             pipeline_v, tile_x: Int32, tile_y: Int32, m_blocks: Int32, num_tiles: Int32, n_blocks: Int32):
+        """Producer warp: every tile of this CTA in turn (`load_tile`); the K/V rings run on across tiles."""
+        args = (tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k, pipeline_v)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        if const_expr(self.persistent_ctas > 0):
+            for tile in cutlass.range(tile_x, num_tiles, cute.arch.grid_dim()[0], unroll=1):
+                state, q_state = self.load_tile(*args, tile % m_blocks, tile // m_blocks, n_blocks, state, q_state)
+        else:
+            self.load_tile(*args, tile_x, tile_y, n_blocks, state, q_state)
+
+    @cute.jit
+    def load_tile(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
+                  pipeline_v, m_block: Int32, bh: Int32, n_blocks: Int32, state, q_state):
+        """One tile: Q, then K of block n with V of block n+1 (V lags one block, the order in which the
+        consumers' overlapped loop needs them). Returns the ring states for the next tile."""
         D, N = self.head_dim, self.tile_n
         gQ = cute.local_tile(mQ[None, None, bh], (self.tile_m, D), (None, 0))  # (M, D, m_blocks)
         gK = cute.local_tile(mK[None, None, bh], (N, D), (None, 0))  # (N, D, n_blocks)
@@ -302,8 +334,6 @@ class Fp8AttentionSm90:
         tKsK, tKgK = partition(tma_atom_K, sK, gK)
         tVsV, tVgV = partition(tma_atom_V, sV, gV)
 
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         self.load_block(tma_atom_K, tKgK, tKsK, pipeline_k, n_blocks - 1, state)
         pipeline_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ[None, m_block], tQsQ[None, 0],
@@ -315,6 +345,9 @@ class Fp8AttentionSm90:
             self.load_block(tma_atom_K, tKgK, tKsK, pipeline_k, block_v - 1, state)
             self.load_block(tma_atom_V, tVgV, tVsV, pipeline_v, block_v, state_v)
         self.load_block(tma_atom_V, tVgV, tVsV, pipeline_v, 0, state)
+        state.advance()
+        q_state.advance()
+        return state, q_state
 
     @cute.jit
     def load_block(self, tma_atom, tXgX, tXsX, pipe, block: Int32, state):
@@ -326,19 +359,18 @@ class Fp8AttentionSm90:
     @cute.jit
     def consume(self, mDescale, mO, mLSE, softmax_scale_log2: Float32, seqlen_kv: Int32,
                 sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipeline_q, pipeline_k, pipeline_v,
-                m_block: Int32, bh: Int32, n_blocks: Int32):
-        """Consumer warpgroup: the whole key loop for its 64 query rows, then the epilogue."""
+                tile_x: Int32, tile_y: Int32, m_blocks: Int32, num_tiles: Int32, n_blocks: Int32):
+        """Consumer warpgroup: for each tile of this CTA (`consume_tile`), the whole key loop for its
+        64 query rows, then the epilogue."""
         D, N = self.head_dim, self.tile_n
         M = self.tile_m
         tidx = cute.arch.thread_idx()[0] - WG_THREADS  # 0..M*2-1 over the consumer warpgroups
         wg = cute.arch.make_warp_uniform(tidx // WG_THREADS)  # this consumer warpgroup, from 0
-        num_heads = mO.shape[2]
-        batch, head = bh // num_heads, bh % num_heads
-
-        # qk_scale_log2: raw e4m3 dot products -> log2-domain logits (descales of Q and K,
-        # softmax scale, log2 e). pv_scale: V's descale (P's x256 cancels against the row sum).
-        qk_scale_log2 = mDescale[0, bh] * mDescale[1, bh] * softmax_scale_log2
-        pv_scale = mDescale[2, bh]
+        persistent = self.persistent_ctas > 0
+        # One tile: its scalars and the zeroed state here, in the order the one-tile kernel has always
+        # had them (its PTX stays the same); persistent: per tile, in the loop.
+        if const_expr(not persistent):
+            scalars = self.tile_scalars(mDescale, mO, softmax_scale_log2, tile_y)
 
         # wgmma fragments are per warpgroup (descriptors for smem operands); accumulators per
         # thread. Per thread, acc_S ((2, 2, N/8), 1, 1) fp32 = (column pair c, row half r, n8
@@ -354,7 +386,8 @@ class Fp8AttentionSm90:
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((M, D)), Float32)
-        acc_O.fill(0.0)
+        if const_expr(not persistent):
+            acc_O.fill(0.0)
         # Per-block P.V accumulator (two-level accumulation), else P.V accumulates into acc_O.
         acc_PV = cute.make_rmem_tensor(acc_O.shape, Float32) if const_expr(self.two_level_pv) else acc_O
         tScS = thr_mma_qk.partition_C(cute.make_identity_tensor((M, N)))
@@ -363,9 +396,9 @@ class Fp8AttentionSm90:
         # Online-softmax state of this thread's 2 rows: row_max in log2-logit units, row_sum
         # this lane's share of sum(p * 256) (the 4 lanes of a quad are added in the epilogue).
         row_max = cute.make_rmem_tensor((2,), Float32)
-        row_max.fill(-Float32.inf)
         row_sum = cute.make_rmem_tensor((2,), Float32)
-        row_sum.fill(0.0)
+        if const_expr(not persistent):
+            self.reset_rows(row_max, row_sum)
 
         # Ping-pong: consumer warpgroup 1 lets warpgroup 0 issue first.
         if const_expr(self.ping_pong):
@@ -373,8 +406,44 @@ class Fp8AttentionSm90:
                 cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE),
                                          number_of_threads=2 * WG_THREADS)
 
+        args = (mO, mLSE, seqlen_kv, tiled_mma_qk, tiled_mma_pv, pipeline_q, pipeline_k, pipeline_v,
+                tSrQ, tSrK, tOrV, tOrP, acc_O, acc_PV, tScS, tOcO, row_max, row_sum, wg)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        pipeline_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        if const_expr(persistent):
+            for tile in cutlass.range(tile_x, num_tiles, cute.arch.grid_dim()[0], unroll=1):
+                m_block, bh = tile % m_blocks, tile // m_blocks
+                acc_O.fill(0.0)
+                self.reset_rows(row_max, row_sum)
+                state, q_state = self.consume_tile(
+                    *args, m_block, self.tile_scalars(mDescale, mO, softmax_scale_log2, bh), n_blocks, state, q_state)
+        else:
+            self.consume_tile(*args, tile_x, scalars, n_blocks, state, q_state)
+
+    @cute.jit
+    def tile_scalars(self, mDescale, mO, softmax_scale_log2: Float32, bh: Int32):
+        """(batch, head, qk_scale_log2, pv_scale) of a tile's (b*h). qk_scale_log2: raw e4m3 dot products
+        -> log2-domain logits (descales of Q and K, softmax scale, log2 e). pv_scale: V's descale (P's
+        x256 cancels against the row sum)."""
+        num_heads = mO.shape[2]
+        return (bh // num_heads, bh % num_heads, mDescale[0, bh] * mDescale[1, bh] * softmax_scale_log2,
+                mDescale[2, bh])
+
+    @cute.jit
+    def reset_rows(self, row_max: cute.Tensor, row_sum: cute.Tensor):
+        """A tile's online-softmax state before its first key block."""
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+
+    @cute.jit
+    def consume_tile(self, mO, mLSE, seqlen_kv: Int32, tiled_mma_qk, tiled_mma_pv, pipeline_q, pipeline_k,
+                     pipeline_v, tSrQ, tSrK, tOrV, tOrP, acc_O, acc_PV, tScS, tOcO, row_max, row_sum, wg: Int32,
+                     m_block: Int32, scalars, n_blocks: Int32, state, q_state):
+        """One tile, its O and softmax state zeroed: online softmax over every key block, then O and LSE
+        of its rows. Returns the ring states for the next tile."""
+        N, M = self.tile_n, self.tile_m
+        batch, head, qk_scale_log2, pv_scale = scalars
+        pipeline_q.consumer_wait(q_state)
 
         # ------------------------------------------------------------------ main loop
         # First (last-in-order) block alone: S, key-tail mask, softmax, P.
@@ -410,6 +479,9 @@ class Fp8AttentionSm90:
             self.store_p(acc_S_next, tOrP)
             self.rescale_rows(acc_O, acc_PV, row_scale)
 
+        if const_expr(self.persistent_ctas > 0):  # the tile's last S has landed: Q's stage is free
+            pipeline_q.consumer_release(q_state)
+
         # Last P.V.
         pipeline_v.consumer_wait(state)
         wgmma(tiled_mma_pv, acc_PV, tOrP, tOrV[None, None, None, state.index], self.two_level_pv, 0)
@@ -425,6 +497,9 @@ class Fp8AttentionSm90:
         for r in cutlass.range_constexpr(2):
             store_row(mO, mLSE, batch, head, m_block, acc_O_rows[r, None],
                       tOcO[(None, r, None), 0, 0], row_max[r], row_sum[r], pv_scale, lane, P_SCALE_LOG2, M)
+        state.advance()
+        q_state.advance()
+        return state, q_state
 
     @cute.jit
     def qk(self, tiled_mma_qk, tScS, tSrQ, tSrK, stage: Int32, wait: cutlass.Constexpr):

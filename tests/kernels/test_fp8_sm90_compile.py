@@ -21,16 +21,18 @@ import glob, json, os, re, torch
 from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
 dump = os.environ["CUTE_DSL_DUMP_DIR"]
 done = []
-for head_dim, with_lse, tile_n, two_level, tiles, wgs in [(64, False, 128, True, 0, 2), (128, True, 128, True, 0, 2),
-                                                          (128, False, 192, False, 0, 2), (128, False, 128, True, 2, 2),
-                                                          (64, True, 128, True, 0, None)]:
+for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas in [
+        (64, False, 128, True, 0, 2, 0), (128, True, 128, True, 0, 2, 0), (128, False, 192, False, 0, 2, 0),
+        (128, False, 128, True, 2, 2, 0), (64, True, 128, True, 0, None, 0), (128, True, 128, True, 0, 2, 132),
+        (64, True, 128, True, 0, None, 132)]:
     for f in glob.glob(os.path.join(dump, "*.ptx")):
         os.remove(f)
-    compile_fp8_attention(head_dim, torch.bfloat16, with_lse, kernel="sm90", tile_n=tile_n,
-                          two_level_pv=two_level, fma_exp2_tiles=tiles, consumer_warpgroups=wgs)
+    compile_fp8_attention(head_dim, torch.bfloat16, with_lse, kernel="sm90", tile_n=tile_n, two_level_pv=two_level,
+                          fma_exp2_tiles=tiles, consumer_warpgroups=wgs, persistent_ctas=ctas)
     ptx = open(glob.glob(os.path.join(dump, "*.ptx"))[0]).read()
     threads = int(re.search(r"\.reqntid\s+(\d+)", ptx)[1])
     done.append({"head_dim": head_dim, "tile_n": tile_n, "fma_exp2_tiles": tiles, "default": wgs is None,
+                 "persistent": ctas > 0, "grid_dim_reads": ptx.count("%nctaid.x"),
                  "warpgroups": wgs or threads // 128 - 1,
                  "consumer_regs": int(re.search(r"setmaxnreg.inc.sync.aligned.u32\s+(\d+)", ptx)[1]),
                  "threads": threads,
@@ -50,7 +52,7 @@ def test_sm90_compiles(tmp_path):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     variants = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(variants) == 5
+    assert len(variants) == 7
     for v in variants:
         d, n = v["head_dim"], v["tile_n"]
         if d == n:  # QK^T and P.V wgmmas have the same shape
@@ -65,6 +67,8 @@ def test_sm90_compiles(tmp_path):
         assert v["threads"] == 128 * (1 + v["warpgroups"]), v
         if v["default"]:  # D = 64's default: 3 consumer warpgroups (192-row tiles)
             assert v["head_dim"] == 64 and v["warpgroups"] == 3, v
+        # Persistent CTAs step through the tiles by the grid size, in the producer and in the consumers.
+        assert v["grid_dim_reads"] == (2 if v["persistent"] else 0), v
         # P: N/32 k-blocks x 8 pairs per thread, in the first block and in the loop body
         assert v["cvt_e4m3x2"] == 2 * (n // 32) * 8, v
         # Per thread and softmax (first block, loop body): 2 rows x n/4 values, 4 per FMA tile,

@@ -62,6 +62,31 @@ def test_three_consumer_warpgroups_equal_two_bitwise(b, sq, skv, outliers):
     assert float((lse.double() - emu_lse).abs().max() / emu_lse.abs().max().clamp_min(1.0)) < 2e-3
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("b,sq,skv,ctas", [(1, 1, 1, None), (2, 17, 17, 3), (1, 385, 777, None), (2, 1000, 512, 5),
+                                           (1, 4096, 4096, None), (2, 4096, 1000, 7)])
+def test_persistent_ctas_equal_one_tile_per_cta_bitwise(d, b, sq, skv, ctas):
+    """Persistent CTAs (None: one per SM; a few: many tiles per CTA, so Q's stage and the K/V rings turn
+    over from tile to tile, and fewer tiles than CTAs at S = 1) give O and LSE bit for bit what one CTA
+    per tile gives, every row written."""
+    from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
+
+    ctas = ctas or torch.cuda.get_device_properties(0).multi_processor_count
+    q, k, v = random_qkv(b, sq, skv, 3, d, True, seed=sq + skv + d)
+    packed = prep_fp8_attention(q, k, v)
+    results = []
+    for persistent_ctas in (0, ctas):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((b, 3, sq), float("nan"), device="cuda")
+        kernel = compile_fp8_attention(d, torch.bfloat16, True, kernel="sm90", persistent_ctas=persistent_ctas)
+        kernel(packed.q, packed.k, packed.v, packed.descale, out, lse, d ** -0.5, packed.seqlen_kv)
+        results.append((out, lse))
+    (out, lse), (out_p, lse_p) = results
+    assert torch.isfinite(out_p).all() and torch.isfinite(lse_p).all()
+    assert torch.equal(out.view(torch.int16), out_p.view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), lse_p.view(torch.int32))
+
+
 @pytest.mark.parametrize("fma_exp2_tiles", [1, 4])
 def test_exp2_on_the_fma_pipe_matches_emulation(fma_exp2_tiles):
     """Part of each row's exp2 as a polynomial (relative error 1.7e-3, below e4m3's rounding of
