@@ -12,7 +12,7 @@ CTA = 64 query rows per consumer warpgroup of one (batch, head): at D = 128, 128
 warpgroups (384 threads), as below; at D = 64, 192 rows and 4 warpgroups (`consumer_warpgroups=3`,
 consumers at 160 registers, no ping-pong; `DEFAULT_CONSUMER_WARPGROUPS`):
 
-- warpgroup 0, producer (24 registers): warp 0 issues TMA loads of Q once, then K and V blocks
+- warpgroup 0, producer (24 registers): warp 0 issues TMA loads of the tile's Q, then K and V blocks
   of ``tile_n`` keys into ``num_stages``-deep smem rings (`PipelineTmaAsync`, one full and one
   empty mbarrier per stage). Blocks go from last to first, so the one that needs the key-tail
   mask is the first a consumer sees.
@@ -167,8 +167,8 @@ class Fp8AttentionSm90:
         # device's SM count: one CTA fits an SM) each walk tiles blockIdx, blockIdx + grid, ...; the
         # consumers free Q after a tile's last S, so the producer loads the next tile's Q and first
         # K/V blocks during the tile's last P.V and epilogue instead of after a CTA launch.
-        if persistent_ctas < 0:
-            raise ValueError("persistent_ctas must be >= 0")
+        if isinstance(persistent_ctas, bool) or not isinstance(persistent_ctas, int) or persistent_ctas < 0:
+            raise ValueError(f"persistent_ctas must be an int >= 0 (the device's SM count), got {persistent_ctas!r}")
         self.persistent_ctas = persistent_ctas
 
     @cute.jit
@@ -273,7 +273,8 @@ class Fp8AttentionSm90:
         sV = storage.v.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (D, N, stages)
 
         # Full barriers: the producer's one elected thread arms them with the TMA byte count.
-        # Empty barriers: lane 0 of each of the 8 consumer warps arrives once per stage use.
+        # Empty barriers: lane 0 of each consumer warp (8, or 12 with three warpgroups) arrives once per
+        # stage use.
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.consumer_warpgroups * 4)
         D, N = self.head_dim, self.tile_n
