@@ -4,9 +4,9 @@ correctness matrix, timings at the H3 shape beside v1 and torch SDPA (cuDNN / fl
     python scripts/check_fp8_sm90.py --out $OUT [--budget-s 300] [--variants 128x2,128x3,192x2] [--seq-lens 4096,30272]
     python scripts/check_fp8_sm90.py --out $OUT --sanitize   # tiny shape, for compute-sanitizer
 
-Variant "NxS[s][p][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
+Variant "NxS[s][p[Q]][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
 (each block's P.V added to O in fp32 by the FMA units); "s" = single-level (P.V accumulated by
-the tensor core across all blocks); "p" = persistent CTAs, one per SM, walking the tiles; "eK" = the
+the tensor core across all blocks); "p" = persistent CTAs, one per SM, walking the tiles ("p2": with two Q stages); "eK" = the
 exp2s of K n8 tiles per row on the FMA pipe; "wW" = W consumer warpgroups (2, or 3: 192-row tiles at
 160 registers); without it, the head dim's default (3 at D = 64, 2 at D = 128).
 --head-dim picks the quick check's and the timing's head dim (the correctness matrix has both, so
@@ -57,26 +57,27 @@ def main():
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
-    def parse(name):  # "128x2spe2w3" -> (128, 2, False, sms, 2, 3); no "wW": None, the head dim's default
-        m = re.fullmatch(r"(\d+)x(\d+)(s?)(p?)(?:e(\d+))?(?:w(\d))?", name)
+    def parse(name):  # "128x2sp2e2w3" -> (128, 2, False, sms, 2, 2, 3); no "wW": None, the head dim's default
+        m = re.fullmatch(r"(\d+)x(\d+)(s?)(p(\d?))?(?:e(\d+))?(?:w(\d))?", name)
         if not m:
-            parser.error(f"bad variant {name!r}; NxS[s][p][eK][wW], e.g. 128x2, 192x2s, 128x2p or 128x2w3")
-        return int(m[1]), int(m[2]), not m[3], sms if m[4] else 0, int(m[5] or 0), int(m[6]) if m[6] else None
+            parser.error(f"bad variant {name!r}; NxS[s][p[Q]][eK][wW], e.g. 128x2, 192x2s, 128x2p2 or 128x2w3")
+        return (int(m[1]), int(m[2]), not m[3], sms if m[4] else 0, int(m[5] or 1), int(m[6] or 0),
+                int(m[7]) if m[7] else None)
 
     variants = [parse(v) for v in args.variants.split(",")]
-    label = lambda v: ("%dx%d" % v[:2] + ("" if v[2] else "s") + ("p" if v[3] else "") + (f"e{v[4]}" if v[4] else "")
-                       + (f"w{v[5]}" if v[5] else ""))
+    label = lambda v: ("%dx%d" % v[:2] + ("" if v[2] else "s") + ("p" + ("" if v[4] == 1 else str(v[4])) if v[3] else "")
+                       + (f"e{v[5]}" if v[5] else "") + (f"w{v[6]}" if v[6] else ""))
     report = {"device": torch.cuda.get_device_name(), "variants": args.variants,
               "compile": [], "correctness": [], "timing": []}
     kernels = {}
 
-    def get(d, with_lse, tile_n, stages, two_level, persistent_ctas, fma_exp2_tiles, warpgroups):
-        key = (d, with_lse, tile_n, stages, two_level, persistent_ctas, fma_exp2_tiles, warpgroups)
+    def get(d, with_lse, tile_n, stages, two_level, persistent_ctas, q_stages, fma_exp2_tiles, warpgroups):
+        key = (d, with_lse, tile_n, stages, two_level, persistent_ctas, q_stages, fma_exp2_tiles, warpgroups)
         if key not in kernels:
             t0 = time.time()
             kernels[key] = compile_fp8_attention(d, torch.bfloat16, with_lse, kernel="sm90",
                                                  tile_n=tile_n, num_stages=stages,
-                                                 two_level_pv=two_level, persistent_ctas=persistent_ctas,
+                                                 two_level_pv=two_level, persistent_ctas=persistent_ctas, q_stages=q_stages,
                                                  fma_exp2_tiles=fma_exp2_tiles, consumer_warpgroups=warpgroups)
             entry = {"key": key, "compile_s": round(time.time() - t0, 2)}
             # The dump's file name is truncated, so variants share it: ptxas it right away.

@@ -44,9 +44,9 @@ sweep_shapes=$(for d in 128 64; do for s in 4096 8192 16384 30272 37710 75600; d
 step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}" --backends cudnn,fa4,fa3,fa3-fp8,fp8,cudnn-fp8 \
   --out "$work/sweep"
 # Persistent CTAs against one CTA per tile, where the per-tile fixed cost shows (short sequences).
-step persistent 300 bash -c "python3 scripts/check_fp8_sm90.py --out $work/persistent128 --variants 128x2,128x2p \
+step persistent 300 bash -c "python3 scripts/check_fp8_sm90.py --out $work/persistent128 --variants 128x2,128x2p,128x2p2 \
   --seq-lens 4096,8192,30272 --no-v1 --budget-s 140 && python3 scripts/check_fp8_sm90.py --out $work/persistent64 \
-  --variants 128x2,128x2p --head-dim 64 --seq-lens 4096,8192,30272 --no-v1 --budget-s 140"
+  --variants 128x2,128x2p,128x2p2 --head-dim 64 --seq-lens 4096,8192,30272 --no-v1 --budget-s 140"
 step sanitize 240 bash -c "compute-sanitizer --tool racecheck python3 scripts/check_fp8_sm90.py --sanitize --out $work/race \
   && compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/check_fp8_sm90.py --sanitize --out $work/mem"
 

@@ -26,7 +26,7 @@ consumers at 160 registers, no ping-pong; `DEFAULT_CONSUMER_WARPGROUPS`):
 
 One CTA per tile by default; with `persistent_ctas` (opt-in, not yet measured) that many CTAs each
 walk tiles in turn, and the producer loads a tile's Q and first K/V blocks during the previous
-tile's last P.V and epilogue.
+tile's last P.V and epilogue (with `q_stages=2`, its Q at any time during the previous tile).
 
 Where the time goes (ncu, kernels/NOTES.md): each SM sub-partition holds one warp of each
 consumer warpgroup, and the one in its softmax issues with little instruction-level
@@ -130,7 +130,7 @@ class Fp8AttentionSm90:
 
     def __init__(self, head_dim: int, tile_n: int = DEFAULT_TILE_N, num_stages: int = 2,
                  two_level_pv: bool = True, fma_exp2_tiles: int = 0, consumer_warpgroups: int | None = None,
-                 persistent_ctas: int = 0):
+                 persistent_ctas: int = 0, q_stages: int = 1):
         check_head_dim(head_dim)
         if consumer_warpgroups is None:
             consumer_warpgroups = DEFAULT_CONSUMER_WARPGROUPS[head_dim]
@@ -170,6 +170,11 @@ class Fp8AttentionSm90:
         if isinstance(persistent_ctas, bool) or not isinstance(persistent_ctas, int) or persistent_ctas < 0:
             raise ValueError(f"persistent_ctas must be an int >= 0 (the device's SM count), got {persistent_ctas!r}")
         self.persistent_ctas = persistent_ctas
+        # q_stages 2 (persistent only): the next tile's Q loads into the other stage at any time in
+        # this tile, instead of after both consumer warpgroups have finished their key loops.
+        if q_stages not in (1, 2) or (q_stages == 2 and persistent_ctas == 0):
+            raise ValueError("q_stages must be 1, or 2 with persistent_ctas")
+        self.q_stages = q_stages
 
     @cute.jit
     def __call__(
@@ -198,7 +203,7 @@ class Fp8AttentionSm90:
         ]  # Q, K: (S_pad, D, BH); V: (D, Skv_pad, BH)
 
         M = self.tile_m
-        sQ_layout = kmajor_smem_layout(fp8, M, D, 1)
+        sQ_layout = kmajor_smem_layout(fp8, M, D, self.q_stages)
         sK_layout = kmajor_smem_layout(fp8, N, D, self.num_stages)
         sV_layout = kmajor_smem_layout(fp8, D, N, self.num_stages)
 
@@ -209,7 +214,7 @@ class Fp8AttentionSm90:
 
         @cute.struct
         class SharedStorage:
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             q: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sQ_layout)], 1024]
@@ -268,7 +273,7 @@ class Fp8AttentionSm90:
                 cpasync.prefetch_descriptor(atom)
 
         storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
-        sQ = storage.q.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (128, D, 1)
+        sQ = storage.q.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (M, D, q_stages)
         sK = storage.k.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (N, D, stages)
         sV = storage.v.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (D, N, stages)
 
@@ -279,7 +284,7 @@ class Fp8AttentionSm90:
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.consumer_warpgroups * 4)
         D, N = self.head_dim, self.tile_n
         pipeline_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, producer_group=producer,
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.q_stages, producer_group=producer,
             consumer_group=consumers, tx_count=self.tile_m * D, defer_sync=True)
         pipeline_k = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.num_stages,
@@ -313,7 +318,7 @@ class Fp8AttentionSm90:
         """Producer warp: every tile of this CTA in turn (`load_tile`); the K/V rings run on across tiles."""
         args = (tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k, pipeline_v)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         if const_expr(self.persistent_ctas > 0):
             for tile in cutlass.range(tile_x, num_tiles, cute.arch.grid_dim()[0], unroll=1):
                 state, q_state = self.load_tile(*args, tile % m_blocks, tile // m_blocks, n_blocks, state, q_state)
@@ -337,7 +342,10 @@ class Fp8AttentionSm90:
 
         self.load_block(tma_atom_K, tKgK, tKsK, pipeline_k, n_blocks - 1, state)
         pipeline_q.producer_acquire(q_state)
-        cute.copy(tma_atom_Q, tQgQ[None, m_block], tQsQ[None, 0],
+        q_slot = 0
+        if const_expr(self.q_stages > 1):
+            q_slot = q_state.index
+        cute.copy(tma_atom_Q, tQgQ[None, m_block], tQsQ[None, q_slot],
                   tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
         for i in cutlass.range(n_blocks - 1, unroll=1):
             block_v = n_blocks - 1 - i
@@ -380,7 +388,7 @@ class Fp8AttentionSm90:
         # (4 consecutive k slots, row half, k half), k-block: slots 4(lane % 4) + 16h + 0..3.
         wg_mma_qk = tiled_mma_qk.get_slice(wg * WG_THREADS)
         wg_mma_pv = tiled_mma_pv.get_slice(wg * WG_THREADS)
-        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ[None, None, 0]))
+        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ[None, None, 0] if const_expr(self.q_stages == 1) else sQ))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrV = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sV))
         tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((M, N)))
@@ -410,7 +418,7 @@ class Fp8AttentionSm90:
         args = (mO, mLSE, seqlen_kv, tiled_mma_qk, tiled_mma_pv, pipeline_q, pipeline_k, pipeline_v,
                 tSrQ, tSrK, tOrV, tOrP, acc_O, acc_PV, tScS, tOcO, row_max, row_sum, wg)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         if const_expr(persistent):
             for tile in cutlass.range(tile_x, num_tiles, cute.arch.grid_dim()[0], unroll=1):
                 m_block, bh = tile % m_blocks, tile // m_blocks
@@ -449,7 +457,10 @@ class Fp8AttentionSm90:
         # ------------------------------------------------------------------ main loop
         # First (last-in-order) block alone: S, key-tail mask, softmax, P.
         pipeline_k.consumer_wait(state)
-        acc_S = self.qk(tiled_mma_qk, tScS, tSrQ, tSrK, state.index, 0)
+        tile_q = tSrQ  # this tile's Q stage
+        if const_expr(self.q_stages > 1):
+            tile_q = tSrQ[None, None, None, q_state.index]
+        acc_S = self.qk(tiled_mma_qk, tScS, tile_q, tSrK, state.index, 0)
         pipeline_k.consumer_release(state)
         for i in cutlass.range_constexpr(cute.size(acc_S)):
             if (n_blocks - 1) * N + tScS[i][1] >= seqlen_kv:
@@ -466,7 +477,7 @@ class Fp8AttentionSm90:
             if const_expr(self.ping_pong):
                 cute.arch.barrier(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE) + wg,
                                   number_of_threads=2 * WG_THREADS)
-            acc_S_next = self.qk(tiled_mma_qk, tScS, tSrQ, tSrK, state.index, -1)
+            acc_S_next = self.qk(tiled_mma_qk, tScS, tile_q, tSrK, state.index, -1)
             pipeline_v.consumer_wait(state_v)
             wgmma(tiled_mma_pv, acc_PV, tOrP, tOrV[None, None, None, state_v.index], self.two_level_pv, -1)
             if const_expr(self.ping_pong):

@@ -62,23 +62,25 @@ def test_three_consumer_warpgroups_equal_two_bitwise(b, sq, skv, outliers):
     assert float((lse.double() - emu_lse).abs().max() / emu_lse.abs().max().clamp_min(1.0)) < 2e-3
 
 
+@pytest.mark.parametrize("q_stages", [1, 2])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("b,sq,skv,ctas", [(1, 1, 1, None), (2, 17, 17, 3), (1, 385, 777, None), (2, 1000, 512, 5),
                                            (1, 4096, 4096, None), (2, 4096, 1000, 7)])
-def test_persistent_ctas_equal_one_tile_per_cta_bitwise(d, b, sq, skv, ctas):
-    """Persistent CTAs (None: one per SM; a few: many tiles per CTA, so Q's stage and the K/V rings turn
-    over from tile to tile, and fewer tiles than CTAs at S = 1) give O and LSE bit for bit what one CTA
-    per tile gives, every row written."""
+def test_persistent_ctas_equal_one_tile_per_cta_bitwise(d, b, sq, skv, ctas, q_stages):
+    """Persistent CTAs (None: one per SM; a few: many tiles per CTA, so Q's stages and the K/V rings turn
+    over from tile to tile, and fewer tiles than CTAs at S = 1), with one or two Q stages, give O and LSE
+    bit for bit what one CTA per tile gives, every row written."""
     from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
 
     ctas = ctas or torch.cuda.get_device_properties(0).multi_processor_count
     q, k, v = random_qkv(b, sq, skv, 3, d, True, seed=sq + skv + d)
     packed = prep_fp8_attention(q, k, v)
     results = []
-    for persistent_ctas in (0, ctas):
+    for persistent_ctas, stages in ((0, 1), (ctas, q_stages)):
         out = torch.full_like(q, float("nan"))
         lse = torch.full((b, 3, sq), float("nan"), device="cuda")
-        kernel = compile_fp8_attention(d, torch.bfloat16, True, kernel="sm90", persistent_ctas=persistent_ctas)
+        kernel = compile_fp8_attention(d, torch.bfloat16, True, kernel="sm90", persistent_ctas=persistent_ctas,
+                                       q_stages=stages)
         kernel(packed.q, packed.k, packed.v, packed.descale, out, lse, d ** -0.5, packed.seqlen_kv)
         results.append((out, lse))
     (out, lse), (out_p, lse_p) = results
