@@ -20,15 +20,17 @@ Implementations, one per device (the same e4m3 scheme on both):
   - fake (meta / FakeTensor, what torch.compile traces): shapes and dtypes only. It also raises
     `Fp8AttentionUnsupported` for inputs the device's implementation would refuse, so a bad call
     fails at trace time rather than inside a compiled graph.
+  The same for `fp8_attention_prologue`.
 
-Forward only: no autograd formula is registered. A call whose inputs require grad runs, and
-its `backward` raises torch.library's "no autograd formula was registered" RuntimeError.
-Callers that may need gradients (the attention router) check `requires_grad` first.
+Forward only: a call with grad enabled and an input that requires grad raises `Fp8AttentionNoGrad`
+(a RuntimeError) at once, eagerly and at trace time, instead of returning an output whose backward
+would be silently wrong. Callers that may need gradients (the attention router, the prologue swap)
+check `requires_grad` first and fall back.
 
-Per-call host cost: calling through `torch.ops.dit_accel.fp8_attention.default` (the
-OpOverload, `FP8_ATTENTION`) skips the CustomOpDef's Python `__call__` layer; the remaining
-cost is the dispatcher plus torch.library's Python autograd kernel (kernels/NOTES.md, "The custom
-op", has the numbers).
+Defined with `torch.library.Library` (schema, then one Python function per dispatch key and a fake),
+not `torch.library.custom_op`: the latter puts a Python autograd kernel in front of every call,
+7.1 against 2.2 us of dispatch per call on the CPU machine under `torch.no_grad()` (kernels/NOTES.md).
+`FP8_ATTENTION` is the OpOverload, the cheapest way to call it from Python.
 """
 from typing import Optional
 
@@ -36,9 +38,6 @@ import torch
 
 from .prep import Prologue, apply_prologue, prologue_reason
 from .support import KERNEL_CHOICES, Fp8AttentionUnsupported, can_implement, tensors_reason
-
-OP_NAME = "dit_accel::fp8_attention"
-PROLOGUE_OP_NAME = "dit_accel::fp8_attention_prologue"
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant: str = "auto") -> Optional[str]:
@@ -62,40 +61,52 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant: str) -> N
         raise Fp8AttentionUnsupported(reason)
 
 
-@torch.library.custom_op(OP_NAME, mutates_args=(), device_types="cuda")
-def fp8_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
-                     variant: str = "auto") -> torch.Tensor:
-    """CUDA: prep + kernel (the public `fp8_attention`), asynchronous, graph-capturable."""
+class Fp8AttentionNoGrad(RuntimeError):
+    """The op was asked for a result autograd could differentiate; it has no backward."""
+
+
+def _refuse_grad(*tensors: torch.Tensor) -> None:
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise Fp8AttentionNoGrad("dit_accel::fp8_attention has no backward: call it under torch.no_grad() "
+                                 "(or torch.inference_mode()) or on inputs that do not require grad")
+
+
+_LIBRARY = torch.library.Library("dit_accel", "DEF")
+_LIBRARY.define("fp8_attention(Tensor q, Tensor k, Tensor v, float? scale=None, str variant='auto') -> Tensor")
+_LIBRARY.define("fp8_attention_prologue(Tensor q, Tensor k, Tensor v, Tensor norm_q_weight, Tensor norm_k_weight, "
+                "float eps, Tensor cos, Tensor sin, float? scale=None, str variant='auto') -> Tensor")
+
+
+def _fp8_attention_cuda(q, k, v, scale=None, variant="auto"):
+    """CUDA: prep + kernel (the public `fp8_attention`, which checks the inputs), asynchronous,
+    graph-capturable."""
     from .interface import fp8_attention
 
+    _refuse_grad(q, k, v)
     return fp8_attention(q, k, v, scale=scale, kernel=variant)
 
 
-@fp8_attention_op.register_kernel("cpu")
-def _fp8_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
-                       variant: str = "auto") -> torch.Tensor:
+def _fp8_attention_cpu(q, k, v, scale=None, variant="auto"):
     """CPU: the float64 emulation of the kernel's scheme (the kernel variant does not change it)."""
     from .emulation import emulate_fp8_attention
 
+    _refuse_grad(q, k, v)
     _check(q, k, v, variant)
     return emulate_fp8_attention(q, k, v, scale, out_dtype=q.dtype).contiguous()
 
 
-@fp8_attention_op.register_fake
-def _fp8_attention_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
-                        variant: str = "auto") -> torch.Tensor:
+def _fp8_attention_fake(q, k, v, scale=None, variant="auto"):
     """Shapes and dtypes only: [B, Sq, H, Dv] contiguous in q's dtype, on q's device."""
+    _refuse_grad(q, k, v)
     _check(q, k, v, variant)
     return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
 
 
-@torch.library.custom_op(PROLOGUE_OP_NAME, mutates_args=(), device_types="cuda")
-def fp8_attention_prologue_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_q_weight: torch.Tensor,
-                              norm_k_weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                              scale: Optional[float] = None, variant: str = "auto") -> torch.Tensor:
+def _fp8_attention_prologue_cuda(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, scale=None, variant="auto"):
     """CUDA: the attention of RoPE(RMSNorm(q) * wq), RoPE(RMSNorm(k) * wk) and v, the prologue in the prep."""
     from .interface import fp8_attention
 
+    _refuse_grad(q, k, v, norm_q_weight, norm_k_weight, cos, sin)
     prologue = Prologue(norm_q_weight, norm_k_weight, eps, cos, sin)
     return fp8_attention(q, k, v, scale=scale, kernel=variant, prologue=prologue)
 
@@ -108,13 +119,13 @@ def prologue_op_reason(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, var
 
 
 def _check_prologue(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, variant) -> Prologue:
+    _refuse_grad(q, k, v, norm_q_weight, norm_k_weight, cos, sin)
     reason = prologue_op_reason(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, variant)
     if reason is not None:
         raise Fp8AttentionUnsupported(reason)
     return Prologue(norm_q_weight, norm_k_weight, eps, cos, sin)
 
 
-@fp8_attention_prologue_op.register_kernel("cpu")
 def _fp8_attention_prologue_cpu(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, scale=None, variant="auto"):
     """CPU: the prologue's fp32 spec, then the float64 emulation of the kernel's scheme."""
     from .emulation import emulate_fp8_attention
@@ -124,11 +135,18 @@ def _fp8_attention_prologue_cpu(q, k, v, norm_q_weight, norm_k_weight, eps, cos,
     return emulate_fp8_attention(q, k, v, scale, out_dtype=v.dtype).contiguous()
 
 
-@fp8_attention_prologue_op.register_fake
 def _fp8_attention_prologue_fake(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, scale=None, variant="auto"):
     _check_prologue(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, variant)
     return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
 
+
+for _name, _cuda, _cpu, _fake in (
+        ("fp8_attention", _fp8_attention_cuda, _fp8_attention_cpu, _fp8_attention_fake),
+        ("fp8_attention_prologue", _fp8_attention_prologue_cuda, _fp8_attention_prologue_cpu,
+         _fp8_attention_prologue_fake)):
+    _LIBRARY.impl(_name, _cuda, "CUDA")
+    _LIBRARY.impl(_name, _cpu, "CPU")
+    torch.library.register_fake(f"dit_accel::{_name}", _fake, lib=_LIBRARY)
 
 FP8_ATTENTION = torch.ops.dit_accel.fp8_attention.default
 """The op's OpOverload: the cheapest way to call it from Python (no CustomOpDef wrapper)."""

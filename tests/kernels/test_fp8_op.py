@@ -1,5 +1,5 @@
 """The FP8 attention as a torch custom op (`torch.ops.dit_accel.fp8_attention`): torch.library's
-own checks, the CPU implementation against the emulation, torch.compile with fullgraph and no
+own checks, forward only (no silent backward), the CPU implementation against the emulation, torch.compile with fullgraph and no
 graph breaks; on a GPU (marked `gpu`): compiled vs eager and a CUDA graph replay."""
 import pytest
 import torch
@@ -7,7 +7,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from dit_accel.attention.reference import random_qkv, reference_attention, rel_rms_err
 from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention
-from dit_accel.kernels.fp8_attention.op import FP8_ATTENTION, fp8_attention_op, unsupported_reason
+from dit_accel.kernels.fp8_attention.op import FP8_ATTENTION, FP8_ATTENTION_PROLOGUE, Fp8AttentionNoGrad, unsupported_reason
 from dit_accel.kernels.fp8_attention.support import Fp8AttentionUnsupported, resolve_kernel
 
 DTYPES = [torch.bfloat16, torch.float16]
@@ -25,19 +25,43 @@ def _fresh_seed() -> int:
 def test_opcheck(dtype, scale):
     """schema, fake tensor (static and dynamic shapes), aot dispatch, autograd registration."""
     q, k, v = random_qkv(2, 17, 40, 3, 32, device="cpu", dtype=dtype)
-    torch.library.opcheck(fp8_attention_op, (q, k, v, scale, "auto"))
+    torch.library.opcheck(FP8_ATTENTION, (q, k, v, scale, "auto"))
 
 
-def test_opcheck_with_requires_grad_and_backward_is_refused():
-    """Forward only: inputs that require grad run forward; backward raises torch.library's error.
-    (aot_dispatch is left out: it differentiates the op, which is what we do not support.)"""
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_inputs_that_require_grad_are_refused_in_grad_mode(which):
+    """Forward only: with grad enabled, an input that requires grad is refused at once, eagerly and at
+    trace time (the fake), since autograd would otherwise hand back an output with a silently wrong
+    backward; under no_grad the same call runs."""
     q, k, v = random_qkv(1, 9, 33, 2, 64, device="cpu")
-    q.requires_grad_(True)
-    torch.library.opcheck(fp8_attention_op, (q, k, v, None, "auto"),
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
-    out = FP8_ATTENTION(q, k, v, None, "auto")
-    with pytest.raises(RuntimeError, match="no autograd formula was registered"):
-        out.sum().backward()
+    tensors = {"q": q, "k": k, "v": v}
+    tensors[which].requires_grad_(True)
+    with pytest.raises(Fp8AttentionNoGrad, match="no backward"):
+        FP8_ATTENTION(tensors["q"], tensors["k"], tensors["v"], None, "auto")
+    with FakeTensorMode() as mode, pytest.raises(Fp8AttentionNoGrad):
+        FP8_ATTENTION(*(mode.from_tensor(tensors[n]) for n in "qkv"), None, "auto")
+    with torch.no_grad():
+        out = FP8_ATTENTION(tensors["q"], tensors["k"], tensors["v"], None, "auto")
+    assert not out.requires_grad
+    assert torch.equal(out, emulate_fp8_attention(q.detach(), k.detach(), v.detach(), out_dtype=q.dtype))
+
+
+def test_prologue_op_refuses_weights_that_require_grad_in_grad_mode():
+    """The prologue op's norm weights are module parameters (requires_grad by default): refused with grad
+    enabled, served under no_grad, as the prologue swap expects."""
+    from dit_accel.kernels.fp8_attention.prep import Prologue, apply_prologue
+
+    q, k, v = random_qkv(1, 9, 9, 2, 64, device="cpu")
+    wq, wk = torch.ones(64, requires_grad=True), torch.full((64,), 0.5, requires_grad=True)
+    cos, sin = torch.ones(9, 32), torch.zeros(9, 32)
+    with pytest.raises(Fp8AttentionNoGrad):
+        FP8_ATTENTION_PROLOGUE(q, k, v, wq, wk, 1e-6, cos, sin, None, "auto")
+    with torch.no_grad():
+        out = FP8_ATTENTION_PROLOGUE(q, k, v, wq, wk, 1e-6, cos, sin, None, "auto")
+        prologue = Prologue(wq, wk, 1e-6, cos, sin)
+        expected = emulate_fp8_attention(apply_prologue(q, wq, prologue), apply_prologue(k, wk, prologue), v,
+                                         out_dtype=v.dtype)
+    assert torch.equal(out, expected)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -45,7 +69,7 @@ def test_opcheck_with_requires_grad_and_backward_is_refused():
 def test_cpu_op_equals_emulation(b, sq, skv, h, d, dtype):
     seed = _fresh_seed()
     q, k, v = random_qkv(b, sq, skv, h, d, outliers=True, seed=seed, device="cpu", dtype=dtype)
-    out = fp8_attention_op(q, k, v, 0.1)
+    out = FP8_ATTENTION(q, k, v, 0.1, "auto")
     assert out.shape == (b, sq, h, d) and out.dtype == dtype and out.is_contiguous()
     assert torch.equal(out, emulate_fp8_attention(q, k, v, 0.1, out_dtype=dtype)), seed
     # e4m3 with 0.1% outliers of 50x: 1-28% against fp64 is the scheme's own (the equality above is the check)
