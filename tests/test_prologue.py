@@ -98,6 +98,20 @@ def test_blocks_take_the_prologue_and_the_refiners_without_rope_decline(op_backe
     assert ((fused.float() - plain.float()).norm() / plain.float().norm()) < 0.03
 
 
+@pytest.mark.parametrize("trainable", ["norm_q", "norm_k"])
+def test_grad_mode_with_a_trainable_norm_weight_falls_back(op_backend, trainable):
+    """Grad enabled, everything frozen but the first block's QK-norm weight (so that block's q, k, v and
+    hidden states need no grad): the swap hands the block to diffusers' processor, since the op has no
+    backward and refuses the weight; the later blocks, whose inputs now need grad, too."""
+    model, inputs = bf16_tiny_h3()
+    model.requires_grad_(False)
+    weight = model.get_parameter(f"transformer_blocks.0.attn.{trainable}.weight").requires_grad_(True)
+    with use_attention_backend(model, "fp8-op"), fused_prologue(model) as swap:
+        model(**inputs)[0].float().sum().backward()
+    assert swap.served_calls == 0 and swap.fallback_calls["autograd needed"] == LAYERS
+    assert weight.grad is not None and weight.grad.abs().sum() > 0
+
+
 def test_a_compiled_model_with_the_prologue_is_one_graph_and_keeps_counting(op_backend):
     torch._dynamo.reset()
     model, inputs = bf16_tiny_h3()

@@ -165,20 +165,13 @@ def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | N
     opaque node under torch.compile and CUDA graphs. Whether the kernel can serve the tensors is
     decided from their metadata alone (`can_implement`: CUDA tensors only; the op's CPU emulation
     is for tests), so under torch.compile the refusal happens at trace time."""
-    op, can_implement = _fp8_op()
-    reason = can_implement(q, k, v, kernel)
-    if reason is not None:
-        raise BackendCannotServe(reason)
-    return op(q, k, v, scale, kernel)
-
-
-@functools.cache
-def _fp8_op():
-    """(the op, its check), imported on first use (an import statement per call costs host time)."""
     from ..kernels.fp8_attention.op import FP8_ATTENTION
     from ..kernels.fp8_attention.support import can_implement
 
-    return FP8_ATTENTION, can_implement
+    reason = can_implement(q, k, v, kernel)
+    if reason is not None:
+        raise BackendCannotServe(reason)
+    return FP8_ATTENTION(q, k, v, scale, kernel)
 
 
 @dataclass(frozen=True)

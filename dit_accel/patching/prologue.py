@@ -78,8 +78,9 @@ class FusedPrologueProcessor:
         if attn.norm_q.weight is None or attn.norm_k.weight is None or attn.norm_q.eps != attn.norm_k.eps \
                 or attn.norm_q.eps is None:
             return "QK-norm without weights or one stated eps"
-        if torch.is_grad_enabled() and (hidden_states.requires_grad or attn.norm_q.weight.requires_grad):
-            return "autograd needed"
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_states, attn.norm_q.weight,
+                                                                     attn.norm_k.weight, *rotary_emb)):
+            return "autograd needed"  # the op has no backward (it refuses these inputs)
         reason = routed.decline_reason(arguments)
         if reason is not None:
             return reason

@@ -26,7 +26,7 @@ consumers at 160 registers, no ping-pong; `DEFAULT_CONSUMER_WARPGROUPS`):
 
 One CTA per tile by default; with `persistent_ctas` (opt-in, not yet measured) that many CTAs each
 walk tiles in turn, and the producer loads a tile's Q and first K/V blocks during the previous
-tile's last P.V and epilogue (with `q_stages=2`, its Q at any time during the previous tile).
+tile's last P.V and epilogue (with `q_stages=2`, its Q without waiting for the previous tile's last S).
 
 Where the time goes (ncu, kernels/NOTES.md): each SM sub-partition holds one warp of each
 consumer warpgroup, and the one in its softmax issues with little instruction-level
@@ -170,8 +170,9 @@ class Fp8AttentionSm90:
         if isinstance(persistent_ctas, bool) or not isinstance(persistent_ctas, int) or persistent_ctas < 0:
             raise ValueError(f"persistent_ctas must be an int >= 0 (the device's SM count), got {persistent_ctas!r}")
         self.persistent_ctas = persistent_ctas
-        # q_stages 2 (persistent only): the next tile's Q loads into the other stage at any time in
-        # this tile, instead of after both consumer warpgroups have finished their key loops.
+        # q_stages 2 (persistent only): the next tile's Q loads into the other stage as soon as the
+        # producer reaches it (after that tile's first K finds a free stage, near this tile's end),
+        # instead of after both consumer warpgroups have finished this tile's key loop.
         if q_stages not in (1, 2) or (q_stages == 2 and persistent_ctas == 0):
             raise ValueError("q_stages must be 1, or 2 with persistent_ctas")
         self.q_stages = q_stages

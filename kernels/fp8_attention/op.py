@@ -23,9 +23,11 @@ Implementations, one per device (the same e4m3 scheme on both):
   The same for `fp8_attention_prologue`.
 
 Forward only: a call with grad enabled and an input that requires grad raises `Fp8AttentionNoGrad`
-(a RuntimeError) at once, eagerly and at trace time, instead of returning an output whose backward
-would be silently wrong. Callers that may need gradients (the attention router, the prologue swap)
-check `requires_grad` first and fall back.
+(a RuntimeError) at once, instead of returning an output whose backward would be silently wrong; at
+trace time (torch.compile, torch.export) the fake raises it, which they report as their own error
+with it as the cause. So a graph that holds the op is compiled or exported under torch.no_grad() or
+torch.inference_mode(), or with inputs that do not require grad. Callers that may need gradients
+(the attention router, the prologue swap) check the same condition first and fall back.
 
 Defined with `torch.library.Library` (schema, then one Python function per dispatch key and a fake),
 not `torch.library.custom_op`: the latter puts a Python autograd kernel in front of every call,
@@ -67,14 +69,16 @@ class Fp8AttentionNoGrad(RuntimeError):
 
 def _refuse_grad(*tensors: torch.Tensor) -> None:
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        raise Fp8AttentionNoGrad("dit_accel::fp8_attention has no backward: call it under torch.no_grad() "
+        raise Fp8AttentionNoGrad("dit_accel's FP8 attention ops have no backward: call them under torch.no_grad() "
                                  "(or torch.inference_mode()) or on inputs that do not require grad")
 
 
-_LIBRARY = torch.library.Library("dit_accel", "DEF")
-_LIBRARY.define("fp8_attention(Tensor q, Tensor k, Tensor v, float? scale=None, str variant='auto') -> Tensor")
-_LIBRARY.define("fp8_attention_prologue(Tensor q, Tensor k, Tensor v, Tensor norm_q_weight, Tensor norm_k_weight, "
-                "float eps, Tensor cos, Tensor sin, float? scale=None, str variant='auto') -> Tensor")
+SCHEMAS = {
+    "fp8_attention": "fp8_attention(Tensor q, Tensor k, Tensor v, float? scale=None, str variant='auto') -> Tensor",
+    "fp8_attention_prologue": "fp8_attention_prologue(Tensor q, Tensor k, Tensor v, Tensor norm_q_weight, "
+                              "Tensor norm_k_weight, float eps, Tensor cos, Tensor sin, float? scale=None, "
+                              "str variant='auto') -> Tensor",
+}
 
 
 def _fp8_attention_cuda(q, k, v, scale=None, variant="auto"):
@@ -140,14 +144,26 @@ def _fp8_attention_prologue_fake(q, k, v, norm_q_weight, norm_k_weight, eps, cos
     return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
 
 
-for _name, _cuda, _cpu, _fake in (
-        ("fp8_attention", _fp8_attention_cuda, _fp8_attention_cpu, _fp8_attention_fake),
-        ("fp8_attention_prologue", _fp8_attention_prologue_cuda, _fp8_attention_prologue_cpu,
-         _fp8_attention_prologue_fake)):
-    _LIBRARY.impl(_name, _cuda, "CUDA")
-    _LIBRARY.impl(_name, _cpu, "CPU")
-    torch.library.register_fake(f"dit_accel::{_name}", _fake, lib=_LIBRARY)
+def _register() -> torch.library.Library:
+    """Both ops, pt2-compliant (their implementations and fakes keep torch.compile's contract), with an
+    implementation per device and a fake. Kept alive by the module: a Library unregisters when freed."""
+    library = torch.library.Library("dit_accel", "FRAGMENT")
+    for name, cuda, cpu, fake in (
+            ("fp8_attention", _fp8_attention_cuda, _fp8_attention_cpu, _fp8_attention_fake),
+            ("fp8_attention_prologue", _fp8_attention_prologue_cuda, _fp8_attention_prologue_cpu,
+             _fp8_attention_prologue_fake)):
+        library.define(SCHEMAS[name], tags=(torch.Tag.pt2_compliant_tag,))
+        library.impl(name, cuda, "CUDA")
+        library.impl(name, cpu, "CPU")
+        torch.library.register_fake(f"dit_accel::{name}", fake, lib=library)
+    return library
+
+
+# A second import of this file (the repo's kernels/ folder imported under its own name, or
+# importlib.reload) finds the ops registered by the first and uses them; a reload keeps the first
+# run's Library alive.
+_LIBRARY = globals().get("_LIBRARY") if hasattr(torch.ops.dit_accel, "fp8_attention") else _register()
 
 FP8_ATTENTION = torch.ops.dit_accel.fp8_attention.default
-"""The op's OpOverload: the cheapest way to call it from Python (no CustomOpDef wrapper)."""
+"""The op's OpOverload: the cheapest way to call it from Python."""
 FP8_ATTENTION_PROLOGUE = torch.ops.dit_accel.fp8_attention_prologue.default
