@@ -45,8 +45,8 @@ step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}"
   --out "$work/sweep"
 # Persistent CTAs against one CTA per tile, where the per-tile fixed cost shows (short sequences).
 step persistent 300 bash -c "python3 scripts/check_fp8_sm90.py --out $work/persistent128 --variants 128x2,128x2p,128x2p2 \
-  --seq-lens 4096,8192,30272 --no-v1 --budget-s 140 && python3 scripts/check_fp8_sm90.py --out $work/persistent64 \
-  --variants 128x2,128x2p,128x2p2 --head-dim 64 --seq-lens 4096,8192,30272 --no-v1 --budget-s 140"
+  --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140 && python3 scripts/check_fp8_sm90.py --out $work/persistent64 \
+  --variants 128x2,128x2p,128x2p2 --head-dim 64 --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140"
 step sanitize 240 bash -c "compute-sanitizer --tool racecheck python3 scripts/check_fp8_sm90.py --sanitize --out $work/race \
   && compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/check_fp8_sm90.py --sanitize --out $work/mem"
 
