@@ -4,9 +4,10 @@ correctness matrix, timings at the H3 shape beside v1 and torch SDPA (cuDNN / fl
     python scripts/check_fp8_sm90.py --out $OUT [--budget-s 300] [--variants 128x2,128x3,192x2] [--seq-lens 4096,30272]
     python scripts/check_fp8_sm90.py --out $OUT --sanitize   # tiny shape, for compute-sanitizer
 
-Variant "NxS[s][p[Q]][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
+Variant "NxS[s][p[Q]][r][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
 (each block's P.V added to O in fp32 by the FMA units); "s" = single-level (P.V accumulated by
-the tensor core across all blocks); "p" = persistent CTAs, one per SM, walking the tiles ("p2": with two Q stages); "eK" = the
+the tensor core across all blocks); "p" = persistent CTAs, one per SM, walking the tiles ("p2": with two Q stages); "r" = row sums
+by the tensor core (pv_row_sum); "eK" = the
 exp2s of K n8 tiles per row on the FMA pipe; "wW" = W consumer warpgroups (2, or 3: 192-row tiles at
 160 registers); without it, the head dim's default (3 at D = 64, 2 at D = 128).
 --head-dim picks the quick check's and the timing's head dim (the correctness matrix has both, so
@@ -58,27 +59,30 @@ def main():
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
-    def parse(name):  # "128x2sp2e2w3" -> (128, 2, False, sms, 2, 2, 3); no "wW": None, the head dim's default
-        m = re.fullmatch(r"(\d+)x(\d+)(s?)(p(\d?))?(?:e(\d+))?(?:w(\d))?", name)
+    def parse(name):  # "128x2p2re2w3" -> (128, 2, True, sms, 2, True, 2, 3); no "wW": None, the head dim's default
+        m = re.fullmatch(r"(\d+)x(\d+)(s?)(p(\d?))?(r?)(?:e(\d+))?(?:w(\d))?", name)
         if not m:
-            parser.error(f"bad variant {name!r}; NxS[s][p[Q]][eK][wW], e.g. 128x2, 192x2s, 128x2p2 or 128x2w3")
-        return (int(m[1]), int(m[2]), not m[3], sms if m[4] else 0, int(m[5] or 1), int(m[6] or 0),
-                int(m[7]) if m[7] else None)
+            parser.error(f"bad variant {name!r}; NxS[s][p[Q]][r][eK][wW], e.g. 128x2, 192x2s, 128x2p2, 128x2r")
+        return (int(m[1]), int(m[2]), not m[3], sms if m[4] else 0, int(m[5] or 1), bool(m[6]), int(m[7] or 0),
+                int(m[8]) if m[8] else None)
 
     variants = [parse(v) for v in args.variants.split(",")]
     label = lambda v: ("%dx%d" % v[:2] + ("" if v[2] else "s") + ("p" + ("" if v[4] == 1 else str(v[4])) if v[3] else "")
-                       + (f"e{v[5]}" if v[5] else "") + (f"w{v[6]}" if v[6] else ""))
+                       + ("r" if v[5] else "") + (f"e{v[6]}" if v[6] else "") + (f"w{v[7]}" if v[7] else ""))
     report = {"device": torch.cuda.get_device_name(), "variants": args.variants,
               "compile": [], "correctness": [], "timing": []}
     kernels = {}
 
-    def get(d, with_lse, tile_n, stages, two_level, persistent_ctas, q_stages, fma_exp2_tiles, warpgroups):
-        key = (d, with_lse, tile_n, stages, two_level, persistent_ctas, q_stages, fma_exp2_tiles, warpgroups)
+    def get(d, with_lse, tile_n, stages, two_level, persistent_ctas, q_stages, pv_row_sum, fma_exp2_tiles,
+            warpgroups):
+        key = (d, with_lse, tile_n, stages, two_level, persistent_ctas, q_stages, pv_row_sum, fma_exp2_tiles,
+               warpgroups)
         if key not in kernels:
             t0 = time.time()
             kernels[key] = compile_fp8_attention(d, torch.bfloat16, with_lse, kernel="sm90",
                                                  tile_n=tile_n, num_stages=stages,
                                                  two_level_pv=two_level, persistent_ctas=persistent_ctas, q_stages=q_stages,
+                                                 pv_row_sum=pv_row_sum,
                                                  fma_exp2_tiles=fma_exp2_tiles, consumer_warpgroups=warpgroups)
             entry = {"key": key, "compile_s": round(time.time() - t0, 2)}
             # The dump's file name is truncated, so variants share it: ptxas it right away.
@@ -134,14 +138,15 @@ def main():
     # ---------------------------------------------------------------- quick check of every variant
     q, k, v = random_qkv(2, 1000, 700, 3, args.head_dim, True, seed=7)
     packed = prep_triton(q, k, v)
-    emu = emulate_fp8_attention(q, k, v, block_keys=variants[0][0], reverse=True)
+    emu = {rounded: emulate_fp8_attention(q, k, v, block_keys=variants[0][0], reverse=True, rounded_row_sum=rounded)
+           for rounded in {v[5] for v in variants}}  # each variant against the emulation of its row sums
     report["quick_check"] = {}
     for variant in variants:
         out = torch.full_like(q, float("nan"))
         try:
             run(packed, out, None, variant)
             torch.cuda.synchronize()
-            report["quick_check"][label(variant)] = round(100 * rel_rms_err(out, emu), 3)
+            report["quick_check"][label(variant)] = round(100 * rel_rms_err(out, emu[variant[5]]), 3)
         except Exception as e:  # noqa: BLE001
             report["quick_check"][label(variant)] = f"{type(e).__name__}: {e}"[:300]
     print(f"quick check, % rel RMS vs emulation (B2 Sq1000 Skv700 D{args.head_dim}, outliers):", report["quick_check"])
@@ -172,6 +177,7 @@ def main():
             sub = out if rows is None else out[:, rows]
             ref = reference_attention(q, k, v, rows=rows)
             emu, emu_lse = emulate_fp8_attention(q, k, v, rows=rows, block_keys=main_variant[0],
+                                                 rounded_row_sum=main_variant[5],
                                                  reverse=True, return_lse=True)
             row["err_vs_fp64_pct"] = round(100 * rel_rms_err(sub, ref), 3)
             row["emulation_vs_fp64_pct"] = round(100 * rel_rms_err(emu, ref), 3)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install the package, then check and time everything that needs the GPU.
 #   bash scripts/gpu_session.sh [STEP ...]     steps: env fp8 profile budget compare offload bench tests-kernels tests tests-full
-#                                              sweep persistent sanitize generate compile-check recipes recipes-wan
+#                                              sweep variants sanitize generate compile-check recipes recipes-wan
 #                                              generate-compile crossover validate-model stages
 #                                              (default: all)
 # Wheels carried in .whl/ (e.g. imageio-ffmpeg, which the GPU image lacks) are installed first.
@@ -12,7 +12,7 @@ out=${OUT:-gpu-results}
 work=/tmp/dit-accel-gpu
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$work/cache
-steps=${*:-env fp8 profile budget compare offload bench tests-kernels tests tests-full sweep persistent sanitize generate compile-check recipes recipes-wan generate-compile crossover validate-model stages}
+steps=${*:-env fp8 profile budget compare offload bench tests-kernels tests tests-full sweep variants sanitize generate compile-check recipes recipes-wan generate-compile crossover validate-model stages}
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $work/NAME.log, report the status
   local name=$1 limit=$2; shift 2
@@ -38,17 +38,19 @@ step offload 420 bash -c "python3 -m dit_accel profile-block --validate 50 --run
   && python3 -m dit_accel profile-block --validate 50 --runs 3 --offload stream --memory-budget 16GiB --out $work/stream50"
 step bench 240 python3 -m dit_accel bench-attention ${BENCH_BACKENDS:+--backends $BENCH_BACKENDS} --out "$work/bench"
 # The two full-size tests (the H3 VAE decode, ~150 s; the whole 66 GB transformer) run in their own step.
-# The kernels' GPU tests (~5 min with the persistent and three-warpgroup bitwise tests), then the rest.
+# The kernels' GPU tests (~5 min with the persistent, row-sum and three-warpgroup tests), then the rest.
 step tests-kernels 420 python3 -m pytest tests/kernels -q -m gpu -p no:cacheprovider -rfE --durations=5
 step tests 420 python3 -m pytest tests -q -m gpu -p no:cacheprovider -rfE -k "not full_size" --ignore tests/kernels
 step tests-full 420 python3 -m pytest tests -q -m gpu -p no:cacheprovider -rfE --durations=5 -k full_size
 sweep_shapes=$(for d in 128 64; do for s in 4096 8192 16384 30272 37710 75600; do printf '1x56x%sx%s,' $s $d; done; done)
 step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}" --backends cudnn,fa4,fa3,fa3-fp8,fp8,cudnn-fp8 \
   --out "$work/sweep"
-# Persistent CTAs against one CTA per tile, where the per-tile fixed cost shows (short sequences).
-step persistent 300 bash -c "python3 scripts/check_fp8_sm90.py --out $work/persistent128 --variants 128x2,128x2p,128x2p2 \
-  --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140 && python3 scripts/check_fp8_sm90.py --out $work/persistent64 \
-  --variants 128x2,128x2p,128x2p2 --head-dim 64 --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140"
+# The opt-in kernel variants against the default where they should show: persistent CTAs (p, p2: one or
+# two Q stages) at short sequences, row sums by the tensor core (r) everywhere.
+variants="128x2,128x2p,128x2p2,128x2r,128x2p2r"
+step variants 300 bash -c "python3 scripts/check_fp8_sm90.py --out $work/variants128 --variants $variants \
+  --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140 && python3 scripts/check_fp8_sm90.py \
+  --out $work/variants64 --variants $variants --head-dim 64 --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140"
 step sanitize 240 bash -c "compute-sanitizer --tool racecheck python3 scripts/check_fp8_sm90.py --sanitize --out $work/race \
   && compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/check_fp8_sm90.py --sanitize --out $work/mem"
 

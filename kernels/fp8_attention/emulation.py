@@ -6,8 +6,9 @@ kernels import no library code.
 
 `emulate_fp8_attention` is the kernel's scheme with every rounding it does and nothing else:
 per-(b, h) e4m3 Q, K, V (prep's `quantize`), online softmax over 32-key strips, p rounded
-to e4m3 as p * 256 against the running max, row sums of the unrounded p, output rounded to
-the output dtype. The kernel should land within ~0.5 percentage points of it (its remaining
+to e4m3 as p * 256 against the running max, row sums of the unrounded p (or, `rounded_row_sum`,
+of the rounded p, as the sm90 kernel's `pv_row_sum` takes them from the tensor core), output
+rounded to the output dtype. The kernel should land within ~0.5 percentage points of it (its remaining
 differences: fp32 accumulation order and the hardware exp2).
 """
 import math
@@ -19,7 +20,7 @@ from .prep import head_amax, quantize, scales_from_amax
 
 
 def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_lse=False, rows=None,
-                          block_keys=KEYS, reverse=False):
+                          block_keys=KEYS, reverse=False, rounded_row_sum=False):
     """[B, S, H, D] -> [B, Sq, H, D] in out_dtype (and LSE [B, H, Sq] float64).
 
     rows: emulate only these query rows (quantized with the scales of the whole of q); rows
@@ -48,8 +49,9 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
         new_max = torch.maximum(row_max, strip.amax(-1, keepdim=True))
         rescale = torch.exp2(row_max - new_max)
         p = torch.exp2(strip - new_max)
-        row_sum = row_sum * rescale + p.sum(-1, keepdim=True)
         p_codes = (p.float() * P_SCALE).to(FP8).double()
+        summed = p_codes / P_SCALE if rounded_row_sum else p
+        row_sum = row_sum * rescale + summed.sum(-1, keepdim=True)
         acc = acc * rescale + p_codes @ vc[..., start:start + block_keys, :]
         row_max = new_max
     out = acc * (per_head(descale[2]) / P_SCALE) / row_sum

@@ -62,6 +62,8 @@ from .support import check_head_dim
 # p * 2^P_SCALE_LOG2 = p * 256 in e4m3 (max 256 < 448).
 DEFAULT_TILE_N = 128  # keys per block (kernels/NOTES.md: 128 to 224 measured)
 WG_THREADS = 128
+ROW_SUM_COLS = 8  # pv_row_sum: the narrowest wgmma N; column 0 holds the row sum, 1-7 zeros
+E4M3_ONES_WORD = 0x38383838  # four e4m3 1.0 codes
 PRODUCER_REGS = 24
 # Registers per consumer thread by consumer warpgroup count. setmaxnreg only moves registers inside the
 # CTA's launch allocation (threads x launch registers: 384 x 168 = 64512 with two consumer warpgroups,
@@ -125,12 +127,29 @@ def wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.
         warpgroup.wait_group(wait)
 
 
+@cute.jit
+def wgmma_group(gemms, wait: cutlass.Constexpr):
+    """Several (tiled_mma, acc, A, B) products, each into a zeroed accumulator, as one committed wgmma
+    group (so one wait covers them all); waits until at most `wait` groups are in flight (no wait if
+    wait < 0)."""
+    warpgroup.fence()
+    for tiled_mma, acc, tA, tB in gemms:
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, False)
+        for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
+            cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+    if const_expr(wait >= 0):
+        warpgroup.wait_group(wait)
+
+
 class Fp8AttentionSm90:
     """Non-causal FP8 attention forward on sm_90a; one compile per (head_dim, out dtype, LSE)."""
 
     def __init__(self, head_dim: int, tile_n: int = DEFAULT_TILE_N, num_stages: int = 2,
                  two_level_pv: bool = True, fma_exp2_tiles: int = 0, consumer_warpgroups: int | None = None,
-                 persistent_ctas: int = 0, q_stages: int = 1):
+                 persistent_ctas: int = 0, q_stages: int = 1, pv_row_sum: bool = False):
         check_head_dim(head_dim)
         if consumer_warpgroups is None:
             consumer_warpgroups = DEFAULT_CONSUMER_WARPGROUPS[head_dim]
@@ -176,6 +195,28 @@ class Fp8AttentionSm90:
         if q_stages not in (1, 2) or (q_stages == 2 and persistent_ctas == 0):
             raise ValueError("q_stages must be 1, or 2 with persistent_ctas")
         self.q_stages = q_stages
+        # pv_row_sum (opt-in, not yet measured): the row sums come from the tensor core, as P times a
+        # constant 8 x N e4m3 tile (keys x [1, 0, ..., 0]) in the same wgmma group as P.V, instead of
+        # 64 FADDs per thread and key block. They become sums of the e4m3-rounded P that O's numerator
+        # uses (the emulation's `rounded_row_sum`). Two-level only: that sum is folded like O.
+        if pv_row_sum and (not two_level_pv or tile_n != 128):
+            raise ValueError("pv_row_sum needs two_level_pv and 128-key blocks (128-byte rows of its ones tile)")
+        self.pv_row_sum = pv_row_sum
+
+    def shared_storage(self, fp8, sQ_layout, sK_layout, sV_layout, sOnes_layout):
+        """The CTA's shared memory: the pipelines' barriers, Q, the K and V rings (and with pv_row_sum
+        the ones tile; plain Python, so the field can be left out)."""
+        fields = {
+            "mbar_q": cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages],
+            "mbar_k": cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages],
+            "mbar_v": cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages],
+            "q": cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sQ_layout)], 1024],
+            "k": cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sK_layout)], 1024],
+            "v": cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sV_layout)], 1024],
+        }
+        if self.pv_row_sum:
+            fields["ones"] = cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sOnes_layout)], 1024]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     @cute.jit
     def __call__(
@@ -207,20 +248,14 @@ class Fp8AttentionSm90:
         sQ_layout = kmajor_smem_layout(fp8, M, D, self.q_stages)
         sK_layout = kmajor_smem_layout(fp8, N, D, self.num_stages)
         sV_layout = kmajor_smem_layout(fp8, D, N, self.num_stages)
+        sOnes_layout = kmajor_smem_layout(fp8, ROW_SUM_COLS, N, 1)  # pv_row_sum's B operand
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (M, D), 1)
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, cute.select(sK_layout, mode=[0, 1]), (N, D), 1)
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mV, cute.select(sV_layout, mode=[0, 1]), (D, N), 1)
 
-        @cute.struct
-        class SharedStorage:
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
-            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
-            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
-            q: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sQ_layout)], 1024]
-            k: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sK_layout)], 1024]
-            v: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sV_layout)], 1024]
+        SharedStorage = self.shared_storage(fp8, sQ_layout, sK_layout, sV_layout, sOnes_layout)
 
         # The consumer warpgroups stacked along M, each one wgmma of 64 rows.
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
@@ -230,6 +265,10 @@ class Fp8AttentionSm90:
             fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
             atom_layout_mnk=(self.consumer_warpgroups, 1, 1), tiler_mn=(64, D),
             a_source=warpgroup.OperandSource.RMEM)
+        tiled_mma_sum = sm90_utils.make_trivial_tiled_mma(
+            fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(self.consumer_warpgroups, 1, 1), tiler_mn=(64, ROW_SUM_COLS),
+            a_source=warpgroup.OperandSource.RMEM)
 
         m_blocks = cute.ceil_div(mQ.shape[0], M)
         grid = (m_blocks, cute.size(mQ.shape[2]), 1)
@@ -238,7 +277,7 @@ class Fp8AttentionSm90:
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
             mDescale, mO, mLSE, softmax_scale * LOG2_E, seqlen_kv, m_blocks, m_blocks * cute.size(mQ.shape[2]),
-            sQ_layout, sK_layout, sV_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
+            sQ_layout, sK_layout, sV_layout, sOnes_layout, tiled_mma_qk, tiled_mma_pv, tiled_mma_sum, SharedStorage,
         ).launch(grid=grid, block=[WG_THREADS * (1 + self.consumer_warpgroups), 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
@@ -260,8 +299,10 @@ class Fp8AttentionSm90:
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
+        sOnes_layout: cute.ComposedLayout,
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
+        tiled_mma_sum: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
     ):
         # ------------------------------------------------------------------ set-up
@@ -277,6 +318,20 @@ class Fp8AttentionSm90:
         sQ = storage.q.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (M, D, q_stages)
         sK = storage.k.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (N, D, stages)
         sV = storage.v.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (D, N, stages)
+        sOnes = None
+        if const_expr(self.pv_row_sum):
+            # Keys x [1, 0, ..., 0]: row 0 of the 8-row tile all e4m3 1.0 (0x38), rows 1-7 zero. The
+            # swizzle only moves 16-byte chunks within a row, so the first 128 bytes are row 0. The
+            # producer warpgroup writes it (128 threads x 8 bytes); the fence hands it to the async
+            # proxy that wgmma reads through, and the CTA barrier below orders it before any use.
+            sOnes = storage.ones.get_tensor(sOnes_layout.outer, swizzle=sOnes_layout.inner)
+            if warp_idx < 4:
+                words = cute.make_tensor(cute.recast_ptr(storage.ones.data_ptr(), dtype=Int32),
+                                         cute.make_layout(cute.cosize(sOnes_layout) // 4))
+                tid = cute.arch.thread_idx()[0]
+                for i in cutlass.range_constexpr(2):
+                    words[2 * tid + i] = Int32(E4M3_ONES_WORD) if 2 * tid + i < self.tile_n // 4 else Int32(0)
+                cute.arch.fence_view_async_shared()
 
         # Full barriers: the producer's one elected thread arms them with the TMA byte count.
         # Empty barriers: lane 0 of each consumer warp (8, or 12 with three warpgroups) arrives once per
@@ -309,8 +364,8 @@ class Fp8AttentionSm90:
         else:
             # -------------------------------------------------------------- consumers
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.consumer_warpgroups])
-            self.consume(mDescale, mO, mLSE, softmax_scale_log2, seqlen_kv, sQ, sK, sV,
-                         tiled_mma_qk, tiled_mma_pv, pipeline_q, pipeline_k, pipeline_v,
+            self.consume(mDescale, mO, mLSE, softmax_scale_log2, seqlen_kv, sQ, sK, sV, sOnes,
+                         tiled_mma_qk, tiled_mma_pv, tiled_mma_sum, pipeline_q, pipeline_k, pipeline_v,
                          tile_x, tile_y, m_blocks, num_tiles, n_blocks)
 
     @cute.jit
@@ -368,7 +423,7 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def consume(self, mDescale, mO, mLSE, softmax_scale_log2: Float32, seqlen_kv: Int32,
-                sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipeline_q, pipeline_k, pipeline_v,
+                sQ, sK, sV, sOnes, tiled_mma_qk, tiled_mma_pv, tiled_mma_sum, pipeline_q, pipeline_k, pipeline_v,
                 tile_x: Int32, tile_y: Int32, m_blocks: Int32, num_tiles: Int32, n_blocks: Int32):
         """Consumer warpgroup: for each tile of this CTA (`consume_tile`), the whole key loop for its
         64 query rows, then the epilogue."""
@@ -402,6 +457,15 @@ class Fp8AttentionSm90:
         acc_PV = cute.make_rmem_tensor(acc_O.shape, Float32) if const_expr(self.two_level_pv) else acc_O
         tScS = thr_mma_qk.partition_C(cute.make_identity_tensor((M, N)))
         tOcO = thr_mma_pv.partition_C(cute.make_identity_tensor((M, D)))
+        # pv_row_sum: the ones tile as P.V's second B operand, and a block's row sums (per thread
+        # (c, r): column 2(lane % 4) + c, so only lane % 4 == 0's c = 0 is not zero).
+        sums = None
+        if const_expr(self.pv_row_sum):
+            wg_mma_sum = tiled_mma_sum.get_slice(wg * WG_THREADS)
+            tLrOnes = wg_mma_sum.make_fragment_B(wg_mma_sum.partition_B(sOnes[None, None, 0]))
+            acc_L = cute.make_rmem_tensor(tiled_mma_sum.get_slice(tidx).partition_shape_C((M, ROW_SUM_COLS)),
+                                          Float32)
+            sums = (tiled_mma_sum, acc_L, tLrOnes)
 
         # Online-softmax state of this thread's 2 rows: row_max in log2-logit units, row_sum
         # this lane's share of sum(p * 256) (the 4 lanes of a quad are added in the epilogue).
@@ -417,7 +481,7 @@ class Fp8AttentionSm90:
                                          number_of_threads=2 * WG_THREADS)
 
         args = (mO, mLSE, seqlen_kv, tiled_mma_qk, tiled_mma_pv, pipeline_q, pipeline_k, pipeline_v,
-                tSrQ, tSrK, tOrV, tOrP, acc_O, acc_PV, tScS, tOcO, row_max, row_sum, wg)
+                tSrQ, tSrK, tOrV, tOrP, acc_O, acc_PV, tScS, tOcO, row_max, row_sum, sums, wg)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         if const_expr(persistent):
@@ -447,8 +511,8 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def consume_tile(self, mO, mLSE, seqlen_kv: Int32, tiled_mma_qk, tiled_mma_pv, pipeline_q, pipeline_k,
-                     pipeline_v, tSrQ, tSrK, tOrV, tOrP, acc_O, acc_PV, tScS, tOcO, row_max, row_sum, wg: Int32,
-                     m_block: Int32, scalars, n_blocks: Int32, state, q_state):
+                     pipeline_v, tSrQ, tSrK, tOrV, tOrP, acc_O, acc_PV, tScS, tOcO, row_max, row_sum, sums,
+                     wg: Int32, m_block: Int32, scalars, n_blocks: Int32, state, q_state):
         """One tile, its O and softmax state zeroed: online softmax over every key block, then O and LSE
         of its rows. Returns the ring states for the next tile."""
         N, M = self.tile_n, self.tile_m
@@ -480,7 +544,7 @@ class Fp8AttentionSm90:
                                   number_of_threads=2 * WG_THREADS)
             acc_S_next = self.qk(tiled_mma_qk, tScS, tile_q, tSrK, state.index, -1)
             pipeline_v.consumer_wait(state_v)
-            wgmma(tiled_mma_pv, acc_PV, tOrP, tOrV[None, None, None, state_v.index], self.two_level_pv, -1)
+            self.pv(tiled_mma_pv, acc_PV, tOrP, tOrV[None, None, None, state_v.index], sums, -1)
             if const_expr(self.ping_pong):
                 cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.CONSUMER_WG0_MAY_ISSUE) + 1 - wg,
                                          number_of_threads=2 * WG_THREADS)
@@ -491,16 +555,20 @@ class Fp8AttentionSm90:
             pipeline_v.consumer_release(state_v)
             self.store_p(acc_S_next, tOrP)
             self.rescale_rows(acc_O, acc_PV, row_scale)
+            if const_expr(self.pv_row_sum):
+                self.fold_sums(row_sum, sums[1], row_scale)
 
         if const_expr(self.persistent_ctas > 0):  # the tile's last S has landed: Q's stage is free
             pipeline_q.consumer_release(q_state)
 
         # Last P.V.
         pipeline_v.consumer_wait(state)
-        wgmma(tiled_mma_pv, acc_PV, tOrP, tOrV[None, None, None, state.index], self.two_level_pv, 0)
+        self.pv(tiled_mma_pv, acc_PV, tOrP, tOrV[None, None, None, state.index], sums, 0)
         pipeline_v.consumer_release(state)
         if const_expr(self.two_level_pv):
             acc_O.store(acc_O.load() + acc_PV.load())
+        if const_expr(self.pv_row_sum):
+            self.fold_sums(row_sum, sums[1], None)
 
         # ------------------------------------------------------------------ epilogue
         # Row half r of this thread: its (c, j) values of O. The row sum is of p * 256, which
@@ -513,6 +581,27 @@ class Fp8AttentionSm90:
         state.advance()
         q_state.advance()
         return state, q_state
+
+    @cute.jit
+    def pv(self, tiled_mma_pv, acc_PV, tOrP, tOrV_stage, sums, wait: cutlass.Constexpr):
+        """P.V of one block (and with pv_row_sum its row sums, P times the ones tile, in the same wgmma
+        group)."""
+        if const_expr(self.pv_row_sum):
+            tiled_mma_sum, acc_L, tLrOnes = sums
+            wgmma_group(((tiled_mma_pv, acc_PV, tOrP, tOrV_stage), (tiled_mma_sum, acc_L, tOrP, tLrOnes)), wait)
+        else:
+            wgmma(tiled_mma_pv, acc_PV, tOrP, tOrV_stage, self.two_level_pv, wait)
+
+    @cute.jit
+    def fold_sums(self, row_sum: cute.Tensor, acc_L: cute.Tensor, row_scale):
+        """row_sum = (row_sum + this block's row sums) * row_scale (None: no rescale, the last block);
+        acc_L's (c, r) values: (2, 2) per thread, c = column pair."""
+        for r in cutlass.range_constexpr(2):
+            block = acc_L[0, r, 0] + acc_L[1, r, 0]
+            if const_expr(row_scale is None):
+                row_sum[r] = row_sum[r] + block
+            else:
+                row_sum[r] = (row_sum[r] + block) * row_scale[r]
 
     @cute.jit
     def qk(self, tiled_mma_qk, tScS, tSrQ, tSrK, stage: Int32, wait: cutlass.Constexpr):
@@ -548,11 +637,12 @@ class Fp8AttentionSm90:
             else:
                 row_scale[r] = cute.math.exp2(row_max[r] - new_max, fastmath=True)
             self.exp2_row(scores, r, qk_scale_log2, P_SCALE_LOG2 - new_max)
-            block_sum = scores[r, None].load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            if const_expr(is_first):
-                row_sum[r] = block_sum
-            else:
-                row_sum[r] = row_sum[r] * row_scale[r] + block_sum
+            if const_expr(not self.pv_row_sum):  # else the tensor core sums P (`fold_sums`)
+                block_sum = scores[r, None].load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                if const_expr(is_first):
+                    row_sum[r] = block_sum
+                else:
+                    row_sum[r] = row_sum[r] * row_scale[r] + block_sum
             row_max[r] = new_max
         return row_scale
 

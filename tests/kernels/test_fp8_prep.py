@@ -106,6 +106,19 @@ def test_emulation_error_vs_fp64():
     assert 0.035 < err < 0.07  # ~5.2% on N(0,1): the e4m3 rounding of Q, K, V and P
 
 
+def test_emulation_with_row_sums_of_the_rounded_p():
+    """`rounded_row_sum` (the sm90 kernel's pv_row_sum) divides by the sum of the e4m3 P that the
+    numerator uses: a different figure from the unrounded sums, in the same error class, and the LSE
+    moves by the rounding's share of each row sum only."""
+    q, k, v = qkv(b=1, sq=256, skv=300, h=2, d=64)
+    ref = reference_attention(q, k, v)
+    out, lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=128, reverse=True)
+    out_r, lse_r = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=128, reverse=True, rounded_row_sum=True)
+    assert not torch.equal(out, out_r)
+    assert abs(rel_rms_err(out_r, ref) - rel_rms_err(out, ref)) < 0.01
+    assert float((lse_r - lse).abs().max()) < 0.05
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda x: x.float(), "pass bfloat16 or float16"),
     (lambda x: x[..., :48], "head dim 48 unsupported"),

@@ -21,18 +21,23 @@ import glob, json, os, re, torch
 from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
 dump = os.environ["CUTE_DSL_DUMP_DIR"]
 done = []
-for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages in [
-        (64, False, 128, True, 0, 2, 0, 1), (128, True, 128, True, 0, 2, 0, 1), (128, False, 192, False, 0, 2, 0, 1),
-        (128, False, 128, True, 2, 2, 0, 1), (64, True, 128, True, 0, None, 0, 1), (128, True, 128, True, 0, 2, 132, 1),
-        (64, True, 128, True, 0, None, 132, 1), (128, True, 128, True, 0, 2, 132, 2)]:
+for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum in [
+        (64, False, 128, True, 0, 2, 0, 1, False), (128, True, 128, True, 0, 2, 0, 1, False),
+        (128, False, 192, False, 0, 2, 0, 1, False), (128, False, 128, True, 2, 2, 0, 1, False),
+        (64, True, 128, True, 0, None, 0, 1, False), (128, True, 128, True, 0, 2, 132, 1, False),
+        (64, True, 128, True, 0, None, 132, 1, False), (128, True, 128, True, 0, 2, 132, 2, False),
+        (128, True, 128, True, 0, 2, 0, 1, True), (64, True, 128, True, 0, None, 0, 1, True)]:
     for f in glob.glob(os.path.join(dump, "*.ptx")):
         os.remove(f)
     compile_fp8_attention(head_dim, torch.bfloat16, with_lse, kernel="sm90", tile_n=tile_n, two_level_pv=two_level,
-                          fma_exp2_tiles=tiles, consumer_warpgroups=wgs, persistent_ctas=ctas, q_stages=q_stages)
+                          fma_exp2_tiles=tiles, consumer_warpgroups=wgs, persistent_ctas=ctas, q_stages=q_stages,
+                          pv_row_sum=row_sum)
     ptx = open(glob.glob(os.path.join(dump, "*.ptx"))[0]).read()
     threads = int(re.search(r"\.reqntid\s+(\d+)", ptx)[1])
     done.append({"head_dim": head_dim, "tile_n": tile_n, "fma_exp2_tiles": tiles, "default": wgs is None,
                  "persistent": ctas > 0, "grid_dim_reads": ptx.count("%nctaid.x"), "q_stages": q_stages,
+                 "row_sum": row_sum, "sum_wgmma": ptx.count("wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3"),
+                 "fadd": len(re.findall(r"\badd(?:\.rn)?(?:\.ftz)?\.f32", ptx)),
                  "mbarrier_inits": ptx.count("mbarrier.init"),
                  "warpgroups": wgs or threads // 128 - 1,
                  "consumer_regs": int(re.search(r"setmaxnreg.inc.sync.aligned.u32\s+(\d+)", ptx)[1]),
@@ -53,7 +58,7 @@ def test_sm90_compiles(tmp_path):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     variants = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(variants) == 8
+    assert len(variants) == 10
     for v in variants:
         d, n = v["head_dim"], v["tile_n"]
         if d == n:  # QK^T and P.V wgmmas have the same shape
@@ -79,6 +84,12 @@ def test_sm90_compiles(tmp_path):
         assert v["poly_exp2"] == 2 * 4 * tiles, v
         if tiles == 0:
             assert v["ex2"] == 2 * (2 * n // 4) + 2, v
+        # pv_row_sum: P times the ones tile (m64n8k32) at both P.V sites, else none.
+        assert v["sum_wgmma"] == (2 * n // 32 if v["row_sum"] else 0), v
+    # The row sums leave the FMA pipe: 2 rows x 31 FADDs at each of the two softmax sites.
+    plain, summed = variants[1], variants[8]
+    assert (plain["row_sum"], summed["row_sum"]) == (False, True)
+    assert plain["fadd"] - summed["fadd"] >= 100, (plain["fadd"], summed["fadd"])
     # A second Q stage is one more full and one more empty barrier than the same kernel with one.
     one_stage, two_stages = variants[5], variants[7]
     assert (one_stage["q_stages"], two_stages["q_stages"]) == (1, 2)

@@ -97,6 +97,31 @@ def test_persistent_ctas_equal_one_tile_per_cta_bitwise(d, b, sq, skv, ctas, q_s
     assert torch.equal(lse.view(torch.int32), lse_p.view(torch.int32))
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("b,sq,skv,outliers", [(1, 1, 1, False), (2, 17, 17, True), (1, 385, 777, True),
+                                                (2, 1000, 512, True), (1, 4096, 4096, False)])
+def test_row_sums_from_the_tensor_core_match_their_emulation(d, b, sq, skv, outliers):
+    """pv_row_sum: the row sums are P times a ones tile in P.V's wgmma group, sums of the e4m3 P, so
+    the kernel is checked against the emulation of exactly that (`rounded_row_sum`), O and LSE, every
+    row written; and it stays within the error budget of the default kernel against fp64."""
+    from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
+
+    q, k, v = random_qkv(b, sq, skv, 3, d, outliers, seed=sq + skv + 7 * d)
+    packed = prep_fp8_attention(q, k, v)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((b, 3, sq), float("nan"), device="cuda")
+    kernel = compile_fp8_attention(d, torch.bfloat16, True, kernel="sm90", pv_row_sum=True)
+    kernel(packed.q, packed.k, packed.v, packed.descale, out, lse, d ** -0.5, packed.seqlen_kv)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=DEFAULT_TILE_N, reverse=True,
+                                         rounded_row_sum=True)
+    assert rel_rms_err(out, emu) < 0.01
+    assert float((lse.double() - emu_lse).abs().max() / emu_lse.abs().max().clamp_min(1.0)) < 2e-3
+    default, _ = fp8_attention_packed(packed, return_lse=True, kernel="sm90")
+    ref = reference_attention(q, k, v)
+    assert rel_rms_err(out, ref) < rel_rms_err(default, ref) + 0.005
+
+
 @pytest.mark.parametrize("fma_exp2_tiles", [1, 4])
 def test_exp2_on_the_fma_pipe_matches_emulation(fma_exp2_tiles):
     """Part of each row's exp2 as a polynomial (relative error 1.7e-3, below e4m3's rounding of
