@@ -595,9 +595,10 @@ class Fp8AttentionSm90:
     @cute.jit
     def fold_sums(self, row_sum: cute.Tensor, acc_L: cute.Tensor, row_scale):
         """row_sum = (row_sum + this block's row sums) * row_scale (None: no rescale, the last block);
-        acc_L's (c, r) values: (2, 2) per thread, c = column pair."""
+        per thread acc_L ((c, r), 1, 1) holds columns 2(lane % 4) + c of its two row halves r."""
+        sums = cute.make_tensor(acc_L.iterator, cute.make_layout((2, 2), stride=(2, 1)))  # (r, c)
         for r in cutlass.range_constexpr(2):
-            block = acc_L[0, r, 0] + acc_L[1, r, 0]
+            block = sums[r, 0] + sums[r, 1]
             if const_expr(row_scale is None):
                 row_sum[r] = row_sum[r] + block
             else:
