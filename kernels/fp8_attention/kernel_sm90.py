@@ -39,7 +39,8 @@ accumulation, which the long-sequence numerics rule out (see two_level_pv).
 Numerics (as v1): raw e4m3 products accumulate in fp32; the descales, softmax scale and log2(e)
 fold into one factor so p = 2^(s * scale - m + 8) is one FFMA and one EX2. The +8 stores P as
 p * 256 in e4m3 (p <= 1 against the running max, so codes <= 256 < 448, never saturated); the
-row sum adds the same unrounded fp32 values, so the 256 cancels in O = acc / sum * descale_v.
+row sum adds the same unrounded fp32 values (with `pv_row_sum`, the tensor core adds the rounded
+e4m3 ones O's numerator uses), so the 256 cancels in O = acc / sum * descale_v.
 O accumulates over all key blocks in fp32 registers (rescaled when the max grows).
 """
 import cutlass
@@ -595,10 +596,11 @@ class Fp8AttentionSm90:
     @cute.jit
     def fold_sums(self, row_sum: cute.Tensor, acc_L: cute.Tensor, row_scale):
         """row_sum = (row_sum + this block's row sums) * row_scale (None: no rescale, the last block);
-        per thread acc_L ((c, r), 1, 1) holds columns 2(lane % 4) + c of its two row halves r."""
+        per thread acc_L ((c, r), 1, 1) holds columns 2(lane % 4) + c of its two row halves r; column 0
+        (lane % 4 == 0, c = 0) is the sum, every other column zero, so c = 0 alone is read."""
         sums = cute.make_tensor(acc_L.iterator, cute.make_layout((2, 2), stride=(2, 1)))  # (r, c)
         for r in cutlass.range_constexpr(2):
-            block = sums[r, 0] + sums[r, 1]
+            block = sums[r, 0]
             if const_expr(row_scale is None):
                 row_sum[r] = row_sum[r] + block
             else:
