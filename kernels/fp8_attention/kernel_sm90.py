@@ -115,28 +115,19 @@ def exp2_on_fma(x: Float32) -> Float32:
 @cute.jit
 def wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
           zero_init: cutlass.Constexpr, wait: cutlass.Constexpr):
-    """acc (+)= A B over every k-block of the fragments, as one committed wgmma group; waits
-    until at most `wait` groups are in flight (no wait if wait < 0)."""
-    warpgroup.fence()
-    atom = cute.make_mma_atom(tiled_mma.op)
-    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
-        cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.commit_group()
-    if const_expr(wait >= 0):
-        warpgroup.wait_group(wait)
+    """acc (+)= A B over every k-block of the fragments, as one committed wgmma group (`wgmma_group`)."""
+    wgmma_group(((tiled_mma, acc, tA, tB),), zero_init, wait)
 
 
 @cute.jit
-def wgmma_group(gemms, wait: cutlass.Constexpr):
-    """Several (tiled_mma, acc, A, B) products, each into a zeroed accumulator, as one committed wgmma
-    group (so one wait covers them all); waits until at most `wait` groups are in flight (no wait if
-    wait < 0)."""
+def wgmma_group(gemms, zero_init: cutlass.Constexpr, wait: cutlass.Constexpr):
+    """Several (tiled_mma, acc, A, B) products, acc (+)= A B over every k-block of the fragments, as one
+    committed wgmma group (so one wait covers them all); waits until at most `wait` groups are in flight
+    (no wait if wait < 0)."""
     warpgroup.fence()
     for tiled_mma, acc, tA, tB in gemms:
         atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, False)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
         for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
             cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
             atom.set(warpgroup.Field.ACCUMULATE, True)
@@ -589,7 +580,7 @@ class Fp8AttentionSm90:
         group)."""
         if const_expr(self.pv_row_sum):
             tiled_mma_sum, acc_L, tLrOnes = sums
-            wgmma_group(((tiled_mma_pv, acc_PV, tOrP, tOrV_stage), (tiled_mma_sum, acc_L, tOrP, tLrOnes)), wait)
+            wgmma_group(((tiled_mma_pv, acc_PV, tOrP, tOrV_stage), (tiled_mma_sum, acc_L, tOrP, tLrOnes)), True, wait)
         else:
             wgmma(tiled_mma_pv, acc_PV, tOrP, tOrV_stage, self.two_level_pv, wait)
 
