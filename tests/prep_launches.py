@@ -1,6 +1,6 @@
-"""The FP8 prep's Triton launches in tests: force the plain prep's one- or two-launch path, and record
-which kernels a `prep_triton` call launched. `kernels` is `prep_triton_kernels` as the test imported it
-(compiled on a GPU machine, interpreted on the CPU)."""
+"""Helpers of the FP8 prep's tests: force the plain prep's one- or two-launch path, record which kernels
+a `prep_triton` call launched, and plant the heads whose scales are special. `kernels` is
+`prep_triton_kernels` as the test imported it (compiled on a GPU machine, interpreted on the CPU)."""
 
 PREP_KERNELS = ("_fp8_prep_single_kernel", "_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel")
 
@@ -26,3 +26,16 @@ def count_launches(monkeypatch, kernels, *, run: bool = True) -> list[str]:
     for name in PREP_KERNELS:
         monkeypatch.setattr(kernels, name, Counted(name, getattr(kernels, name)))
     return launched
+
+
+def add_special_heads(q, k, v):
+    """An all-zero head, a head with inf and one with NaN (a NaN descale each), on distinct heads where
+    there are two or more (b, h)."""
+    b, _, h, _ = q.shape
+    last = (b - 1, h - 1)
+    q[0, q.shape[1] // 2, 0, 3] = float("inf")
+    k[last[0], k.shape[1] - 1, last[1], 1] = float("nan")
+    v[0, :, 0] = 0
+    if b * h > 1:
+        q[last[0], :, last[1]] = 0
+        v[last[0], 0, last[1], 2] = float("-inf")

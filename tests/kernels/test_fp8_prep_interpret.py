@@ -54,8 +54,7 @@ def _interpreted_kernels():
 tk = _interpreted_kernels()
 
 from dit_accel.kernels.fp8_attention.prep import Prologue, apply_prologue, prep_triton  # noqa: E402
-from prep_launches import count_launches, force_path  # noqa: E402
-
+from prep_launches import add_special_heads, count_launches, force_path  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -103,19 +102,6 @@ def make_prologue(seq, d, rotary, seed=0):
     wq = (torch.rand(d, generator=g) + 0.5).bfloat16()
     wk = torch.rand(d, generator=g) + 0.5  # fp32 weights are read as well
     return Prologue(wq, wk, 1e-5, cos, sin)
-
-
-def add_special_heads(q, k, v):
-    """An all-zero head, a head with inf and one with NaN (a NaN descale each), on distinct heads where
-    there are two or more (b, h)."""
-    b, _, h, _ = q.shape
-    last = (b - 1, h - 1)
-    q[0, q.shape[1] // 2, 0, 3] = float("inf")
-    k[last[0], k.shape[1] - 1, last[1], 1] = float("nan")
-    v[0, :, 0] = 0
-    if b * h > 1:
-        q[last[0], :, last[1]] = 0
-        v[last[0], 0, last[1], 2] = float("-inf")
 
 
 def run_prep(monkeypatch, q, k, v, one_launch, prologue=None):
