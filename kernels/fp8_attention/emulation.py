@@ -18,6 +18,12 @@ import torch
 from .layout import FP8, KEYS, LN_2, LOG2_E, P_SCALE
 from .prep import head_amax, quantize, scales_from_amax
 
+# How far a kernel's LSE may sit from the emulation's when both sum the rounded P (`rounded_row_sum`):
+# the hardware exp2 can put a p on the other side of an e4m3 rounding boundary, which moves that p by
+# one e4m3 step (at most 2^-4, as p <= 1) and l (>= 1: the row max's p = 1 is in it) with it, so
+# the LSE by up to log(1 + 2^-4) per such p. O is unaffected (its numerator takes the same codes).
+ROUNDED_ROW_SUM_LSE_ATOL = math.log1p(2.0**-4)
+
 
 def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_lse=False, rows=None,
                           block_keys=KEYS, reverse=False, rounded_row_sum=False):

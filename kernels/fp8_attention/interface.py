@@ -9,8 +9,8 @@ per plan, launches.
     out = fp8_attention(q_raw, k_raw, v, prologue=Prologue(wq, wk, eps, cos, sin))
                                                       # QK-norm + RoPE fused into prep (MiniMax-H3)
 
-Kernel choice ("auto"): sm_90 -> `kernel_sm90` (TMA + FP8 wgmma, warp-specialized); sm_89 and
-sm_120 -> v1 `kernel_mma_sync`. Both read the same prep output.
+Kernel choice ("auto"): sm_90 -> `kernel_sm90` (TMA + FP8 wgmma, warp-specialized, with its head dim's
+`default_options`); sm_89 and sm_120 -> v1 `kernel_mma_sync`. Both read the same prep output.
 
 Inputs may be non-contiguous [B, S, H, D] views as long as the head dim is contiguous
 (stride 1): prep reads them through their strides. The output is a fresh contiguous
@@ -50,7 +50,12 @@ def _plan(head_dim: int, out_dtype: torch.dtype, with_lse: bool, device: torch.d
         from .compile import compile_fp8_attention
 
         variant = resolve_kernel(kernel, device_capability(device))
-        plan = _plans[key] = compile_fp8_attention(head_dim, out_dtype, with_lse, kernel=variant)
+        options = {}
+        if variant == "sm90":
+            from .kernel_sm90 import default_options
+
+            options = default_options(head_dim, torch.cuda.get_device_properties(device).multi_processor_count)
+        plan = _plans[key] = compile_fp8_attention(head_dim, out_dtype, with_lse, kernel=variant, **options)
     return plan
 
 

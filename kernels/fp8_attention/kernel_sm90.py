@@ -24,8 +24,8 @@ consumers at 160 registers, no ping-pong; `DEFAULT_CONSUMER_WARPGROUPS`):
   `named_barrier.NamedBarrier`),
   so one warpgroup's softmax overlaps the other's GEMMs.
 
-One CTA per tile by default; with `persistent_ctas` (opt-in, not yet measured) that many CTAs each
-walk tiles in turn, and the producer loads a tile's Q and first K/V blocks during the previous
+One CTA per tile by default; with `persistent_ctas` (what D = 64 runs, `default_options`) that many CTAs
+each walk tiles in turn, and the producer loads a tile's Q and first K/V blocks during the previous
 tile's last P.V and epilogue (with `q_stages=2`, its Q without waiting for the previous tile's last S).
 
 Where the time goes (ncu, kernels/NOTES.md): each SM sub-partition holds one warp of each
@@ -75,11 +75,24 @@ CONSUMER_REGS = {2: 240, 3: 160}
 # S = 30272, kernels/NOTES.md), two at D = 128 (with three, its overlapped loop's two-level
 # accumulators do not fit 160 registers: 572 B of spills).
 DEFAULT_CONSUMER_WARPGROUPS = {64: 3, 128: 2}
+# What `fp8_attention` compiles beyond the constructor's defaults, by head dim (`default_options`), as
+# measured on the H200 (B1 H56 S 4096-75600, kernels/NOTES.md): at D = 64 persistent CTAs (one per SM)
+# and the row sums from the tensor core, +12-15% over neither (S = 30272: 19.02 against 21.68 ms); at
+# D = 128 neither (S = 30272: 31.4 ms persistent, 31.7 with the row sums, against 30.06 without).
+PERSISTENT_BY_HEAD_DIM = {64: True, 128: False}
+PV_ROW_SUM_BY_HEAD_DIM = {64: True, 128: False}
 # exp2 on the FMA pipe: x + 1.5 * 2^23 rounds x to the nearest integer j (kept in the low
 # mantissa bits), f = x - j in [-0.5, 0.5], 2^f by a degree-2 polynomial (minimax relative
 # error 1.7e-3, far below e4m3's 2^-4 rounding of P), then j is added to the exponent field.
 ROUND_TO_INT = 1.5 * 2**23
 EXP2_POLY = (1.0004431009292603, 0.7034448981285095, 0.23842675983905792)
+
+
+def default_options(head_dim: int, sm_count: int) -> dict:
+    """The constructor options `fp8_attention` runs at this head dim on a device with sm_count SMs."""
+    check_head_dim(head_dim)
+    return {"persistent_ctas": sm_count if PERSISTENT_BY_HEAD_DIM[head_dim] else 0,
+            "pv_row_sum": PV_ROW_SUM_BY_HEAD_DIM[head_dim]}
 
 
 def kmajor_smem_layout(dtype, rows: int, cols: int, stages: int):
@@ -187,7 +200,7 @@ class Fp8AttentionSm90:
         if q_stages not in (1, 2) or (q_stages == 2 and persistent_ctas == 0):
             raise ValueError("q_stages must be 1, or 2 with persistent_ctas")
         self.q_stages = q_stages
-        # pv_row_sum (opt-in, not yet measured): the row sums come from the tensor core, as P times a
+        # pv_row_sum (what D = 64 runs, `default_options`): the row sums come from the tensor core, as P times a
         # constant 8 x N e4m3 tile (keys x [1, 0, ..., 0]) in the same wgmma group as P.V, instead of
         # 64 FADDs per thread and key block. They become sums of the e4m3-rounded P that O's numerator
         # uses (the emulation's `rounded_row_sum`). Two-level only: that sum is folded like O.

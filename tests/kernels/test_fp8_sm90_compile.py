@@ -19,6 +19,8 @@ pytest.importorskip("cutlass")
 COMPILE = r"""
 import glob, json, os, re, torch
 from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
+from dit_accel.kernels.fp8_attention.kernel_sm90 import default_options
+d64 = default_options(64, 132)  # what fp8_attention runs at D = 64 on a 132-SM H200
 dump = os.environ["CUTE_DSL_DUMP_DIR"]
 done = []
 for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum in [
@@ -26,7 +28,8 @@ for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum i
         (128, False, 192, False, 0, 2, 0, 1, False), (128, False, 128, True, 2, 2, 0, 1, False),
         (64, True, 128, True, 0, None, 0, 1, False), (128, True, 128, True, 0, 2, 132, 1, False),
         (64, True, 128, True, 0, None, 132, 1, False), (128, True, 128, True, 0, 2, 132, 2, False),
-        (128, True, 128, True, 0, 2, 0, 1, True), (64, True, 128, True, 0, None, 0, 1, True)]:
+        (128, True, 128, True, 0, 2, 0, 1, True), (64, True, 128, True, 0, None, 0, 1, True),
+        (64, True, 128, True, 0, None, d64["persistent_ctas"], 1, d64["pv_row_sum"])]:
     for f in glob.glob(os.path.join(dump, "*.ptx")):
         os.remove(f)
     compile_fp8_attention(head_dim, torch.bfloat16, with_lse, kernel="sm90", tile_n=tile_n, two_level_pv=two_level,
@@ -58,7 +61,7 @@ def test_sm90_compiles(tmp_path):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     variants = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(variants) == 10
+    assert len(variants) == 11
     for v in variants:
         d, n = v["head_dim"], v["tile_n"]
         if d == n:  # QK^T and P.V wgmmas have the same shape
@@ -107,3 +110,15 @@ def test_register_split_fits_the_launch_allocation():
         launch_regs = 65536 // threads // 8 * 8
         assert consumer_regs % 8 == 0 and PRODUCER_REGS % 8 == 0
         assert WG_THREADS * PRODUCER_REGS + WG_THREADS * warpgroups * consumer_regs <= threads * launch_regs, warpgroups
+
+
+def test_default_options_follow_the_measured_choice():
+    """fp8_attention's sm90 plans: D = 64 persistent (one CTA per SM) with the tensor core's row sums,
+    D = 128 one CTA per tile with FMA row sums (kernels/NOTES.md has the measurements)."""
+    from dit_accel.kernels.fp8_attention.kernel_sm90 import default_options
+    from dit_accel.kernels.fp8_attention.support import Fp8AttentionUnsupported
+
+    assert default_options(64, 132) == {"persistent_ctas": 132, "pv_row_sum": True}
+    assert default_options(128, 78) == {"persistent_ctas": 0, "pv_row_sum": False}
+    with pytest.raises(Fp8AttentionUnsupported):
+        default_options(96, 132)
