@@ -5,10 +5,10 @@ correctness matrix, timings at the H3 shape beside v1 and torch SDPA (cuDNN / fl
     python scripts/check_fp8_sm90.py --out $OUT --sanitize   # tiny shape, for compute-sanitizer
 
 Variant "default" = what fp8_attention runs at each head dim (`kernel_sm90.default_options`); variant
-"NxS[s][p[Q]][r][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
+"NxS[s][p[Q]][r][f][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
 (each block's P.V added to O in fp32 by the FMA units); "s" = single-level (P.V accumulated by
 the tensor core across all blocks); "p" = persistent CTAs, one per SM, walking the tiles ("p2": with two Q stages); "r" = row sums
-by the tensor core (pv_row_sum); "eK" = the
+by the tensor core (pv_row_sum); "f" = the two-level flush as one FFMA per O value (fma_flush); "eK" = the
 exp2s of K n8 tiles per row on the FMA pipe; "wW" = W consumer warpgroups (2, or 3: 192-row tiles at
 160 registers); without it, the head dim's default (3 at D = 64, 2 at D = 128).
 --head-dim picks the quick check's and the timing's head dim (the correctness matrix has both, so
@@ -41,13 +41,14 @@ class Variant(NamedTuple):
     persistent_ctas: int
     q_stages: int
     pv_row_sum: bool
+    fma_flush: bool
     fma_exp2_tiles: int
     warpgroups: int | None  # None: the head dim's default
 
     def label(self) -> str:
         return ("%dx%d" % (self.tile_n, self.stages) + ("" if self.two_level else "s")
                 + ("p" + ("" if self.q_stages == 1 else str(self.q_stages)) if self.persistent_ctas else "")
-                + ("r" if self.pv_row_sum else "") + (f"e{self.fma_exp2_tiles}" if self.fma_exp2_tiles else "")
+                + ("r" if self.pv_row_sum else "") + ("f" if self.fma_flush else "") + (f"e{self.fma_exp2_tiles}" if self.fma_exp2_tiles else "")
                 + (f"w{self.warpgroups}" if self.warpgroups else ""))
 
 
@@ -82,20 +83,20 @@ def main():
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
-    def parse(name):  # "128x2p2re2w3" -> Variant(128, 2, True, sms, 2, True, 2, 3); no "wW": the head dim's default
+    def parse(name):  # "128x2p2rfe2w3" -> Variant(128, 2, True, sms, 2, True, True, 2, 3); no "wW": the head dim's default
         if name == DEFAULT:
             return DEFAULT
-        m = re.fullmatch(r"(\d+)x(\d+)(s?)(p(\d?))?(r?)(?:e(\d+))?(?:w(\d))?", name)
+        m = re.fullmatch(r"(\d+)x(\d+)(s?)(p(\d?))?(r?)(f?)(?:e(\d+))?(?:w(\d))?", name)
         if not m:
-            parser.error(f"bad variant {name!r}; default or NxS[s][p[Q]][r][eK][wW], e.g. 128x2, 192x2s, 128x2p2r")
-        return Variant(int(m[1]), int(m[2]), not m[3], sms if m[4] else 0, int(m[5] or 1), bool(m[6]),
-                       int(m[7] or 0), int(m[8]) if m[8] else None)
+            parser.error(f"bad variant {name!r}; default or NxS[s][p[Q]][r][f][eK][wW], e.g. 128x2, 192x2s, 128x2prf")
+        return Variant(int(m[1]), int(m[2]), not m[3], sms if m[4] else 0, int(m[5] or 1), bool(m[6]), bool(m[7]),
+                       int(m[8] or 0), int(m[9]) if m[9] else None)
 
     def at(variant, d) -> Variant:  # the configuration a variant is at head dim d
         if variant != DEFAULT:
             return variant
         options = default_options(d, sms)
-        return Variant(DEFAULT_TILE_N, 2, True, options["persistent_ctas"], 1, options["pv_row_sum"], 0, None)
+        return Variant(DEFAULT_TILE_N, 2, True, options["persistent_ctas"], 1, options["pv_row_sum"], False, 0, None)
 
     variants = [parse(v) for v in args.variants.split(",")]
     label = lambda v: DEFAULT if v == DEFAULT else v.label()
@@ -111,7 +112,8 @@ def main():
             kernels[key] = compile_fp8_attention(d, torch.bfloat16, with_lse, kernel="sm90", tile_n=v.tile_n,
                                                  num_stages=v.stages, two_level_pv=v.two_level,
                                                  persistent_ctas=v.persistent_ctas, q_stages=v.q_stages,
-                                                 pv_row_sum=v.pv_row_sum, fma_exp2_tiles=v.fma_exp2_tiles,
+                                                 pv_row_sum=v.pv_row_sum, fma_flush=v.fma_flush,
+                                                 fma_exp2_tiles=v.fma_exp2_tiles,
                                                  consumer_warpgroups=v.warpgroups)
             entry = {"key": key, "compile_s": round(time.time() - t0, 2)}
             # The dump's file name is truncated, so variants share it: ptxas it right away.

@@ -45,9 +45,9 @@ step tests-full 420 python3 -m pytest tests -q -m gpu -p no:cacheprovider -rfE -
 sweep_shapes=$(for d in 128 64; do for s in 4096 8192 16384 30272 37710 75600; do printf '1x56x%sx%s,' $s $d; done; done)
 step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}" --backends cudnn,fa4,fa3,fa3-fp8,fp8,cudnn-fp8 \
   --out "$work/sweep"
-# What fp8_attention runs (default: at D = 64 persistent with the tensor core's row sums) against the plain
-# kernel and each of those levers alone: persistent CTAs (p, p2: one or two Q stages), row sums (r).
-variants="default,128x2,128x2p,128x2p2,128x2r,128x2pr"
+# What fp8_attention runs (default: at D = 64 persistent with the tensor core's row sums, 128x2pr; at D = 128
+# 128x2) against the same with the flush as one FFMA per O value (f, opt-in), at both head dims.
+variants="default,128x2f,128x2prf"
 step variants 300 bash -c "python3 scripts/check_fp8_sm90.py --out $work/variants128 --variants $variants \
   --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140 && python3 scripts/check_fp8_sm90.py \
   --out $work/variants64 --variants $variants --head-dim 64 --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140"

@@ -154,7 +154,7 @@ class Fp8AttentionSm90:
 
     def __init__(self, head_dim: int, tile_n: int = DEFAULT_TILE_N, num_stages: int = 2,
                  two_level_pv: bool = True, fma_exp2_tiles: int = 0, consumer_warpgroups: int | None = None,
-                 persistent_ctas: int = 0, q_stages: int = 1, pv_row_sum: bool = False):
+                 persistent_ctas: int = 0, q_stages: int = 1, pv_row_sum: bool = False, fma_flush: bool = False):
         check_head_dim(head_dim)
         if consumer_warpgroups is None:
             consumer_warpgroups = DEFAULT_CONSUMER_WARPGROUPS[head_dim]
@@ -207,6 +207,13 @@ class Fp8AttentionSm90:
         if pv_row_sum and (not two_level_pv or tile_n != 128):
             raise ValueError("pv_row_sum needs two_level_pv and 128-key blocks (128-byte rows of its ones tile)")
         self.pv_row_sum = pv_row_sum
+        # fma_flush (opt-in, not yet run on a GPU): the two-level flush as one FFMA per O value,
+        # O = O * scale + P.V, instead of O = (O + P.V) * scale (an FADD and an FMUL). O then lags the
+        # running max by one block: scale is the factor the block before's softmax returned, known
+        # before this block's P.V lands, so the flush no longer waits for this block's max either.
+        if fma_flush and not two_level_pv:
+            raise ValueError("fma_flush needs two_level_pv (single-level P.V accumulates into O itself)")
+        self.fma_flush = fma_flush
 
     def shared_storage(self, fp8, sQ_layout, sK_layout, sV_layout, sOnes_layout):
         """The CTA's shared memory: the pipelines' barriers, Q, the K and V rings (and with pv_row_sum
@@ -535,7 +542,10 @@ class Fp8AttentionSm90:
         for i in cutlass.range_constexpr(cute.size(acc_S)):
             if (n_blocks - 1) * N + tScS[i][1] >= seqlen_kv:
                 acc_S[i] = -Float32.inf
-        self.online_softmax(acc_S, acc_O, row_max, row_sum, qk_scale_log2, True)
+        # fma_flush: O (and the tensor core's row sums) lag the running max by one block; `lagged` holds
+        # the factor that brings them to the max of the block whose P.V is added next (0 before the
+        # first: O is 0).
+        lagged = self.online_softmax(acc_S, acc_O, row_max, row_sum, qk_scale_log2, True)
         self.store_p(acc_S, tOrP)
 
         # Steady state: S of block n - 1 is in flight while P.V of block n runs, then the
@@ -559,9 +569,13 @@ class Fp8AttentionSm90:
             warpgroup.wait_group(0)  # P.V done: P registers and the V stage are free
             pipeline_v.consumer_release(state_v)
             self.store_p(acc_S_next, tOrP)
-            self.rescale_rows(acc_O, acc_PV, row_scale)
-            if const_expr(self.pv_row_sum):
-                self.fold_sums(row_sum, sums[1], row_scale)
+            if const_expr(self.fma_flush):
+                self.flush_lagging(acc_O, acc_PV, row_sum, sums, lagged)
+                lagged.store(row_scale.load())
+            else:
+                self.rescale_rows(acc_O, acc_PV, row_scale)
+                if const_expr(self.pv_row_sum):
+                    self.fold_sums(row_sum, sums[1], row_scale)
 
         if const_expr(self.persistent_ctas > 0):  # the tile's last S has landed: Q's stage is free
             pipeline_q.consumer_release(q_state)
@@ -570,10 +584,13 @@ class Fp8AttentionSm90:
         pipeline_v.consumer_wait(state)
         self.pv(tiled_mma_pv, acc_PV, tOrP, tOrV[None, None, None, state.index], sums, 0)
         pipeline_v.consumer_release(state)
-        if const_expr(self.two_level_pv):
-            acc_O.store(acc_O.load() + acc_PV.load())
-        if const_expr(self.pv_row_sum):
-            self.fold_sums(row_sum, sums[1], None)
+        if const_expr(self.fma_flush):
+            self.flush_lagging(acc_O, acc_PV, row_sum, sums, lagged)
+        else:
+            if const_expr(self.two_level_pv):
+                acc_O.store(acc_O.load() + acc_PV.load())
+            if const_expr(self.pv_row_sum):
+                self.fold_sums(row_sum, sums[1], None)
 
         # ------------------------------------------------------------------ epilogue
         # Row half r of this thread: its (c, j) values of O. The row sum is of p * 256, which
@@ -597,12 +614,16 @@ class Fp8AttentionSm90:
         else:
             wgmma(tiled_mma_pv, acc_PV, tOrP, tOrV_stage, self.two_level_pv, wait)
 
+    def block_row_sums(self, acc_L: cute.Tensor) -> cute.Tensor:
+        """(row half r, column c) view of the row-sum accumulator: per thread acc_L ((c, r), 1, 1) holds
+        columns 2(lane % 4) + c of its two row halves r; column 0 (lane % 4 == 0, c = 0) is the block's
+        row sum, every other column zero, so c = 0 alone is read."""
+        return cute.make_tensor(acc_L.iterator, cute.make_layout((2, 2), stride=(2, 1)))
+
     @cute.jit
     def fold_sums(self, row_sum: cute.Tensor, acc_L: cute.Tensor, row_scale):
-        """row_sum = (row_sum + this block's row sums) * row_scale (None: no rescale, the last block);
-        per thread acc_L ((c, r), 1, 1) holds columns 2(lane % 4) + c of its two row halves r; column 0
-        (lane % 4 == 0, c = 0) is the sum, every other column zero, so c = 0 alone is read."""
-        sums = cute.make_tensor(acc_L.iterator, cute.make_layout((2, 2), stride=(2, 1)))  # (r, c)
+        """row_sum = (row_sum + this block's row sums) * row_scale (None: no rescale, the last block)."""
+        sums = self.block_row_sums(acc_L)
         for r in cutlass.range_constexpr(2):
             block = sums[r, 0]
             if const_expr(row_scale is None):
@@ -677,6 +698,20 @@ class Fp8AttentionSm90:
                 rows[r, None].store((rows[r, None].load() + block[r, None].load()) * row_scale[r])
             else:
                 rows[r, None].store(rows[r, None].load() * row_scale[r])
+
+    @cute.jit
+    def flush_lagging(self, acc_O: cute.Tensor, acc_PV: cute.Tensor, row_sum: cute.Tensor, sums,
+                      lagged: cute.Tensor):
+        """fma_flush: O = O * lagged + this block's P.V, one FFMA per value (and with pv_row_sum the row
+        sums likewise); lagged brings O from the max of the block before to this block's."""
+        rows = self.rows_view(acc_O)
+        block = self.rows_view(acc_PV)
+        for r in cutlass.range_constexpr(2):
+            rows[r, None].store(rows[r, None].load() * lagged[r] + block[r, None].load())
+        if const_expr(self.pv_row_sum):
+            block_sums = self.block_row_sums(sums[1])
+            for r in cutlass.range_constexpr(2):
+                row_sum[r] = row_sum[r] * lagged[r] + block_sums[r, 0]
 
     @cute.jit
     def store_p(self, acc_S: cute.Tensor, tOrP: cute.Tensor):

@@ -23,24 +23,28 @@ from dit_accel.kernels.fp8_attention.kernel_sm90 import default_options
 d64 = default_options(64, 132)  # what fp8_attention runs at D = 64 on a 132-SM H200
 dump = os.environ["CUTE_DSL_DUMP_DIR"]
 done = []
-for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum in [
+for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum, *flush in [
         (64, False, 128, True, 0, 2, 0, 1, False), (128, True, 128, True, 0, 2, 0, 1, False),
         (128, False, 192, False, 0, 2, 0, 1, False), (128, False, 128, True, 2, 2, 0, 1, False),
         (64, True, 128, True, 0, None, 0, 1, False), (128, True, 128, True, 0, 2, 132, 1, False),
         (64, True, 128, True, 0, None, 132, 1, False), (128, True, 128, True, 0, 2, 132, 2, False),
         (128, True, 128, True, 0, 2, 0, 1, True), (64, True, 128, True, 0, None, 0, 1, True),
-        (64, True, 128, True, 0, None, d64["persistent_ctas"], 1, d64["pv_row_sum"])]:
+        (64, True, 128, True, 0, None, d64["persistent_ctas"], 1, d64["pv_row_sum"]),
+        (128, True, 128, True, 0, 2, 0, 1, False, True),  # fma_flush: variants[1] with the flush as FFMAs
+        (64, True, 128, True, 0, None, d64["persistent_ctas"], 1, d64["pv_row_sum"], True)]:
     for f in glob.glob(os.path.join(dump, "*.ptx")):
         os.remove(f)
     compile_fp8_attention(head_dim, torch.bfloat16, with_lse, kernel="sm90", tile_n=tile_n, two_level_pv=two_level,
                           fma_exp2_tiles=tiles, consumer_warpgroups=wgs, persistent_ctas=ctas, q_stages=q_stages,
-                          pv_row_sum=row_sum)
+                          pv_row_sum=row_sum, fma_flush=bool(flush))
     ptx = open(glob.glob(os.path.join(dump, "*.ptx"))[0]).read()
     threads = int(re.search(r"\.reqntid\s+(\d+)", ptx)[1])
     done.append({"head_dim": head_dim, "tile_n": tile_n, "fma_exp2_tiles": tiles, "default": wgs is None,
                  "persistent": ctas > 0, "grid_dim_reads": ptx.count("%nctaid.x"), "q_stages": q_stages,
                  "row_sum": row_sum, "sum_wgmma": ptx.count("wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3"),
                  "fadd": len(re.findall(r"\badd(?:\.rn)?(?:\.ftz)?\.f32", ptx)),
+                 "fmul": len(re.findall(r"\bmul(?:\.rn)?(?:\.ftz)?\.f32", ptx)),
+                 "ffma": len(re.findall(r"\bfma\.rn(?:\.ftz)?\.f32", ptx)),
                  "mbarrier_inits": ptx.count("mbarrier.init"),
                  "warpgroups": wgs or threads // 128 - 1,
                  "consumer_regs": int(re.search(r"setmaxnreg.inc.sync.aligned.u32\s+(\d+)", ptx)[1]),
@@ -61,7 +65,7 @@ def test_sm90_compiles(tmp_path):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     variants = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(variants) == 11
+    assert len(variants) == 13
     for v in variants:
         d, n = v["head_dim"], v["tile_n"]
         if d == n:  # QK^T and P.V wgmmas have the same shape
@@ -97,6 +101,13 @@ def test_sm90_compiles(tmp_path):
     one_stage, two_stages = variants[5], variants[7]
     assert (one_stage["q_stages"], two_stages["q_stages"]) == (1, 2)
     assert two_stages["mbarrier_inits"] == one_stage["mbarrier_inits"] + 2, (one_stage, two_stages)
+    # fma_flush: each of the two flush sites (the loop, the last block) turns its D/2 FADDs per thread into
+    # FFMAs, and the loop's D/2 FMULs go (D = 128: 64 values of O per thread); D = 64's default with the
+    # row sums likewise, plus their 2 per site.
+    for (plain, flushed), per_site in (((variants[1], variants[11]), 64), ((variants[10], variants[12]), 32 + 2)):
+        assert flushed["ffma"] - plain["ffma"] == 2 * per_site, (plain, flushed)
+        assert plain["fadd"] - flushed["fadd"] == 2 * per_site, (plain, flushed)
+        assert plain["fmul"] - flushed["fmul"] == per_site, (plain, flushed)
 
 
 def test_register_split_fits_the_launch_allocation():

@@ -138,6 +138,34 @@ def test_row_sums_from_the_tensor_core_match_their_emulation(d, b, sq, skv, outl
     assert rel_rms_err(out, ref) < rel_rms_err(plain, ref) + 0.005
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("b,sq,skv,outliers", [(1, 1, 1, False), (2, 17, 17, True), (1, 385, 777, True),
+                                                (2, 1000, 512, True), (1, 4096, 4096, False)])
+def test_fma_flush_matches_emulation(d, b, sq, skv, outliers):
+    """fma_flush on top of the head dim's default options (O lags the running max by one block and is
+    flushed as O * scale + P.V, one FFMA a value): only fp32 rounding moves, so it is checked against the
+    emulation of the default's scheme, O and LSE, every row written, and within the default's own error
+    against fp64."""
+    from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
+    from dit_accel.kernels.fp8_attention.kernel_sm90 import default_options
+
+    options = default_options(d, torch.cuda.get_device_properties(0).multi_processor_count)
+    q, k, v = random_qkv(b, sq, skv, 3, d, outliers, seed=sq + skv + 11 * d)
+    packed = prep_fp8_attention(q, k, v)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((b, 3, sq), float("nan"), device="cuda")
+    kernel = compile_fp8_attention(d, torch.bfloat16, True, kernel="sm90", fma_flush=True, **options)
+    kernel(packed.q, packed.k, packed.v, packed.descale, out, lse, d ** -0.5, packed.seqlen_kv)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=DEFAULT_TILE_N, reverse=True,
+                                         rounded_row_sum=options["pv_row_sum"])
+    assert rel_rms_err(out, emu) < 0.01
+    assert_lse_close(lse, emu_lse, options["pv_row_sum"])
+    default, _ = fp8_attention_packed(packed, return_lse=True, kernel="sm90")
+    ref = reference_attention(q, k, v)
+    assert rel_rms_err(out, ref) < rel_rms_err(default, ref) + 0.005
+
+
 @pytest.mark.parametrize("fma_exp2_tiles", [1, 4])
 def test_exp2_on_the_fma_pipe_matches_emulation(fma_exp2_tiles):
     """Part of each row's exp2 as a polynomial (relative error 1.7e-3, below e4m3's rounding of
