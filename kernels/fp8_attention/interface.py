@@ -44,6 +44,8 @@ def prep_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, use
 def _plan(head_dim: int, out_dtype: torch.dtype, with_lse: bool, device: torch.device,
           kernel: str = "auto"):
     """Compiled kernel for this plan key; sequence lengths, batch and heads are dynamic."""
+    if device.index is None:  # "cuda" is the current device: one plan per physical device (its SM count)
+        device = torch.device(device.type, torch.cuda.current_device())
     key = (head_dim, out_dtype, with_lse, device, kernel)
     plan = _plans.get(key)
     if plan is None:

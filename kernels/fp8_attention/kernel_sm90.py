@@ -77,7 +77,7 @@ CONSUMER_REGS = {2: 240, 3: 160}
 DEFAULT_CONSUMER_WARPGROUPS = {64: 3, 128: 2}
 # What `fp8_attention` compiles beyond the constructor's defaults, by head dim (`default_options`), as
 # measured on the H200 (B1 H56 S 4096-75600, kernels/NOTES.md): at D = 64 persistent CTAs (one per SM)
-# and the row sums from the tensor core, +12-15% over neither (S = 30272: 19.02 against 21.68 ms); at
+# and the row sums from the tensor core, +12-16% over neither (S = 30272: 19.02 against 21.68 ms); at
 # D = 128 neither (S = 30272: 31.4 ms persistent, 31.7 with the row sums, against 30.06 without).
 PERSISTENT_BY_HEAD_DIM = {64: True, 128: False}
 PV_ROW_SUM_BY_HEAD_DIM = {64: True, 128: False}

@@ -123,13 +123,27 @@ def test_register_split_fits_the_launch_allocation():
         assert WG_THREADS * PRODUCER_REGS + WG_THREADS * warpgroups * consumer_regs <= threads * launch_regs, warpgroups
 
 
-def test_default_options_follow_the_measured_choice():
-    """fp8_attention's sm90 plans: D = 64 persistent (one CTA per SM) with the tensor core's row sums,
-    D = 128 one CTA per tile with FMA row sums (kernels/NOTES.md has the measurements)."""
-    from dit_accel.kernels.fp8_attention.kernel_sm90 import default_options
-    from dit_accel.kernels.fp8_attention.support import Fp8AttentionUnsupported
+def test_plans_compile_with_each_devices_default_options(monkeypatch):
+    """interface._plan compiles the sm90 kernel with `default_options` for its head dim and its own device's
+    SM count, once per plan; "cuda" without an index is the current device's plan."""
+    import types
 
-    assert default_options(64, 132) == {"persistent_ctas": 132, "pv_row_sum": True}
-    assert default_options(128, 78) == {"persistent_ctas": 0, "pv_row_sum": False}
-    with pytest.raises(Fp8AttentionUnsupported):
-        default_options(96, 132)
+    import torch
+
+    from dit_accel.kernels.fp8_attention import compile as compile_module
+    from dit_accel.kernels.fp8_attention import interface
+    from dit_accel.kernels.fp8_attention.kernel_sm90 import default_options
+
+    calls = []
+    monkeypatch.setattr(compile_module, "compile_fp8_attention", lambda *a, **kw: calls.append((a[0], kw)) or object())
+    monkeypatch.setattr(interface, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(interface, "_plans", {})
+    sms = {0: 132, 1: 78}
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: types.SimpleNamespace(multi_processor_count=sms[device.index]))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    for device in ("cuda:0", "cuda:1", "cuda:0", "cuda"):
+        for d in (64, 128):
+            interface._plan(d, torch.bfloat16, False, torch.device(device))
+    assert calls == [(d, dict(kernel="sm90", **default_options(d, sms[i]))) for i in (0, 1) for d in (64, 128)]
+    assert calls[0][1]["persistent_ctas"] == 132 and calls[2][1]["persistent_ctas"] == 78
