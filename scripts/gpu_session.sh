@@ -46,8 +46,9 @@ sweep_shapes=$(for d in 128 64; do for s in 4096 8192 16384 30272 37710 75600; d
 step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}" --backends cudnn,fa4,fa3,fa3-fp8,fp8,cudnn-fp8 \
   --out "$work/sweep"
 # What fp8_attention runs (default: at D = 64 persistent with the tensor core's row sums, 128x2pr; at D = 128
-# 128x2) against the same with the flush as one FFMA per O value (f, opt-in), at both head dims.
-variants="default,128x2f,128x2prf"
+# 128x2) against the same with the flush as one FFMA per O value (f, opt-in), at both head dims; and three
+# stages with and without persistence (does a V stage of slack win back D128's persistent loss?).
+variants="default,128x2f,128x2prf,128x3,128x3p"
 step variants 300 bash -c "python3 scripts/check_fp8_sm90.py --out $work/variants128 --variants $variants \
   --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140 && python3 scripts/check_fp8_sm90.py \
   --out $work/variants64 --variants $variants --head-dim 64 --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140"
