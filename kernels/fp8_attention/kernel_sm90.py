@@ -569,13 +569,9 @@ class Fp8AttentionSm90:
             warpgroup.wait_group(0)  # P.V done: P registers and the V stage are free
             pipeline_v.consumer_release(state_v)
             self.store_p(acc_S_next, tOrP)
+            self.add_block(acc_O, acc_PV, row_sum, sums, lagged if const_expr(self.fma_flush) else row_scale)
             if const_expr(self.fma_flush):
-                self.flush_lagging(acc_O, acc_PV, row_sum, sums, lagged)
                 lagged.store(row_scale.load())
-            else:
-                self.rescale_rows(acc_O, acc_PV, row_scale)
-                if const_expr(self.pv_row_sum):
-                    self.fold_sums(row_sum, sums[1], row_scale)
 
         if const_expr(self.persistent_ctas > 0):  # the tile's last S has landed: Q's stage is free
             pipeline_q.consumer_release(q_state)
@@ -584,13 +580,7 @@ class Fp8AttentionSm90:
         pipeline_v.consumer_wait(state)
         self.pv(tiled_mma_pv, acc_PV, tOrP, tOrV[None, None, None, state.index], sums, 0)
         pipeline_v.consumer_release(state)
-        if const_expr(self.fma_flush):
-            self.flush_lagging(acc_O, acc_PV, row_sum, sums, lagged)
-        else:
-            if const_expr(self.two_level_pv):
-                acc_O.store(acc_O.load() + acc_PV.load())
-            if const_expr(self.pv_row_sum):
-                self.fold_sums(row_sum, sums[1], None)
+        self.add_block(acc_O, acc_PV, row_sum, sums, lagged if const_expr(self.fma_flush) else None)
 
         # ------------------------------------------------------------------ epilogue
         # Row half r of this thread: its (c, j) values of O. The row sum is of p * 256, which
@@ -619,17 +609,6 @@ class Fp8AttentionSm90:
         columns 2(lane % 4) + c of its two row halves r; column 0 (lane % 4 == 0, c = 0) is the block's
         row sum, every other column zero, so c = 0 alone is read."""
         return cute.make_tensor(acc_L.iterator, cute.make_layout((2, 2), stride=(2, 1)))
-
-    @cute.jit
-    def fold_sums(self, row_sum: cute.Tensor, acc_L: cute.Tensor, row_scale):
-        """row_sum = (row_sum + this block's row sums) * row_scale (None: no rescale, the last block)."""
-        sums = self.block_row_sums(acc_L)
-        for r in cutlass.range_constexpr(2):
-            block = sums[r, 0]
-            if const_expr(row_scale is None):
-                row_sum[r] = row_sum[r] + block
-            else:
-                row_sum[r] = (row_sum[r] + block) * row_scale[r]
 
     @cute.jit
     def qk(self, tiled_mma_qk, tScS, tSrQ, tSrK, stage: Int32, wait: cutlass.Constexpr):
@@ -665,7 +644,7 @@ class Fp8AttentionSm90:
             else:
                 row_scale[r] = cute.math.exp2(row_max[r] - new_max, fastmath=True)
             self.exp2_row(scores, r, qk_scale_log2, P_SCALE_LOG2 - new_max)
-            if const_expr(not self.pv_row_sum):  # else the tensor core sums P (`fold_sums`)
+            if const_expr(not self.pv_row_sum):  # else the tensor core sums P (`add_block`)
                 block_sum = scores[r, None].load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                 if const_expr(is_first):
                     row_sum[r] = block_sum
@@ -689,29 +668,32 @@ class Fp8AttentionSm90:
                     scores[r, i] = cute.math.exp2(x, fastmath=True)
 
     @cute.jit
-    def rescale_rows(self, acc_O: cute.Tensor, acc_PV: cute.Tensor, row_scale: cute.Tensor):
-        """O = (O + this block's P.V) * row_scale (two-level), or O *= row_scale."""
+    def add_block(self, acc_O: cute.Tensor, acc_PV: cute.Tensor, row_sum: cute.Tensor, sums, scale):
+        """Adds a block's P.V into O (and with pv_row_sum its row sums into row_sum), one of three ways:
+        fma_flush: O = O * scale + P.V, scale the factor the block before's softmax returned (O lags the
+        running max by one block); else two-level: O = (O + P.V) * scale, this block's factor (None: the
+        last block, no rescale); single-level (P.V already in O): O *= scale (None: nothing to do)."""
         rows = self.rows_view(acc_O)
         block = self.rows_view(acc_PV)
-        for r in cutlass.range_constexpr(2):
-            if const_expr(self.two_level_pv):
-                rows[r, None].store((rows[r, None].load() + block[r, None].load()) * row_scale[r])
-            else:
-                rows[r, None].store(rows[r, None].load() * row_scale[r])
-
-    @cute.jit
-    def flush_lagging(self, acc_O: cute.Tensor, acc_PV: cute.Tensor, row_sum: cute.Tensor, sums,
-                      lagged: cute.Tensor):
-        """fma_flush: O = O * lagged + this block's P.V, one FFMA per value (and with pv_row_sum the row
-        sums likewise); lagged brings O from the max of the block before to this block's."""
-        rows = self.rows_view(acc_O)
-        block = self.rows_view(acc_PV)
-        for r in cutlass.range_constexpr(2):
-            rows[r, None].store(rows[r, None].load() * lagged[r] + block[r, None].load())
+        if const_expr(self.two_level_pv and not self.fma_flush and scale is None):
+            acc_O.store(acc_O.load() + acc_PV.load())
+        elif const_expr(self.two_level_pv or scale is not None):
+            for r in cutlass.range_constexpr(2):
+                if const_expr(self.fma_flush):
+                    rows[r, None].store(rows[r, None].load() * scale[r] + block[r, None].load())
+                elif const_expr(self.two_level_pv):
+                    rows[r, None].store((rows[r, None].load() + block[r, None].load()) * scale[r])
+                else:
+                    rows[r, None].store(rows[r, None].load() * scale[r])
         if const_expr(self.pv_row_sum):
             block_sums = self.block_row_sums(sums[1])
             for r in cutlass.range_constexpr(2):
-                row_sum[r] = row_sum[r] * lagged[r] + block_sums[r, 0]
+                if const_expr(self.fma_flush):
+                    row_sum[r] = row_sum[r] * scale[r] + block_sums[r, 0]
+                elif const_expr(scale is None):
+                    row_sum[r] = row_sum[r] + block_sums[r, 0]
+                else:
+                    row_sum[r] = (row_sum[r] + block_sums[r, 0]) * scale[r]
 
     @cute.jit
     def store_p(self, acc_S: cute.Tensor, tOrP: cute.Tensor):
