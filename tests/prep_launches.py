@@ -1,6 +1,7 @@
 """Helpers of the FP8 prep's tests: force the plain prep's one- or two-launch path, record which kernels
 a `prep_triton` call launched, and plant the heads whose scales are special. `kernels` is
 `prep_triton_kernels` as the test imported it (compiled on a GPU machine, interpreted on the CPU)."""
+import torch
 
 PREP_KERNELS = ("_fp8_prep_single_kernel", "_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel")
 
@@ -26,6 +27,17 @@ def count_launches(monkeypatch, kernels, *, run: bool = True) -> list[str]:
     for name in PREP_KERNELS:
         monkeypatch.setattr(kernels, name, Counted(name, getattr(kernels, name)))
     return launched
+
+
+def in_layout(q, k, v, layout: str):
+    """The same q, k, v [B, S, H, D] values through the strides prep must read: "contiguous" as they are;
+    views of one fused [B, S, 3, H, D] projection ("qkv", Sq == Skv); or transposed [B, H, S, D] storage
+    ("heads-major")."""
+    if layout == "qkv":
+        return torch.stack((q, k, v), dim=2).unbind(2)
+    if layout == "heads-major":
+        return tuple(x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    return q, k, v
 
 
 def add_special_heads(q, k, v):

@@ -12,7 +12,7 @@ from dit_accel.attention.reference import (  # noqa: E402
 from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention  # noqa: E402
 from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk  # noqa: E402
 from dit_accel.kernels.fp8_attention.prep import prep_reference, prep_triton  # noqa: E402
-from prep_launches import add_special_heads, count_launches, force_path  # noqa: E402
+from prep_launches import add_special_heads, count_launches, force_path, in_layout  # noqa: E402
 
 
 
@@ -59,13 +59,8 @@ def test_triton_prep_matches_reference_bitwise(monkeypatch, one_launch):
 
 
 def small_prep_inputs(b, sq, skv, h, d, layout, special):
-    """q, k, v: contiguous; views of one fused [B, S, 3, H, D] projection ("qkv"); or transposed [B, H, S, D]
-    storage ("heads-major"). special: `add_special_heads`."""
-    q, k, v = random_qkv(b, sq, skv, h, d, outliers=True)
-    if layout == "qkv":
-        q, k, v = torch.stack((q, k, v), dim=2).unbind(2)
-    elif layout == "heads-major":
-        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    """q, k, v with outliers in `layout` (`in_layout`); special: `add_special_heads`."""
+    q, k, v = in_layout(*random_qkv(b, sq, skv, h, d, outliers=True), layout)
     if special:
         add_special_heads(q, k, v)
     return q, k, v

@@ -54,7 +54,7 @@ def _interpreted_kernels():
 tk = _interpreted_kernels()
 
 from dit_accel.kernels.fp8_attention.prep import Prologue, apply_prologue, prep_triton  # noqa: E402
-from prep_launches import add_special_heads, count_launches, force_path  # noqa: E402
+from prep_launches import add_special_heads, count_launches, force_path, in_layout  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -78,8 +78,7 @@ def _interpreter(monkeypatch):
 
 
 def make_inputs(b, sq, skv, h, d, layout, seed=0):
-    """q, k, v [B, S, H, D] bf16: contiguous; views of one fused [B, S, 3, H, D] projection ("qkv",
-    Sq == Skv); or transposed [B, H, S, D] storage ("heads-major"). A few 30x outliers."""
+    """q, k, v [B, S, H, D] bf16 with a few 30x outliers, in `layout` (`in_layout`)."""
     g = torch.Generator().manual_seed(seed)
 
     def draw(*shape):
@@ -87,12 +86,7 @@ def make_inputs(b, sq, skv, h, d, layout, seed=0):
         x.view(-1)[:: 97] *= 30
         return x.bfloat16()
 
-    if layout == "qkv":
-        assert sq == skv
-        return draw(b, sq, 3, h, d).unbind(2)
-    if layout == "heads-major":
-        return draw(b, h, sq, d).transpose(1, 2), draw(b, h, skv, d).transpose(1, 2), draw(b, h, skv, d).transpose(1, 2)
-    return draw(b, sq, h, d), draw(b, skv, h, d), draw(b, skv, h, d)
+    return in_layout(draw(b, sq, h, d), draw(b, skv, h, d), draw(b, skv, h, d), layout)
 
 
 def make_prologue(seq, d, rotary, seed=0):
