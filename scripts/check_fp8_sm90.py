@@ -4,11 +4,11 @@ correctness matrix, timings at the H3 shape beside v1 and torch SDPA (cuDNN / fl
     python scripts/check_fp8_sm90.py --out $OUT [--budget-s 300] [--variants 128x2,128x3,192x2] [--seq-lens 4096,30272]
     python scripts/check_fp8_sm90.py --out $OUT --sanitize   # tiny shape, for compute-sanitizer
 
-Variant "default" = what fp8_attention runs at each head dim (`kernel_sm90.default_options`); variant
-"NxS[s][p[Q]][r][f][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
+Variant "default" = what fp8_attention runs at each head dim and key length (`tuning.default_options`); variant
+"NxS[s][p[Q]][r][eK][wW]" = tile_n N keys per block, S pipeline stages, two-level P.V accumulation
 (each block's P.V added to O in fp32 by the FMA units); "s" = single-level (P.V accumulated by
 the tensor core across all blocks); "p" = persistent CTAs, one per SM, walking the tiles ("p2": with two Q stages); "r" = row sums
-by the tensor core (pv_row_sum); "f" = the two-level flush as one FFMA per O value (fma_flush); "eK" = the
+by the tensor core (pv_row_sum); "eK" = the
 exp2s of K n8 tiles per row on the FMA pipe; "wW" = W consumer warpgroups (2, or 3: 192-row tiles at
 160 registers); without it, the head dim's default (3 at D = 64, 2 at D = 128).
 --head-dim picks the quick check's and the timing's head dim (the correctness matrix has both, so
@@ -31,7 +31,8 @@ from typing import NamedTuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling script's helpers
 from check_fp8_attention import scored_rows, sdpa_cases, time_cases, write_report  # noqa: E402
 
-DEFAULT = "default"  # the variant fp8_attention runs, resolved per head dim (`at`)
+DEFAULT = "default"  # the variant fp8_attention runs, resolved per head dim and key length (`at`)
+COMPILE_REPORT_KEYS = 30272  # the key length whose "default" the compile report builds (the H3 shape's)
 
 
 class Variant(NamedTuple):
@@ -42,14 +43,13 @@ class Variant(NamedTuple):
     persistent_ctas: int
     q_stages: int
     pv_row_sum: bool
-    fma_flush: bool
     fma_exp2_tiles: int
     consumer_warpgroups: int | None  # None: the head dim's default
 
     def label(self) -> str:
         return ("%dx%d" % (self.tile_n, self.num_stages) + ("" if self.two_level_pv else "s")
                 + ("p" + ("" if self.q_stages == 1 else str(self.q_stages)) if self.persistent_ctas else "")
-                + ("r" if self.pv_row_sum else "") + ("f" if self.fma_flush else "")
+                + ("r" if self.pv_row_sum else "")
                 + (f"e{self.fma_exp2_tiles}" if self.fma_exp2_tiles else "")
                 + (f"w{self.consumer_warpgroups}" if self.consumer_warpgroups else ""))
 
@@ -80,25 +80,26 @@ def main():
     from dit_accel.kernels.fp8_attention import interface
     from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
     from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention, lse_mismatch
-    from dit_accel.kernels.fp8_attention.kernel_sm90 import Fp8AttentionSm90, default_options
+    from dit_accel.kernels.fp8_attention.kernel_sm90 import Fp8AttentionSm90
+    from dit_accel.kernels.fp8_attention.tuning import default_options
     from dit_accel.kernels.fp8_attention.prep import prep_triton
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
-    def parse(name):  # "128x2p2rfe2w3" -> Variant(128, 2, True, sms, 2, True, True, 2, 3); no "wW": the head dim's default
+    def parse(name):  # "128x2p2re2w3" -> Variant(128, 2, True, sms, 2, True, 2, 3); no "wW": the head dim's default
         if name == DEFAULT:
             return DEFAULT
-        m = re.fullmatch(r"(\d+)x(\d+)(s?)(p(\d?))?(r?)(f?)(?:e(\d+))?(?:w(\d))?", name)
+        m = re.fullmatch(r"(\d+)x(\d+)(s?)(p(\d?))?(r?)(?:e(\d+))?(?:w(\d))?", name)
         if not m:
-            parser.error(f"bad variant {name!r}; default or NxS[s][p[Q]][r][f][eK][wW], e.g. 128x2, 192x2s, 128x2prf")
-        return Variant(int(m[1]), int(m[2]), not m[3], sms if m[4] else 0, int(m[5] or 1), bool(m[6]), bool(m[7]),
-                       int(m[8] or 0), int(m[9]) if m[9] else None)
+            parser.error(f"bad variant {name!r}; default or NxS[s][p[Q]][r][eK][wW], e.g. 128x2, 192x2s, 128x2pr")
+        return Variant(int(m[1]), int(m[2]), not m[3], sms if m[4] else 0, int(m[5] or 1), bool(m[6]),
+                       int(m[7] or 0), int(m[8]) if m[8] else None)
 
-    def at(variant, d) -> Variant:  # the configuration a variant is at head dim d
+    def at(variant, d, seqlen_kv) -> Variant:  # the configuration a variant is at head dim d and this key length
         if variant != DEFAULT:
             return variant
         options = {name: p.default for name, p in inspect.signature(Fp8AttentionSm90).parameters.items()}
-        options.update(default_options(d, sms))  # the constructor's defaults, then what fp8_attention adds
+        options.update(default_options(d, sms, seqlen_kv))  # the constructor's defaults, then what fp8_attention adds
         return Variant(**{name: options[name] for name in Variant._fields})
 
     variants = [parse(v) for v in args.variants.split(",")]
@@ -107,8 +108,8 @@ def main():
               "compile": [], "correctness": [], "timing": []}
     kernels = {}
 
-    def get(d, with_lse, variant):
-        v = at(variant, d)
+    def get(d, with_lse, variant, seqlen_kv):
+        v = at(variant, d, seqlen_kv)
         key = (d, with_lse, *v)
         if key not in kernels:
             t0 = time.time()
@@ -130,7 +131,7 @@ def main():
         return kernels[key]
 
     def run(packed, out, lse, variant):
-        kern = get(packed.head_dim, lse is not None, variant)
+        kern = get(packed.head_dim, lse is not None, variant, packed.seqlen_kv)
         kern(packed.q, packed.k, packed.v, packed.descale, out, lse, packed.head_dim ** -0.5, packed.seqlen_kv)
 
 
@@ -160,15 +161,16 @@ def main():
     for i, variant in enumerate(variants):
         for d in ((64, 128) if i == 0 and not args.no_matrix else (args.head_dim,)):
             try:
-                get(d, True, variant)
+                get(d, True, variant, COMPILE_REPORT_KEYS)
             except Exception as e:  # noqa: BLE001
-                report["compile"].append({"key": (d, True, *at(variant, d)), "error": f"{type(e).__name__}: {e}"[:3000]})
+                report["compile"].append({"key": (d, True, *at(variant, d, COMPILE_REPORT_KEYS)), "error": f"{type(e).__name__}: {e}"[:3000]})
 
     # ---------------------------------------------------------------- quick check of every variant
     q, k, v = random_qkv(2, 1000, 700, 3, args.head_dim, True, seed=7)
     packed = prep_triton(q, k, v)
-    rounded_sums = lambda variant: at(variant, args.head_dim).pv_row_sum
-    emu = {rounded: emulate_fp8_attention(q, k, v, block_keys=at(variants[0], args.head_dim).tile_n, reverse=True,
+    rounded_sums = lambda variant: at(variant, args.head_dim, packed.seqlen_kv).pv_row_sum
+    emu = {rounded: emulate_fp8_attention(q, k, v, block_keys=at(variants[0], args.head_dim, packed.seqlen_kv).tile_n,
+                                          reverse=True,
                                           rounded_row_sum=rounded)
            for rounded in {rounded_sums(v) for v in variants}}  # each variant against the emulation of its row sums
     report["quick_check"] = {}
@@ -207,8 +209,8 @@ def main():
             row["all_written_finite"] = bool(torch.isfinite(out).all()) and bool(torch.isfinite(lse).all())
             sub = out if rows is None else out[:, rows]
             ref = reference_attention(q, k, v, rows=rows)
-            emu, emu_lse = emulate_fp8_attention(q, k, v, rows=rows, block_keys=at(main_variant, d).tile_n,
-                                                 rounded_row_sum=at(main_variant, d).pv_row_sum,
+            emu, emu_lse = emulate_fp8_attention(q, k, v, rows=rows, block_keys=at(main_variant, d, skv).tile_n,
+                                                 rounded_row_sum=at(main_variant, d, skv).pv_row_sum,
                                                  reverse=True, return_lse=True)
             row["err_vs_fp64_pct"] = round(100 * rel_rms_err(sub, ref), 3)
             row["emulation_vs_fp64_pct"] = round(100 * rel_rms_err(emu, ref), 3)
@@ -220,7 +222,7 @@ def main():
             row["lse_max_abs"] = round(float(emu_lse.abs().max()), 2)
             row["lse_vs_fp64_max_abs"] = round(float((sub_lse.double() - reference_lse(
                 q if rows is None else q[:, rows], k)).abs().max()), 4)
-            mismatch = lse_mismatch(sub_lse, emu_lse, at(main_variant, d).pv_row_sum, rel=1e-3)
+            mismatch = lse_mismatch(sub_lse, emu_lse, at(main_variant, d, skv).pv_row_sum, rel=1e-3)
             row["lse_check"] = mismatch or "ok"
             row["ok"] = (row["all_written_finite"] and row["err_vs_emulation_pct"] < 3.0
                          and row["err_vs_fp64_pct"] < row["emulation_vs_fp64_pct"] + 0.5 and mismatch is None)

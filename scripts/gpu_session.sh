@@ -45,13 +45,14 @@ step tests-full 420 python3 -m pytest tests -q -m gpu -p no:cacheprovider -rfE -
 sweep_shapes=$(for d in 128 64; do for s in 4096 8192 16384 30272 37710 75600; do printf '1x56x%sx%s,' $s $d; done; done)
 step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}" --backends cudnn,fa4,fa3,fa3-fp8,fp8,cudnn-fp8 \
   --out "$work/sweep"
-# What fp8_attention runs (default: at D = 64 persistent with the tensor core's row sums, 128x2pr; at D = 128
-# 128x2) against the same with the flush as one FFMA per O value (f, opt-in), at both head dims; and three
-# stages with and without persistence (does a V stage of slack win back D128's persistent loss?).
-variants="default,128x2f,128x2prf,128x3,128x3p"
-step variants 300 bash -c "python3 scripts/check_fp8_sm90.py --out $work/variants128 --variants $variants \
+# What fp8_attention runs (default, `tuning`: persistent CTAs at D = 64 and at D = 128 up to 12288 keys, the tensor
+# core's row sums at D = 64) against one CTA per tile and persistent at every length (D128), three stages, and
+# the row sums without persistence (D64). Timed in interleaved rounds (scripts/check_fp8_attention.time_cases).
+variants128="default,128x2,128x2p,128x3"
+variants64="default,128x2r"
+step variants 300 bash -c "python3 scripts/check_fp8_sm90.py --out $work/variants128 --variants $variants128 \
   --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140 && python3 scripts/check_fp8_sm90.py \
-  --out $work/variants64 --variants $variants --head-dim 64 --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140"
+  --out $work/variants64 --variants $variants64 --head-dim 64 --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140"
 step sanitize 240 bash -c "compute-sanitizer --tool racecheck python3 scripts/check_fp8_sm90.py --sanitize --out $work/race \
   && compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/check_fp8_sm90.py --sanitize --out $work/mem"
 

@@ -9,8 +9,9 @@ per plan, launches.
     out = fp8_attention(q_raw, k_raw, v, prologue=Prologue(wq, wk, eps, cos, sin))
                                                       # QK-norm + RoPE fused into prep (MiniMax-H3)
 
-Kernel choice ("auto"): sm_90 -> `kernel_sm90` (TMA + FP8 wgmma, warp-specialized, with its head dim's
-`default_options`); sm_89 and sm_120 -> v1 `kernel_mma_sync`. Both read the same prep output.
+Kernel choice ("auto"): sm_90 -> `kernel_sm90` (TMA + FP8 wgmma, warp-specialized, with the options
+`tuning.default_options` gives its head dim and key length); sm_89 and sm_120 -> v1 `kernel_mma_sync`.
+Both read the same prep output.
 
 Inputs may be non-contiguous [B, S, H, D] views as long as the head dim is contiguous
 (stride 1): prep reads them through their strides. The output is a fresh contiguous
@@ -22,6 +23,7 @@ import torch
 
 from .prep import PackedQKV, Prologue, prep_reference, prep_triton, prologue_reason
 from .support import Fp8AttentionUnsupported, check_can_implement, device_capability, resolve_kernel
+from .tuning import default_options, persistent_pays
 
 _plans: dict = {}
 
@@ -41,23 +43,26 @@ def prep_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, use
     return (prep_triton if use_triton else prep_reference)(q, k, v, prologue)
 
 
-def _plan(head_dim: int, out_dtype: torch.dtype, with_lse: bool, device: torch.device,
+def _plan(head_dim: int, out_dtype: torch.dtype, with_lse: bool, device: torch.device, seqlen_kv: int,
           kernel: str = "auto"):
-    """Compiled kernel for this plan key; sequence lengths, batch and heads are dynamic."""
+    """Compiled kernel for this plan key; batch, heads and sequence lengths are dynamic, but on sm_90 the key
+    length picks one of two plans (`tuning.persistent_pays`)."""
     if device.index is None:  # "cuda" is the current device: one plan per physical device (its SM count)
         device = torch.device(device.type, torch.cuda.current_device())
-    key = (head_dim, out_dtype, with_lse, device, kernel)
+    key = (head_dim, out_dtype, with_lse, device, kernel, persistent_pays(head_dim, seqlen_kv))
     plan = _plans.get(key)
     if plan is None:
         from .compile import compile_fp8_attention
 
         variant = resolve_kernel(kernel, device_capability(device))
-        options = {}
         if variant == "sm90":
-            from .kernel_sm90 import default_options
-
-            options = default_options(head_dim, torch.cuda.get_device_properties(device).multi_processor_count)
-        plan = _plans[key] = compile_fp8_attention(head_dim, out_dtype, with_lse, kernel=variant, **options)
+            sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+            plan = _plans[key] = compile_fp8_attention(head_dim, out_dtype, with_lse, kernel=variant,
+                                                       **default_options(head_dim, sm_count, seqlen_kv))
+        else:  # v1 has no length-dependent options: one compile serves both keys
+            plan = compile_fp8_attention(head_dim, out_dtype, with_lse, kernel=variant)
+            for persistent in (False, True):
+                _plans[key[:-1] + (persistent,)] = plan
     return plan
 
 
@@ -74,7 +79,7 @@ def fp8_attention_packed(packed: PackedQKV, *, out_dtype: torch.dtype = torch.bf
         raise Fp8AttentionUnsupported(f"fp8_attention: out must be contiguous {out_dtype} {(b, sq, h, d)}")
     lse = torch.empty(b, h, sq, dtype=torch.float32, device=device) if return_lse else None
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    compiled = _plan(d, out_dtype, return_lse, device, kernel)
+    compiled = _plan(d, out_dtype, return_lse, device, packed.seqlen_kv, kernel)
     with torch.cuda.device(device):  # the launch goes to this device's current stream
         compiled(packed.q, packed.k, packed.v, packed.descale, out, lse, scale, packed.seqlen_kv)
     return (out, lse) if return_lse else out

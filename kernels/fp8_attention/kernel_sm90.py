@@ -24,9 +24,9 @@ consumers at 160 registers, no ping-pong; `DEFAULT_CONSUMER_WARPGROUPS`):
   `named_barrier.NamedBarrier`),
   so one warpgroup's softmax overlaps the other's GEMMs.
 
-One CTA per tile by default; with `persistent_ctas` (what D = 64 runs, `default_options`) that many CTAs
-each walk tiles in turn, and the producer loads a tile's Q and first K/V blocks during the previous
-tile's last P.V and epilogue (with `q_stages=2`, its Q without waiting for the previous tile's last S).
+One CTA per tile by default; with `persistent_ctas` (what D = 64 runs, and D = 128 up to 12288 keys:
+`tuning`) that many CTAs each walk tiles in turn, and the producer loads a tile's Q and first K/V blocks
+during the previous tile's last P.V and epilogue (with `q_stages=2`, its Q without waiting for the previous tile's last S).
 
 Where the time goes (ncu, kernels/NOTES.md): each SM sub-partition holds one warp of each
 consumer warpgroup, and the one in its softmax issues with little instruction-level
@@ -75,24 +75,11 @@ CONSUMER_REGS = {2: 240, 3: 160}
 # S = 30272, kernels/NOTES.md), two at D = 128 (with three, its overlapped loop's two-level
 # accumulators do not fit 160 registers: 572 B of spills).
 DEFAULT_CONSUMER_WARPGROUPS = {64: 3, 128: 2}
-# What `fp8_attention` compiles beyond the constructor's defaults, by head dim (`default_options`), as
-# measured on the H200 (B1 H56 S 4096-75600, kernels/NOTES.md): at D = 64 persistent CTAs (one per SM)
-# and the row sums from the tensor core, +12-16% over neither (S = 30272: 19.02 against 21.68 ms); at
-# D = 128 neither (S = 30272: 31.4 ms persistent, 31.7 with the row sums, against 30.06 without).
-PERSISTENT_BY_HEAD_DIM = {64: True, 128: False}
-PV_ROW_SUM_BY_HEAD_DIM = {64: True, 128: False}
 # exp2 on the FMA pipe: x + 1.5 * 2^23 rounds x to the nearest integer j (kept in the low
 # mantissa bits), f = x - j in [-0.5, 0.5], 2^f by a degree-2 polynomial (minimax relative
 # error 1.7e-3, far below e4m3's 2^-4 rounding of P), then j is added to the exponent field.
 ROUND_TO_INT = 1.5 * 2**23
 EXP2_POLY = (1.0004431009292603, 0.7034448981285095, 0.23842675983905792)
-
-
-def default_options(head_dim: int, sm_count: int) -> dict:
-    """The constructor options `fp8_attention` runs at this head dim on a device with sm_count SMs."""
-    check_head_dim(head_dim)
-    return {"persistent_ctas": sm_count if PERSISTENT_BY_HEAD_DIM[head_dim] else 0,
-            "pv_row_sum": PV_ROW_SUM_BY_HEAD_DIM[head_dim]}
 
 
 def kmajor_smem_layout(dtype, rows: int, cols: int, stages: int):
@@ -154,7 +141,7 @@ class Fp8AttentionSm90:
 
     def __init__(self, head_dim: int, tile_n: int = DEFAULT_TILE_N, num_stages: int = 2,
                  two_level_pv: bool = True, fma_exp2_tiles: int = 0, consumer_warpgroups: int | None = None,
-                 persistent_ctas: int = 0, q_stages: int = 1, pv_row_sum: bool = False, fma_flush: bool = False):
+                 persistent_ctas: int = 0, q_stages: int = 1, pv_row_sum: bool = False):
         check_head_dim(head_dim)
         if consumer_warpgroups is None:
             consumer_warpgroups = DEFAULT_CONSUMER_WARPGROUPS[head_dim]
@@ -200,20 +187,13 @@ class Fp8AttentionSm90:
         if q_stages not in (1, 2) or (q_stages == 2 and persistent_ctas == 0):
             raise ValueError("q_stages must be 1, or 2 with persistent_ctas")
         self.q_stages = q_stages
-        # pv_row_sum (what D = 64 runs, `default_options`): the row sums come from the tensor core, as P times a
+        # pv_row_sum (what D = 64 runs, `tuning`): the row sums come from the tensor core, as P times a
         # constant 8 x N e4m3 tile (keys x [1, 0, ..., 0]) in the same wgmma group as P.V, instead of
         # 64 FADDs per thread and key block. They become sums of the e4m3-rounded P that O's numerator
         # uses (the emulation's `rounded_row_sum`). Two-level only: that sum is folded like O.
         if pv_row_sum and (not two_level_pv or tile_n != 128):
             raise ValueError("pv_row_sum needs two_level_pv and 128-key blocks (128-byte rows of its ones tile)")
         self.pv_row_sum = pv_row_sum
-        # fma_flush (opt-in, not yet run on a GPU): the two-level flush as one FFMA per O value,
-        # O = O * scale + P.V, instead of O = (O + P.V) * scale (an FADD and an FMUL). O then lags the
-        # running max by one block: scale is the factor the block before's softmax returned, known
-        # before this block's P.V lands, so the flush no longer waits for this block's max either.
-        if fma_flush and not two_level_pv:
-            raise ValueError("fma_flush needs two_level_pv (single-level P.V accumulates into O itself)")
-        self.fma_flush = fma_flush
 
     def shared_storage(self, fp8, sQ_layout, sK_layout, sV_layout, sOnes_layout):
         """The CTA's shared memory: the pipelines' barriers, Q, the K and V rings (and with pv_row_sum
@@ -283,12 +263,13 @@ class Fp8AttentionSm90:
             a_source=warpgroup.OperandSource.RMEM)
 
         m_blocks = cute.ceil_div(mQ.shape[0], M)
+        num_tiles = m_blocks * cute.size(mQ.shape[2])
         grid = (m_blocks, cute.size(mQ.shape[2]), 1)
-        if const_expr(self.persistent_ctas > 0):
-            grid = (self.persistent_ctas, 1, 1)
+        if const_expr(self.persistent_ctas > 0):  # no more CTAs than tiles: a short call launches no idle CTAs
+            grid = (cutlass.min(Int32(self.persistent_ctas), num_tiles), 1, 1)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
-            mDescale, mO, mLSE, softmax_scale * LOG2_E, seqlen_kv, m_blocks, m_blocks * cute.size(mQ.shape[2]),
+            mDescale, mO, mLSE, softmax_scale * LOG2_E, seqlen_kv, m_blocks, num_tiles,
             sQ_layout, sK_layout, sV_layout, sOnes_layout, tiled_mma_qk, tiled_mma_pv, tiled_mma_sum, SharedStorage,
         ).launch(grid=grid, block=[WG_THREADS * (1 + self.consumer_warpgroups), 1, 1], stream=stream, min_blocks_per_mp=1)
 
@@ -542,10 +523,7 @@ class Fp8AttentionSm90:
         for i in cutlass.range_constexpr(cute.size(acc_S)):
             if (n_blocks - 1) * N + tScS[i][1] >= seqlen_kv:
                 acc_S[i] = -Float32.inf
-        # fma_flush: O (and the tensor core's row sums) lag the running max by one block; `lagged` holds
-        # the factor that brings them to the max of the block whose P.V is added next (0 before the
-        # first: O is 0).
-        lagged = self.online_softmax(acc_S, acc_O, row_max, row_sum, qk_scale_log2, True)
+        self.online_softmax(acc_S, acc_O, row_max, row_sum, qk_scale_log2, True)
         self.store_p(acc_S, tOrP)
 
         # Steady state: S of block n - 1 is in flight while P.V of block n runs, then the
@@ -569,9 +547,7 @@ class Fp8AttentionSm90:
             warpgroup.wait_group(0)  # P.V done: P registers and the V stage are free
             pipeline_v.consumer_release(state_v)
             self.store_p(acc_S_next, tOrP)
-            self.add_block(acc_O, acc_PV, row_sum, sums, lagged if const_expr(self.fma_flush) else row_scale)
-            if const_expr(self.fma_flush):
-                lagged.store(row_scale.load())
+            self.add_block(acc_O, acc_PV, row_sum, sums, row_scale)
 
         if const_expr(self.persistent_ctas > 0):  # the tile's last S has landed: Q's stage is free
             pipeline_q.consumer_release(q_state)
@@ -580,7 +556,7 @@ class Fp8AttentionSm90:
         pipeline_v.consumer_wait(state)
         self.pv(tiled_mma_pv, acc_PV, tOrP, tOrV[None, None, None, state.index], sums, 0)
         pipeline_v.consumer_release(state)
-        self.add_block(acc_O, acc_PV, row_sum, sums, lagged if const_expr(self.fma_flush) else None)
+        self.add_block(acc_O, acc_PV, row_sum, sums, None)
 
         # ------------------------------------------------------------------ epilogue
         # Row half r of this thread: its (c, j) values of O. The row sum is of p * 256, which
@@ -669,28 +645,23 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def add_block(self, acc_O: cute.Tensor, acc_PV: cute.Tensor, row_sum: cute.Tensor, sums, scale):
-        """Adds a block's P.V into O (and with pv_row_sum its row sums into row_sum), one of three ways:
-        fma_flush: O = O * scale + P.V, scale the factor the block before's softmax returned (O lags the
-        running max by one block); else two-level: O = (O + P.V) * scale, this block's factor (None: the
-        last block, no rescale); single-level (P.V already in O): O *= scale (None: nothing to do)."""
+        """Adds a block's P.V into O (and with pv_row_sum its row sums into row_sum): two-level,
+        O = (O + P.V) * scale, this block's factor (None: the last block, no rescale); single-level (P.V
+        already in O), O *= scale (None: nothing to do)."""
         rows = self.rows_view(acc_O)
         block = self.rows_view(acc_PV)
-        if const_expr(self.two_level_pv and not self.fma_flush and scale is None):
+        if const_expr(self.two_level_pv and scale is None):
             acc_O.store(acc_O.load() + acc_PV.load())
-        elif const_expr(self.two_level_pv or scale is not None):
+        elif const_expr(scale is not None):
             for r in cutlass.range_constexpr(2):
-                if const_expr(self.fma_flush):
-                    rows[r, None].store(rows[r, None].load() * scale[r] + block[r, None].load())
-                elif const_expr(self.two_level_pv):
+                if const_expr(self.two_level_pv):
                     rows[r, None].store((rows[r, None].load() + block[r, None].load()) * scale[r])
                 else:
                     rows[r, None].store(rows[r, None].load() * scale[r])
         if const_expr(self.pv_row_sum):
             block_sums = self.block_row_sums(sums[1])
             for r in cutlass.range_constexpr(2):
-                if const_expr(self.fma_flush):
-                    row_sum[r] = row_sum[r] * scale[r] + block_sums[r, 0]
-                elif const_expr(scale is None):
+                if const_expr(scale is None):
                     row_sum[r] = row_sum[r] + block_sums[r, 0]
                 else:
                     row_sum[r] = (row_sum[r] + block_sums[r, 0]) * scale[r]

@@ -19,32 +19,28 @@ pytest.importorskip("cutlass")
 COMPILE = r"""
 import glob, json, os, re, torch
 from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
-from dit_accel.kernels.fp8_attention.kernel_sm90 import default_options
-d64 = default_options(64, 132)  # what fp8_attention runs at D = 64 on a 132-SM H200
+from dit_accel.kernels.fp8_attention.tuning import default_options
+d64 = default_options(64, 132, 30272)  # what fp8_attention runs at D = 64 on a 132-SM H200
 dump = os.environ["CUTE_DSL_DUMP_DIR"]
 done = []
-for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum, *flush in [
+for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum in [
         (64, False, 128, True, 0, 2, 0, 1, False), (128, True, 128, True, 0, 2, 0, 1, False),
         (128, False, 192, False, 0, 2, 0, 1, False), (128, False, 128, True, 2, 2, 0, 1, False),
         (64, True, 128, True, 0, None, 0, 1, False), (128, True, 128, True, 0, 2, 132, 1, False),
         (64, True, 128, True, 0, None, 132, 1, False), (128, True, 128, True, 0, 2, 132, 2, False),
         (128, True, 128, True, 0, 2, 0, 1, True), (64, True, 128, True, 0, None, 0, 1, True),
-        (64, True, 128, True, 0, None, d64["persistent_ctas"], 1, d64["pv_row_sum"]),
-        (128, True, 128, True, 0, 2, 0, 1, False, True),  # fma_flush: variants[1] with the flush as FFMAs
-        (64, True, 128, True, 0, None, d64["persistent_ctas"], 1, d64["pv_row_sum"], True)]:
+        (64, True, 128, True, 0, None, d64["persistent_ctas"], 1, d64["pv_row_sum"])]:
     for f in glob.glob(os.path.join(dump, "*.ptx")):
         os.remove(f)
     compile_fp8_attention(head_dim, torch.bfloat16, with_lse, kernel="sm90", tile_n=tile_n, two_level_pv=two_level,
                           fma_exp2_tiles=tiles, consumer_warpgroups=wgs, persistent_ctas=ctas, q_stages=q_stages,
-                          pv_row_sum=row_sum, fma_flush=bool(flush))
+                          pv_row_sum=row_sum)
     ptx = open(glob.glob(os.path.join(dump, "*.ptx"))[0]).read()
     threads = int(re.search(r"\.reqntid\s+(\d+)", ptx)[1])
     done.append({"head_dim": head_dim, "tile_n": tile_n, "fma_exp2_tiles": tiles, "default": wgs is None,
                  "persistent": ctas > 0, "grid_dim_reads": ptx.count("%nctaid.x"), "q_stages": q_stages,
                  "row_sum": row_sum, "sum_wgmma": ptx.count("wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3"),
                  "fadd": len(re.findall(r"\badd(?:\.rn)?(?:\.ftz)?\.f32", ptx)),
-                 "fmul": len(re.findall(r"\bmul(?:\.rn)?(?:\.ftz)?\.f32", ptx)),
-                 "ffma": len(re.findall(r"\bfma\.rn(?:\.ftz)?\.f32", ptx)),
                  "mbarrier_inits": ptx.count("mbarrier.init"),
                  "warpgroups": wgs or threads // 128 - 1,
                  "consumer_regs": int(re.search(r"setmaxnreg.inc.sync.aligned.u32\s+(\d+)", ptx)[1]),
@@ -65,7 +61,7 @@ def test_sm90_compiles(tmp_path):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     variants = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(variants) == 13
+    assert len(variants) == 11
     for v in variants:
         d, n = v["head_dim"], v["tile_n"]
         if d == n:  # QK^T and P.V wgmmas have the same shape
@@ -101,13 +97,6 @@ def test_sm90_compiles(tmp_path):
     one_stage, two_stages = variants[5], variants[7]
     assert (one_stage["q_stages"], two_stages["q_stages"]) == (1, 2)
     assert two_stages["mbarrier_inits"] == one_stage["mbarrier_inits"] + 2, (one_stage, two_stages)
-    # fma_flush: each of the two flush sites (the loop, the last block) turns its D/2 FADDs per thread into
-    # FFMAs, and the loop's D/2 FMULs go (D = 128: 64 values of O per thread); D = 64's default with the
-    # row sums likewise, plus their 2 per site.
-    for (plain, flushed), per_site in (((variants[1], variants[11]), 64), ((variants[10], variants[12]), 32 + 2)):
-        assert flushed["ffma"] - plain["ffma"] == 2 * per_site, (plain, flushed)
-        assert plain["fadd"] - flushed["fadd"] == 2 * per_site, (plain, flushed)
-        assert plain["fmul"] - flushed["fmul"] == per_site, (plain, flushed)
 
 
 def test_register_split_fits_the_launch_allocation():
@@ -124,26 +113,38 @@ def test_register_split_fits_the_launch_allocation():
 
 
 def test_plans_compile_with_each_devices_default_options(monkeypatch):
-    """interface._plan compiles the sm90 kernel with `default_options` for its head dim and its own device's
-    SM count, once per plan; "cuda" without an index is the current device's plan."""
+    """interface._plan compiles the sm90 kernel with `tuning.default_options` for its head dim, key length and
+    its own device's SM count, once per plan; "cuda" without an index is the current device's plan; at
+    D = 128 short and long key sides get a plan each (persistent CTAs up to PERSISTENT_MAX_KEYS), and a
+    non-sm90 device one plan for both."""
     import types
 
     import torch
 
     from dit_accel.kernels.fp8_attention import compile as compile_module
     from dit_accel.kernels.fp8_attention import interface
-    from dit_accel.kernels.fp8_attention.kernel_sm90 import default_options
+    from dit_accel.kernels.fp8_attention.tuning import PERSISTENT_MAX_KEYS, default_options
 
     calls = []
     monkeypatch.setattr(compile_module, "compile_fp8_attention", lambda *a, **kw: calls.append((a[0], kw)) or object())
-    monkeypatch.setattr(interface, "device_capability", lambda device: (9, 0))
+    capability = (9, 0)
+    monkeypatch.setattr(interface, "device_capability", lambda device: capability)
     monkeypatch.setattr(interface, "_plans", {})
     sms = {0: 132, 1: 78}
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: types.SimpleNamespace(multi_processor_count=sms[device.index]))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    short, long = PERSISTENT_MAX_KEYS[128], PERSISTENT_MAX_KEYS[128] + 1
     for device in ("cuda:0", "cuda:1", "cuda:0", "cuda"):
         for d in (64, 128):
-            interface._plan(d, torch.bfloat16, False, torch.device(device))
-    assert calls == [(d, dict(kernel="sm90", **default_options(d, sms[i]))) for i in (0, 1) for d in (64, 128)]
-    assert calls[0][1]["persistent_ctas"] == 132 and calls[2][1]["persistent_ctas"] == 78
+            for seqlen_kv in (short, 1, long, 30272):
+                interface._plan(d, torch.bfloat16, False, torch.device(device), seqlen_kv)
+    assert calls == [(d, dict(kernel="sm90", **default_options(d, sms[i], s)))
+                     for i in (0, 1) for d, s in ((64, short), (128, short), (128, long))]
+    assert [kw["persistent_ctas"] for _, kw in calls] == [132, 132, 0, 78, 78, 0]
+    calls.clear()
+    capability = (8, 9)  # v1: nothing depends on the key length
+    monkeypatch.setattr(interface, "_plans", {})
+    for seqlen_kv in (short, long):
+        interface._plan(128, torch.bfloat16, False, torch.device("cuda:0"), seqlen_kv)
+    assert calls == [(128, {"kernel": "mma_sync"})]

@@ -13,23 +13,25 @@ from dit_accel.attention.reference import random_qkv, reference_attention, rel_r
 from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention, lse_mismatch  # noqa: E402
 from dit_accel.kernels.fp8_attention.interface import (  # noqa: E402
     fp8_attention_packed, prep_fp8_attention)
-from dit_accel.kernels.fp8_attention.kernel_sm90 import DEFAULT_TILE_N, default_options  # noqa: E402
+from dit_accel.kernels.fp8_attention.kernel_sm90 import DEFAULT_TILE_N  # noqa: E402
+from dit_accel.kernels.fp8_attention.tuning import PV_ROW_SUM_BY_HEAD_DIM  # noqa: E402
 
 
 
 
 @pytest.mark.parametrize("b,sq,skv,d,outliers", [
     (1, 1, 1, 64, False), (2, 17, 17, 128, True), (1, 127, 127, 64, True), (2, 128, 128, 128, False),
-    (1, 1000, 1000, 128, True), (2, 1000, 512, 64, True), (1, 4096, 4096, 128, False)])
+    (1, 1000, 1000, 128, True), (2, 1000, 512, 64, True), (1, 4096, 4096, 128, False),
+    (1, 300, 12289, 128, True)])  # past tuning.PERSISTENT_MAX_KEYS[128]: the one-CTA-per-tile plan
 def test_sm90_matches_emulation(b, sq, skv, d, outliers):
-    """What fp8_attention runs (the head dim's `default_options`: at D = 64 persistent, with the tensor
-    core's row sums) against the emulation of that scheme."""
+    """What fp8_attention runs (`tuning.default_options`: persistent at D = 64 and at D = 128 up to 12288
+    keys, the tensor core's row sums at D = 64) against the emulation of that scheme."""
     q, k, v = random_qkv(b, sq, skv, 3, d, outliers, seed=sq + d)
     packed = prep_fp8_attention(q, k, v)
     out = torch.full_like(q, float("nan"))
     out, lse = fp8_attention_packed(packed, return_lse=True, out=out, kernel="sm90")
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
-    rounded = default_options(d, sm_count())["pv_row_sum"]
+    rounded = PV_ROW_SUM_BY_HEAD_DIM[d]
     emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=DEFAULT_TILE_N, reverse=True,
                                          rounded_row_sum=rounded)
     ref = reference_attention(q, k, v)
@@ -132,31 +134,6 @@ def test_row_sums_from_the_tensor_core_match_their_emulation(d, b, sq, skv, outl
                                            packed.seqlen_kv)
     ref = reference_attention(q, k, v)
     assert rel_rms_err(out, ref) < rel_rms_err(plain, ref) + 0.005
-
-
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("b,sq,skv,outliers", [(1, 1, 1, False), (2, 17, 17, True), (1, 385, 777, True),
-                                                (2, 1000, 512, True), (1, 4096, 4096, False)])
-def test_fma_flush_matches_emulation(d, b, sq, skv, outliers):
-    """fma_flush on top of the head dim's default options (O lags the running max by one block and is
-    flushed as O * scale + P.V, one FFMA a value): only fp32 rounding moves, so it is checked against the
-    emulation of the default's scheme, O and LSE, every row written, and within the default's own error
-    against fp64."""
-    options = default_options(d, sm_count())
-    q, k, v = random_qkv(b, sq, skv, 3, d, outliers, seed=sq + skv + 11 * d)
-    packed = prep_fp8_attention(q, k, v)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((b, 3, sq), float("nan"), device="cuda")
-    kernel = compiled_with_lse(d, fma_flush=True, **options)
-    kernel(packed.q, packed.k, packed.v, packed.descale, out, lse, d ** -0.5, packed.seqlen_kv)
-    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
-    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=DEFAULT_TILE_N, reverse=True,
-                                         rounded_row_sum=options["pv_row_sum"])
-    assert rel_rms_err(out, emu) < 0.01
-    assert_lse_close(lse, emu_lse, options["pv_row_sum"])
-    default, _ = fp8_attention_packed(packed, return_lse=True, kernel="sm90")
-    ref = reference_attention(q, k, v)
-    assert rel_rms_err(out, ref) < rel_rms_err(default, ref) + 0.005
 
 
 @pytest.mark.parametrize("fma_exp2_tiles", [1, 4])
