@@ -101,9 +101,25 @@ def test_compare_reports_quality_and_speedup(tiny_wan, tmp_path, monkeypatch, fa
     assert len(comparison["psnr_db_per_frame"]) == len(comparison["ssim_per_frame"]) == WAN_DEFAULTS["frames"]
     assert comparison["ssim_min"] > 0.9
     assert comparison["psnr_db_min"] is None or comparison["psnr_db_min"] > 30  # None: identical (inf)
-    assert comparison["denoise_speedup"] > 0
+    assert comparison["denoise_speedup"] > 0 and comparison["median_step_speedup"] > 0
     for name in ("video_bf16.mp4", "video_fp8.mp4"):
         assert len(_read_video(out / name)) == WAN_DEFAULTS["frames"]
+
+
+def test_the_comparison_reports_the_median_step_beside_the_sums():
+    """One stalled step in the reference run (measured on the H200: 64 ms among 6-8 ms ones) carries the sum
+    of the steps, not the median step's speed-up."""
+    from dit_accel.pipelines.report import compare_runs
+    from dit_accel.pipelines.running import RunResult
+    from dit_accel.pipelines.stages import StageTimes
+
+    frames = np.random.default_rng(0).random((3, 8, 8, 3))
+    reference = RunResult("bf16", frames, 16.0, StageTimes(step_ms=[6.3, 6.8, 64.1, 7.6], total_ms=130.0))
+    candidate = RunResult("fp8", frames, 16.0, StageTimes(step_ms=[9.6, 9.9, 10.0, 9.5], total_ms=85.0))
+    comparison = compare_runs(reference, candidate)
+    assert comparison["median_step_speedup"] == pytest.approx(7.2 / 9.75)
+    assert comparison["denoise_speedup"] == pytest.approx(84.8 / 39.0)
+    assert comparison["total_speedup"] == pytest.approx(130.0 / 85.0)
 
 
 def test_the_quality_table_says_when_identical_frames_are_left_out_of_the_psnr_mean():
