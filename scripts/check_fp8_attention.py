@@ -42,9 +42,6 @@ def time_cases(cases, report: dict, shape: str, flop: int, out_of_time, *, iters
     for name, fn in cases:
         entry = {"what": name, "shape": shape}
         report["timing"].append(entry)
-        if out_of_time():
-            entry["skipped"] = "time budget"
-            continue
         timed.append((entry, fn, []))
 
     def attempt(entry, action):
@@ -53,15 +50,22 @@ def time_cases(cases, report: dict, shape: str, flop: int, out_of_time, *, iters
         except Exception as e:  # noqa: BLE001
             entry["error"] = f"{type(e).__name__}: {e}"[:500]
 
-    for entry, fn, _ in timed:
-        attempt(entry, lambda: [fn() for _ in range(warmup)])
-    for _ in range(iters):
+    for entry, fn, _ in timed:  # the warm-up, which may compile
         if out_of_time():
-            break
-        for entry, fn, samples in timed:
+            entry["skipped"] = "time budget"
+        else:
+            attempt(entry, lambda: [fn() for _ in range(warmup)])
+    live = [case for case in timed if not {"error", "skipped"} & case[0].keys()]
+    for _ in range(iters):
+        for entry, fn, samples in live:
+            if out_of_time():
+                break
             if "error" not in entry:
                 attempt(entry, lambda: (fn(), samples.append(event_ms(fn))))
-    for entry, _, samples in timed:
+        else:
+            continue
+        break  # out of time within a round: each case keeps the samples it has
+    for entry, _, samples in live:
         if "error" in entry:
             continue
         if not samples:

@@ -17,14 +17,13 @@ def script():
 
 
 def test_time_cases_interleaves_rounds_and_warms_each_case_before_its_sample(script, monkeypatch):
-    calls = []  # every call of a case's fn, timed or not, in order
-    timed = []  # the case of each timed call
+    calls = []  # every call of a case's fn, and ("timed", name) where a timed call began
     ms_of = {"a": [5.0, 1.0, 1.0, 1.2, 1.1], "b": [9.0, 2.0, 2.0, 2.0, 2.4]}  # a slow first round for both
 
     def event_ms(fn):
+        calls.append("timed")
         name = fn()
-        timed.append(name)
-        return ms_of[name][sum(t == name for t in timed) - 1]
+        return ms_of[name][calls.count(name) // 2 - warmup]  # this case's timed calls so far, from 0
 
     def case(name):
         return lambda: calls.append(name) or name
@@ -32,25 +31,38 @@ def test_time_cases_interleaves_rounds_and_warms_each_case_before_its_sample(scr
     def broken():
         raise RuntimeError("no kernel for this shape")
 
+    warmup = 2
     monkeypatch.setattr(script, "event_ms", event_ms)
     report = {"timing": []}
     script.time_cases([("a", case("a")), ("broken", broken), ("b", case("b"))], report, "S1", 4.4e12,
-                      lambda: False, iters=5, warmup=2, no_flop_rate="b")
+                      lambda: False, iters=5, warmup=warmup, no_flop_rate="b")
     # warm-up: each case twice; then per round each case once untimed and once timed, a before b
-    assert calls == ["a", "a", "b", "b"] + ["a", "a", "b", "b"] * 5
-    assert timed == ["a", "b"] * 5
+    assert calls == ["a", "a", "b", "b"] + ["a", "timed", "a", "b", "timed", "b"] * 5
     a, bad, b = report["timing"]
     assert a == {"what": "a", "shape": "S1", "ms": 1.1, "runs": 5, "tflops": 4000.0}  # the median, not the slow first round
     assert bad["what"] == "broken" and bad["error"] == "RuntimeError: no kernel for this shape" and "ms" not in bad
     assert b["ms"] == 2.0 and "tflops" not in b  # the case named no_flop_rate
 
 
-def test_time_cases_spent_budget_skips_cases_and_stops_rounds(script, monkeypatch):
-    monkeypatch.setattr(script, "event_ms", lambda fn: fn() or 1.0)
-    checks = iter([False, True, False] + [True] * 10)  # case a in, case b out; round 1 runs, round 2 is out
+def test_time_cases_stops_where_the_budget_runs_out(script, monkeypatch):
+    """A clock that only moves forward: each fn call costs 1 s of a 10 s budget. The warm-up of both cases
+    fits (4 s), the rounds stop inside the second (each sample costs 2 s: a at 4 and 8 s, b at 6 s, then
+    b's second finds the budget spent), and each case keeps what it has."""
+    clock = [0.0]
+
+    def fn():
+        clock[0] += 1.0
+
+    monkeypatch.setattr(script, "event_ms", lambda f: f() or 1.0)
     report = {"timing": []}
-    script.time_cases([("a", lambda: None), ("b", lambda: None)], report, "S1", 1e9, lambda: next(checks),
-                      iters=7, warmup=1, no_flop_rate="")
+    script.time_cases([("a", fn), ("b", fn)], report, "S1", 1e9, lambda: clock[0] >= 10.0, iters=7, warmup=2,
+                      no_flop_rate="")
     a, b = report["timing"]
-    assert a["runs"] == 1 and a["ms"] == 1.0
+    assert (a["runs"], b["runs"]) == (2, 1)
+    report = {"timing": []}
+    clock[0] = 8.0  # room for one warm-up only
+    script.time_cases([("a", fn), ("b", fn)], report, "S1", 1e9, lambda: clock[0] >= 10.0, iters=7, warmup=2,
+                      no_flop_rate="")
+    a, b = report["timing"]
+    assert a == {"what": "a", "shape": "S1", "skipped": "time budget"}  # warmed up, then no time for a sample
     assert b == {"what": "b", "shape": "S1", "skipped": "time budget"}
