@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling sc
 from check_fp8_attention import scored_rows, sdpa_cases, time_cases, write_report  # noqa: E402
 
 DEFAULT = "default"  # the variant fp8_attention runs, resolved per head dim and key length (`at`)
-COMPILE_REPORT_KEYS = 30272  # the key length whose "default" the compile report builds (the H3 shape's)
+COMPILE_REPORT_KEYS = (4096, 30272)  # key lengths whose "default" the compile report builds (both D128 plans)
 
 
 class Variant(NamedTuple):
@@ -103,7 +103,11 @@ def main():
         return Variant(**{name: options[name] for name in Variant._fields})
 
     variants = [parse(v) for v in args.variants.split(",")]
-    label = lambda v: DEFAULT if v == DEFAULT else v.label()
+
+    def label(variant, d=None, seqlen_kv=None):  # "default" with what it resolves to where that is known
+        if variant != DEFAULT:
+            return variant.label()
+        return DEFAULT if d is None else f"{DEFAULT}={at(variant, d, seqlen_kv).label()}"
     report = {"device": torch.cuda.get_device_name(), "variants": args.variants,
               "compile": [], "correctness": [], "timing": []}
     kernels = {}
@@ -161,9 +165,10 @@ def main():
     for i, variant in enumerate(variants):
         for d in ((64, 128) if i == 0 and not args.no_matrix else (args.head_dim,)):
             try:
-                get(d, True, variant, COMPILE_REPORT_KEYS)
+                for seqlen_kv in COMPILE_REPORT_KEYS:
+                    get(d, True, variant, seqlen_kv)
             except Exception as e:  # noqa: BLE001
-                report["compile"].append({"key": (d, True, *at(variant, d, COMPILE_REPORT_KEYS)), "error": f"{type(e).__name__}: {e}"[:3000]})
+                report["compile"].append({"key": (d, True, *at(variant, d, seqlen_kv)), "error": f"{type(e).__name__}: {e}"[:3000]})
 
     # ---------------------------------------------------------------- quick check of every variant
     q, k, v = random_qkv(2, 1000, 700, 3, args.head_dim, True, seed=7)
@@ -248,11 +253,11 @@ def main():
 
             timed = [("prep alone", lambda: prep_triton(q, k, v))]
             for variant in variants:
-                name = label(variant)
+                name = label(variant, d, s)
                 timed += [(f"sm90 {name} kernel", lambda variant=variant: run(packed, out, None, variant)),
                           (f"sm90 {name} prep+kernel", prep_and(variant))]
             if not args.no_v1:
-                timed.append(("v1 mma.sync kernel", lambda: interface.fp8_attention_packed(packed, out=out)))
+                timed.append(("v1 mma.sync kernel", lambda: interface.fp8_attention_packed(packed, out=out, kernel="mma_sync")))
             timed += sdpa_cases(q, k, v, "SDPA")
             time_cases(timed, report, f"B{b} H{h} S{s} D{d}", flop, lambda: over_budget(0.92),
                        iters=7, warmup=1, no_flop_rate="prep alone")

@@ -25,7 +25,7 @@ consumers at 160 registers, no ping-pong; `DEFAULT_CONSUMER_WARPGROUPS`):
   so one warpgroup's softmax overlaps the other's GEMMs.
 
 One CTA per tile by default; with `persistent_ctas` (what D = 64 runs, and D = 128 up to 12288 keys:
-`tuning`) that many CTAs each walk tiles in turn, and the producer loads a tile's Q and first K/V blocks
+`tuning`) that many CTAs (no more than there are tiles) each walk tiles in turn, and the producer loads a tile's Q and first K/V blocks
 during the previous tile's last P.V and epilogue (with `q_stages=2`, its Q without waiting for the previous tile's last S).
 
 Where the time goes (ncu, kernels/NOTES.md): each SM sub-partition holds one warp of each
@@ -174,8 +174,9 @@ class Fp8AttentionSm90:
         if not 0 <= fma_exp2_tiles < tile_n // 8:
             raise ValueError(f"fma_exp2_tiles must be in 0..{tile_n // 8 - 1}")
         self.fma_exp2_tiles = fma_exp2_tiles
-        # persistent_ctas: 0 launches one CTA per (query tile, b*h). Otherwise that many CTAs (the
-        # device's SM count: one CTA fits an SM) each walk tiles blockIdx, blockIdx + grid, ...; the
+        # persistent_ctas: 0 launches one CTA per (query tile, b*h). Otherwise that many CTAs, or one per
+        # tile where there are fewer tiles (the device's SM count: one CTA fits an SM), each walk tiles
+        # blockIdx, blockIdx + grid, ...; the
         # consumers free Q after a tile's last S, so the producer loads the next tile's Q and first
         # K/V blocks during the tile's last P.V and epilogue instead of after a CTA launch.
         if isinstance(persistent_ctas, bool) or not isinstance(persistent_ctas, int) or persistent_ctas < 0:

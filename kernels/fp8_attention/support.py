@@ -73,8 +73,8 @@ def resolve_kernel(kernel: str, capability: tuple[int, int]) -> str:
 def tensors_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, any_head_dim: bool = False) -> str | None:
     """None if q, k, v are [B, Sq, H, D], [B, Skv, H, D] x 2 bf16/fp16 tensors the scheme takes, else
     why not: rank, dtype, head-dim stride, matching shapes (no GQA), head dim (unless `any_head_dim`:
-    the CPU emulation takes any), sequence lengths, shared dtype and device, in that order. Reads only
-    metadata, so it runs the same on real and fake tensors and dynamo can trace it."""
+    the CPU emulation takes any), batch, heads and sequence lengths, shared dtype and device, in that
+    order. Reads only metadata, so it runs the same on real and fake tensors and dynamo can trace it."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dim() != 4:
             return f"fp8_attention: {name} must be [B, S, H, D], got shape {tuple(x.shape)}"
@@ -89,8 +89,8 @@ def tensors_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, any_hea
     reason = None if any_head_dim else head_dim_reason(d)
     if reason is not None:
         return reason
-    if sq < 1 or k.shape[1] < 1:
-        return "fp8_attention: sequence lengths must be >= 1"
+    if min(b, h, sq, k.shape[1]) < 1:  # an empty grid is no launch the kernels can make
+        return "fp8_attention: batch, heads and sequence lengths must be >= 1"
     if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
         return "fp8_attention: q, k, v must share dtype and device"
     return None

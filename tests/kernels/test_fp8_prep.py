@@ -140,6 +140,9 @@ def test_lse_mismatch_allows_rare_rounding_flips_only():
     (lambda x: x.float(), "pass bfloat16 or float16"),
     (lambda x: x[..., :48], "head dim 48 unsupported"),
     (lambda x: x, "move q, k, v to a CUDA device"),
+    (lambda x: x[:0], "batch, heads and sequence lengths must be >= 1"),
+    (lambda x: x[:, :, :0], "batch, heads and sequence lengths must be >= 1"),
+    (lambda x: x[:, :0], "batch, heads and sequence lengths must be >= 1"),
 ])
 def test_interface_errors(change, message):
     q, k, v = (change(x) for x in qkv())

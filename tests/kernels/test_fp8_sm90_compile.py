@@ -123,6 +123,7 @@ def test_plans_compile_with_each_devices_default_options(monkeypatch):
 
     from dit_accel.kernels.fp8_attention import compile as compile_module
     from dit_accel.kernels.fp8_attention import interface
+    from dit_accel.kernels.fp8_attention.support import Fp8AttentionUnsupported
     from dit_accel.kernels.fp8_attention.tuning import PERSISTENT_MAX_KEYS, default_options
 
     calls = []
@@ -148,3 +149,5 @@ def test_plans_compile_with_each_devices_default_options(monkeypatch):
     for seqlen_kv in (short, long):
         interface._plan(128, torch.bfloat16, False, torch.device("cuda:0"), seqlen_kv)
     assert calls == [(128, {"kernel": "mma_sync"})]
+    with pytest.raises(Fp8AttentionUnsupported, match="head"):  # not a KeyError from the plan's key
+        interface._plan(96, torch.bfloat16, False, torch.device("cuda:0"), 1024)
