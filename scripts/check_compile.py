@@ -8,7 +8,7 @@ For the MiniMax-H3 and Wan 2.1 blocks (synthetic weights, bf16) patched with `fp
   - torch.compile(block, fullgraph=True): compiles, output against the eager patched block, and
     every attention call still counted by the router;
   - the compiled call captured in a torch.cuda.CUDAGraph and replayed: same output;
-and the per-call host cost of one attention call at a tiny shape (1000 back-to-back calls):
+and the per-call host cost of one attention call at a tiny shape (1000 calls in 10 interleaved rounds):
 cuDNN through torch SDPA, our kernel through the custom op, and through the plain function;
 and the GPU time of the plain prep down its one- and two-launch paths (CUDA-graph replays, B1 D128,
 S 128-2048; the prologue has only the two).
@@ -85,7 +85,7 @@ def prep_path(one_launch: bool):
 
 
 def per_call_cost(calls: int = 1000) -> dict:
-    """Host-bound cost of one call at a tiny shape: 1000 back-to-back calls, then one sync."""
+    """Host-bound cost of one call at a tiny shape (`per_call_rounds`)."""
     q, k, v = random_qkv(1, 128, 128, 1, 128, device="cuda")
     from dit_accel.kernels.fp8_attention import fp8_attention
     from dit_accel.kernels.fp8_attention.interface import fp8_attention_packed
@@ -109,17 +109,30 @@ def per_call_cost(calls: int = 1000) -> dict:
         "  prep forced to 2 launches + zeroed amax": two_launch_prep,
         "  of which kernel launch (TVM-FFI)": lambda: fp8_attention_packed(packed),
     }
-    result = {}
-    for name, fn in candidates.items():
+    return per_call_rounds(candidates, torch.cuda.synchronize, calls=calls)
+
+
+def per_call_rounds(candidates: dict, sync, *, calls: int = 1000, rounds: int = 10, clock=time.perf_counter) -> dict:
+    """Host cost per call of each candidate, in us: `rounds` interleaved rounds, each running every candidate
+    calls / rounds times back to back and then `sync`; per candidate the median round, with the fastest and
+    slowest. Interleaved, a drift of the host (frequency, another process) falls on every candidate alike;
+    timed one after the other, it decided the comparisons (a +-30% spread across runs in the session before).
+    """
+    per_round = max(1, calls // rounds)
+    for fn in candidates.values():  # warm-up: compiles, caches
         for _ in range(20):
             fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        result[name] = round((time.perf_counter() - start) / calls * 1e6, 1)  # us per call
-    return result
+    sync()
+    samples = {name: [] for name in candidates}
+    for _ in range(rounds):
+        for name, fn in candidates.items():
+            start = clock()
+            for _ in range(per_round):
+                fn()
+            sync()
+            samples[name].append((clock() - start) / per_round * 1e6)
+    return {name: {"median_us": round(sorted(us)[len(us) // 2], 1), "min_us": round(min(us), 1),
+                   "max_us": round(max(us), 1)} for name, us in samples.items()}
 
 
 def prep_device_time(calls: int = 20, replays: int = 5) -> dict:

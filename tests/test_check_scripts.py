@@ -66,3 +66,26 @@ def test_time_cases_stops_where_the_budget_runs_out(script, monkeypatch):
     a, b = report["timing"]
     assert a == {"what": "a", "shape": "S1", "skipped": "time budget"}  # warmed up, then no time for a sample
     assert b == {"what": "b", "shape": "S1", "skipped": "time budget"}
+
+
+def test_per_call_rounds_interleaves_candidates_so_a_drift_falls_on_each(monkeypatch):
+    """Two candidates that cost the same, on a host that slows down after three of ten rounds: timed one
+    after the other the first would read faster; in interleaved rounds both read the same."""
+    spec = importlib.util.spec_from_file_location(
+        "check_compile", os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "check_compile.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    now, calls, syncs = [0.0], [], []
+
+    def candidate(name):
+        def call():
+            calls.append(name)
+            now[0] += 1e-6 if len(calls) <= 100 else 2e-6  # 40 warm-up calls, 3 rounds, then the host slows
+        return call
+
+    result = module.per_call_rounds({"a": candidate("a"), "b": candidate("b")}, lambda: syncs.append(len(calls)),
+                                    calls=100, rounds=10, clock=lambda: now[0])
+    assert calls[:40] == ["a"] * 20 + ["b"] * 20
+    assert calls[40:] == (["a"] * 10 + ["b"] * 10) * 10
+    assert syncs == [40] + [40 + 10 * i for i in range(1, 21)]  # after the warm-up, then after each candidate's turn
+    assert result["a"] == result["b"] == {"median_us": 2.0, "min_us": 1.0, "max_us": 2.0}
