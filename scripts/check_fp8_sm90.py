@@ -174,9 +174,8 @@ def main():
     q, k, v = random_qkv(2, 1000, 700, 3, args.head_dim, True, seed=7)
     packed = prep_triton(q, k, v)
     rounded_sums = lambda variant: at(variant, args.head_dim, packed.seqlen_kv).pv_row_sum
-    emu = {rounded: emulate_fp8_attention(q, k, v, block_keys=at(variants[0], args.head_dim, packed.seqlen_kv).tile_n,
-                                          reverse=True,
-                                          rounded_row_sum=rounded)
+    block_keys = at(variants[0], args.head_dim, packed.seqlen_kv).tile_n
+    emu = {rounded: emulate_fp8_attention(q, k, v, block_keys=block_keys, reverse=True, rounded_row_sum=rounded)
            for rounded in {rounded_sums(v) for v in variants}}  # each variant against the emulation of its row sums
     report["quick_check"] = {}
     for variant in variants:

@@ -1,23 +1,28 @@
-"""The device check scripts' timing helper (scripts/check_fp8_attention.time_cases), with CUDA events
-replaced by a clock the test controls."""
+"""The device check scripts' timing helpers (check_fp8_attention.time_cases, check_compile.per_call_rounds),
+with CUDA events and the host clock replaced by clocks the test controls."""
 import importlib.util
 import os
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "check_fp8_attention.py")
+SCRIPTS = os.path.join(os.path.dirname(__file__), os.pardir, "scripts")
 
 
-@pytest.fixture
-def script():
-    spec = importlib.util.spec_from_file_location("check_fp8_attention", SCRIPT)
+def load_script(name: str):
+    """scripts/<name>.py as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+@pytest.fixture
+def script():
+    return load_script("check_fp8_attention")
+
+
 def test_time_cases_interleaves_rounds_and_warms_each_case_before_its_sample(script, monkeypatch):
-    calls = []  # every call of a case's fn, and ("timed", name) where a timed call began
+    calls = []  # every call of a case's fn, and "timed" where a timed call began
     ms_of = {"a": [5.0, 1.0, 1.0, 1.2, 1.1], "b": [9.0, 2.0, 2.0, 2.0, 2.4]}  # a slow first round for both
 
     def event_ms(fn):
@@ -71,10 +76,7 @@ def test_time_cases_stops_where_the_budget_runs_out(script, monkeypatch):
 def test_per_call_rounds_interleaves_candidates_so_a_drift_falls_on_each(monkeypatch):
     """Two candidates that cost the same, on a host that slows down after three of ten rounds: timed one
     after the other the first would read faster; in interleaved rounds both read the same."""
-    spec = importlib.util.spec_from_file_location(
-        "check_compile", os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "check_compile.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("check_compile")
     now, calls, syncs = [0.0], [], []
 
     def candidate(name):

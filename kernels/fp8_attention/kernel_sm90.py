@@ -25,8 +25,9 @@ consumers at 160 registers, no ping-pong; `DEFAULT_CONSUMER_WARPGROUPS`):
   so one warpgroup's softmax overlaps the other's GEMMs.
 
 One CTA per tile by default; with `persistent_ctas` (what D = 64 runs, and D = 128 up to 12288 keys:
-`tuning`) that many CTAs (no more than there are tiles) each walk tiles in turn, and the producer loads a tile's Q and first K/V blocks
-during the previous tile's last P.V and epilogue (with `q_stages=2`, its Q without waiting for the previous tile's last S).
+`tuning`) that many CTAs (no more than there are tiles) each walk tiles in turn, and the producer
+loads a tile's Q and first K/V blocks during the previous tile's last P.V and epilogue (with
+`q_stages=2`, its Q without waiting for the previous tile's last S).
 
 Where the time goes (ncu, kernels/NOTES.md): each SM sub-partition holds one warp of each
 consumer warpgroup, and the one in its softmax issues with little instruction-level
@@ -176,9 +177,9 @@ class Fp8AttentionSm90:
         self.fma_exp2_tiles = fma_exp2_tiles
         # persistent_ctas: 0 launches one CTA per (query tile, b*h). Otherwise that many CTAs, or one per
         # tile where there are fewer tiles (the device's SM count: one CTA fits an SM), each walk tiles
-        # blockIdx, blockIdx + grid, ...; the
-        # consumers free Q after a tile's last S, so the producer loads the next tile's Q and first
-        # K/V blocks during the tile's last P.V and epilogue instead of after a CTA launch.
+        # blockIdx, blockIdx + grid, ...; the consumers free Q after a tile's last S, so the producer
+        # loads the next tile's Q and first K/V blocks during the tile's last P.V and epilogue instead of
+        # after a CTA launch.
         if isinstance(persistent_ctas, bool) or not isinstance(persistent_ctas, int) or persistent_ctas < 0:
             raise ValueError(f"persistent_ctas must be an int >= 0 (the device's SM count), got {persistent_ctas!r}")
         self.persistent_ctas = persistent_ctas

@@ -24,7 +24,7 @@ def persistent_pays(head_dim: int, seqlen_kv: int) -> bool:
 
 def default_options(head_dim: int, sm_count: int, seqlen_kv: int) -> dict:
     """The constructor options `fp8_attention` runs at this head dim and key length on a device with
-    sm_count SMs."""
-    check_head_dim(head_dim)
+    sm_count SMs; raises Fp8AttentionUnsupported for a head dim the kernels are not written for
+    (`persistent_pays`)."""
     return {"persistent_ctas": sm_count if persistent_pays(head_dim, seqlen_kv) else 0,
             "pv_row_sum": PV_ROW_SUM_BY_HEAD_DIM[head_dim]}
