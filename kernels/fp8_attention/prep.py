@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from .layout import E4M3_MAX, FP8, KEYS, Q_ROWS, key_order, round_up
+from .support import on_device
 
 
 @dataclass(frozen=True)
@@ -150,20 +151,39 @@ def prep_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     )
 
 
-def prep_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Prologue | None = None) -> PackedQKV:
+def launch_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Prologue | None = None) -> tuple:
+    """What decides how prep launches for these inputs and whether they pass the checks, from their metadata:
+    shapes, strides, dtypes, devices and each tensor's alignment (its address mod 16), of q, k, v and the
+    prologue's tensors. Calls with equal specs pass the same values to the same compiled Triton kernels but for
+    the tensors' addresses (`prep_triton_kernels._launch`), and get the same answer from `support.can_implement`
+    and `prologue_reason` (`interface.fp8_attention`)."""
+    spec = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+            q.device, k.device, v.device, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
+    if prologue is None:
+        return spec
+    tensors = (prologue.norm_q_weight, prologue.norm_k_weight, prologue.cos, prologue.sin)
+    return spec + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
+
+
+def prep_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Prologue | None = None,
+                spec: tuple | None = None) -> PackedQKV:
     """Same contract as `prep_reference`, on CUDA: one Triton launch for short sequences without the
     prologue, else two (amax, then scales and packing; `prep_triton_kernels.launch_prep` picks) for the
-    three tensors, reading any [B, S, H, D] strides (innermost stride 1)."""
+    three tensors, reading any [B, S, H, D] strides (innermost stride 1). spec: `launch_spec(q, k, v,
+    prologue)`, if the caller has it."""
     from . import prep_triton_kernels as tk
 
     b, sq, h, d = q.shape
     skv = k.shape[1]
-    descale = torch.empty(3, b * h, dtype=torch.float32, device=q.device)
+    device = q.device
+    descale = torch.empty(3, b * h, dtype=torch.float32, device=device)
     sq_pad, skv_pad = round_up(sq, Q_ROWS), round_up(skv, KEYS)
-    out_q = torch.empty(b * h, sq_pad, d, dtype=FP8, device=q.device)
-    out_k = torch.empty(b * h, skv_pad, d, dtype=FP8, device=q.device)
-    out_v = torch.empty(b * h, d, skv_pad, dtype=FP8, device=q.device)
+    out_q = torch.empty(b * h, sq_pad, d, dtype=FP8, device=device)
+    out_k = torch.empty(b * h, skv_pad, d, dtype=FP8, device=device)
+    out_v = torch.empty(b * h, d, skv_pad, dtype=FP8, device=device)
     fields = None if prologue is None else (prologue.norm_q_weight, prologue.norm_k_weight, prologue.eps,
                                             prologue.cos, prologue.sin)
-    tk.launch_prep(q, k, v, out_q, out_k, out_v, descale, fields)
+    with on_device(device):
+        tk.launch_prep(q, k, v, out_q, out_k, out_v, descale, fields,
+                       launch_spec(q, k, v, prologue) if spec is None else spec)
     return PackedQKV(out_q, out_k, out_v, descale, b, h, sq, skv, d)

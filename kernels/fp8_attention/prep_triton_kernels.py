@@ -30,6 +30,12 @@ the rotary embedding of the first 2*HALF channels (`kernels.rope` contract), rec
 pack pass instead of written out, so q and k are read twice and written once, as fp8. A prologue
 program loads its rows' cos/sin once and applies them to HEADS heads in turn: one head per program
 would read the [S, R] fp32 tables once per head, three times the bytes of q and k themselves.
+
+Every launch goes through `_launch`: Triton's JIT the first time for a launch spec (`prep.launch_spec`: the
+inputs' shapes, strides, dtypes, devices and alignments), then the compiled kernel it returned, which skips
+the JIT's per-call binding and specialization (half of a launch's host time). Turning the specialization off
+instead, so that one compiled kernel would serve every spec, cost 4-6x the GPU time of the one-launch path
+(H1 S128 20.1 against 3.5 us: no vector loads or stores without known alignment).
 """
 import torch
 import triton
@@ -272,17 +278,46 @@ def _fp8_prep_single_kernel(q_ptr, k_ptr, v_ptr, out_q, out_k, out_v, descale_pt
         _prep_head(v_ptr, descale_ptr + 2 * BH, out_v, b, h, H, Skv, Skv_pad, svb, svs, svh, D, BLOCK, True)
 
 
-def launch_prep(q, k, v, out_q, out_k, out_v, descale, prologue=None) -> None:
+# Compiled kernels by (kernel name, launch spec): see `_launch`. Bounded: a caller cycling through more specs than
+# this starts over (each miss costs one JIT launch, ~10 us more, and no compile: Triton keeps its own cache).
+_compiled: dict = {}
+MAX_COMPILED_LAUNCHES = 1024
+
+
+def _launch(kernel, grid: tuple, args: tuple, constexprs: dict, spec: tuple) -> None:
+    """kernel[grid](*args, **constexprs), through Triton's JIT the first time for this `spec` (binding and
+    specializing the arguments, compiling if needed) and afterwards as the compiled kernel it returned: 9
+    against 18 us of host time per launch on the H200's host (B1 H1 S128). Sound because `spec`
+    (`prep.launch_spec`) fixes everything the JIT specializes on: the integers' values and each pointer's
+    dtype and 16-byte alignment (the outputs are fresh allocations, aligned). grid has three entries;
+    constexprs are given in the kernel's parameter order (they are passed by position)."""
+    key = (kernel.__name__, spec, *constexprs.values())
+    compiled = _compiled.get(key)
+    if compiled is not None:
+        compiled[grid](*args, *constexprs.values())
+        return
+    compiled = kernel[grid](*args, **constexprs)
+    if compiled is None:  # Triton's interpreter (the CPU tests) compiles nothing: it runs each launch
+        return
+    assert tuple(constexprs) == tuple(kernel.arg_names[len(args):]), "constexprs out of the kernel's order"
+    if len(_compiled) >= MAX_COMPILED_LAUNCHES:
+        _compiled.clear()
+    _compiled[key] = compiled
+
+
+def launch_prep(q, k, v, out_q, out_k, out_v, descale, prologue, spec: tuple) -> None:
     """One launch without a prologue when max(Sq_pad, Skv_pad) <= SINGLE_LAUNCH_MAX_S, else two (and a
     zeroed amax [3, B*H] fp32 buffer for them); prologue None or (norm_q_weight, norm_k_weight, eps, cos,
-    sin) with cos, sin [S, R] (`prep.Prologue`)."""
+    sin) with cos, sin [S, R] (`prep.Prologue`); spec: `prep.launch_spec` of these inputs. Launches on the
+    current device: q's (`prep.prep_triton` sees to it)."""
     b, sq, h, d = q.shape
     skv = k.shape[1]
     sq_pad, skv_pad = out_q.shape[1], out_k.shape[1]
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
     if prologue is None and max(sq_pad, skv_pad) <= SINGLE_LAUNCH_MAX_S:
-        _fp8_prep_single_kernel[(b * h, 3)](q, k, v, out_q, out_k, out_v, descale, sq, skv, sq_pad, skv_pad, h, b * h,
-                                            *strides, D=d, BLOCK=BLOCK_S)
+        _launch(_fp8_prep_single_kernel, (b * h, 3, 1),
+                (q, k, v, out_q, out_k, out_v, descale, sq, skv, sq_pad, skv_pad, h, b * h, *strides),
+                dict(D=d, BLOCK=BLOCK_S), spec)
         return
     if prologue is None:
         wq = wk = cos = sin = q  # unread (PROLOGUE is off): any pointer will do
@@ -295,8 +330,8 @@ def launch_prep(q, k, v, out_q, out_k, out_v, descale, prologue=None) -> None:
     shared = dict(D=d, BLOCK=block, HEADS=heads, PROLOGUE=prologue is not None, HALF=half)
     tail = (wq, wk, cos, sin, stride_cos, stride_sin, eps)
     amax = torch.zeros(3, b * h, dtype=torch.float32, device=q.device)
-    _fp8_prep_amax_kernel[(triton.cdiv(max(sq, skv), block), b * groups, 3)](
-        q, k, v, amax, sq, skv, h, groups, b * h, *strides, *tail, **shared)
-    _fp8_prep_pack_kernel[(triton.cdiv(max(sq_pad, skv_pad), block), b * groups, 3)](
-        q, k, v, amax, out_q, out_k, out_v, descale, sq, skv, sq_pad, skv_pad, h, groups, b * h, *strides, *tail,
-        **shared)
+    _launch(_fp8_prep_amax_kernel, (triton.cdiv(max(sq, skv), block), b * groups, 3),
+            (q, k, v, amax, sq, skv, h, groups, b * h, *strides, *tail), shared, spec)
+    _launch(_fp8_prep_pack_kernel, (triton.cdiv(max(sq_pad, skv_pad), block), b * groups, 3),
+            (q, k, v, amax, out_q, out_k, out_v, descale, sq, skv, sq_pad, skv_pad, h, groups, b * h, *strides, *tail),
+            shared, spec)

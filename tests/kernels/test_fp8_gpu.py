@@ -97,6 +97,53 @@ def test_single_launch_prep_matches_reference_bitwise(monkeypatch, b, h, sq, skv
         assert a.shape == r.shape and torch.equal(a[finite[t]], r[finite[t]]), name
 
 
+@pytest.mark.parametrize("one_launch", [True, False])
+def test_prep_relaunches_compiled_kernels_only_for_equal_specs(monkeypatch, one_launch):
+    """Prep launches a kernel through Triton's JIT once per launch spec and then as the compiled kernel that
+    returned (`prep_triton_kernels._launch`). Each case runs twice (JIT, then compiled) and must match the
+    spec bit for bit both times; the cases differ in what Triton specializes on: H = 1, lengths and strides
+    divisible by 16 or not, fused-projection strides, and the same shapes and strides 16-byte aligned and
+    then 2 bytes off (a compiled kernel reused across that would issue misaligned vector loads)."""
+    force_path(monkeypatch, tk, one_launch)
+    monkeypatch.setattr(tk, "_compiled", {})
+
+    def in_wider_last_dim(offset, *shape):  # views into [..., D + 1] storage: odd strides, aligned or 2 bytes off
+        return tuple(torch.cat((x, x[..., :1]), dim=-1)[..., :-1] if offset == 0 else
+                     torch.cat((x[..., :1], x), dim=-1)[..., 1:] for x in random_qkv(*shape))
+
+    aligned, off = in_wider_last_dim(0, 2, 17, 65, 3, 128), in_wider_last_dim(1, 2, 17, 65, 3, 128)
+    assert aligned[0].stride() == off[0].stride() and aligned[0].data_ptr() % 16 == 0 and off[0].data_ptr() % 16 == 2
+    cases = (random_qkv(1, 128, 128, 1, 128), aligned, off, in_layout(*random_qkv(1, 129, 129, 10, 128), "qkv"),
+             random_qkv(2, 256, 32, 5, 64))
+    for q, k, v in cases:
+        want = prep_reference(q, k, v)
+        for _ in range(2):
+            got = prep_triton(q, k, v)
+            for name in ("q", "k", "v"):
+                assert torch.equal(getattr(got, name).view(torch.uint8), getattr(want, name).view(torch.uint8)), name
+            assert torch.equal(got.descale, want.descale)
+    assert len(tk._compiled) == len(cases) * (1 if one_launch else 2)  # one entry per (kernel, spec): reused
+
+
+def test_checks_run_once_per_launch_spec(monkeypatch):
+    """fp8_attention checks a call's inputs once per (launch spec, kernel) it took; another spec, a refused
+    one included, is checked again (and a refusal is not remembered)."""
+    from dit_accel.kernels.fp8_attention import Fp8AttentionUnsupported, interface
+
+    monkeypatch.setattr(interface, "_passed_checks", set())
+    checked, check = [], interface._check
+    monkeypatch.setattr(interface, "_check", lambda *args: checked.append(args[3]) or check(*args))
+    q, k, v = random_qkv(1, 128, 128, 2, 128)
+    fp8_attention(q, k, v)
+    fp8_attention(q.clone(), k.clone(), v.clone())
+    assert checked == ["auto"]
+    for _ in range(2):
+        with pytest.raises(Fp8AttentionUnsupported, match="kernel"):
+            fp8_attention(q, k, v, kernel="bogus")
+    fp8_attention(q, k, v, kernel="mma_sync")
+    assert checked == ["auto", "bogus", "bogus", "mma_sync"]
+
+
 @pytest.mark.parametrize("kernel", ["mma_sync", "auto"])
 @pytest.mark.parametrize("tensor", [0, 1, 2])
 def test_non_finite_input_gives_a_nan_head(kernel, tensor):

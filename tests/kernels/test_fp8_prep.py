@@ -162,3 +162,36 @@ def test_random_qkv_is_seeded_and_scales_a_thousandth_by_fifty():
     assert 0.0005 < scaled < 0.002  # 0.1% of the elements, each exactly 50x the N(0,1) draw
     changed = q != plain[0]
     assert torch.allclose(q[changed], 50 * plain[0][changed])
+
+
+def test_launch_spec_tells_apart_what_triton_specializes_and_the_checks_read():
+    """`launch_spec` keys prep's compiled launches and fp8_attention's passed checks: equal for another
+    tensor of the same metadata, different for each thing a launch or a check depends on."""
+    from dit_accel.kernels.fp8_attention.prep import Prologue, launch_spec
+
+    def widened(x, offset):  # the same values in [..., D + 1] storage, at element `offset` of it
+        wide = torch.cat((x, x[..., :1]), dim=-1) if offset == 0 else torch.cat((x[..., :1], x), dim=-1)
+        return wide[..., offset:offset + x.shape[-1]]
+
+    q, k, v = qkv()
+    base = launch_spec(q, k, v)
+    assert launch_spec(q.clone(), k.clone(), v.clone()) == base
+    variants = {
+        "shape": qkv(sq=101),
+        "strides": (q.transpose(1, 2).contiguous().transpose(1, 2), k, v),
+        "dtype": (q.half(), k.half(), v.half()),
+        "v's dtype alone": (q, k, v.half()),
+        "alignment": (widened(q, 1), k, v),
+    }
+    aligned = widened(q, 0)
+    assert aligned.stride() == variants["alignment"][0].stride() and aligned.data_ptr() % 16 == 0
+    assert variants["alignment"][0].data_ptr() % 16 == 2
+    specs = {name: launch_spec(*inputs) for name, inputs in variants.items()}
+    specs["aligned, same strides"] = launch_spec(aligned, k, v)
+    assert len(set(specs.values()) | {base}) == len(specs) + 1, specs.keys()
+    d, s = q.shape[-1], q.shape[1]
+    prologue = Prologue(torch.ones(d), torch.ones(d), 1e-6, torch.ones(s, 32), torch.zeros(s, 32))
+    with_prologue = launch_spec(q, q, q, prologue)
+    assert with_prologue != launch_spec(q, q, q)
+    assert with_prologue != launch_spec(q, q, q, Prologue(torch.ones(d), torch.ones(d), 1e-6, torch.ones(s, 16),
+                                                          torch.zeros(s, 16)))

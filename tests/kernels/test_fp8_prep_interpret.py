@@ -214,3 +214,54 @@ def test_one_launch_below_the_threshold_two_above(monkeypatch, sq, skv, plain_la
     else:
         assert launched == ["_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel"] and count == [(3, 2)]
     assert packed.descale.shape == (3, 2) and packed.q.shape[1] == -(-sq // 128) * 128
+
+
+class _FakeJit:
+    """Stands in for a jitted kernel: `kernel[grid](*args, **constexprs)` records a JIT launch and returns a
+    compiled kernel whose `[grid](*args, *constexprs)` records a direct one (or None, as the interpreter)."""
+
+    __name__ = "fake_kernel"
+    arg_names = ["x", "n", "D", "BLOCK"]
+
+    def __init__(self, launches, compiles=True):
+        self.launches, self.compiles = launches, compiles
+
+    def __getitem__(self, grid):
+        def jit(*args, **constexprs):
+            self.launches.append(("jit", grid, args, tuple(constexprs.items())))
+            return _FakeCompiled(self.launches) if self.compiles else None
+        return jit
+
+
+class _FakeCompiled:
+    def __init__(self, launches):
+        self.launches = launches
+
+    def __getitem__(self, grid):
+        return lambda *args: self.launches.append(("compiled", grid, args))
+
+
+def test_launch_goes_through_the_jit_once_per_spec_then_as_the_compiled_kernel(monkeypatch):
+    monkeypatch.setattr(tk, "_compiled", {})
+    launches = []
+    kernel = _FakeJit(launches)
+    for spec in ("a", "a", "b", "a"):
+        tk._launch(kernel, (2, 3, 1), ("x", 7), dict(D=64, BLOCK=32), spec)
+    assert [entry[0] for entry in launches] == ["jit", "compiled", "jit", "compiled"]
+    assert launches[1] == ("compiled", (2, 3, 1), ("x", 7, 64, 32))  # constexprs passed by position, in order
+    tk._launch(kernel, (2, 3, 1), ("x", 7), dict(D=128, BLOCK=32), "a")  # another constexpr: its own entry
+    assert launches[-1][0] == "jit"
+    with pytest.raises(AssertionError, match="order"):
+        tk._launch(kernel, (1, 1, 1), ("x", 7), dict(BLOCK=32, D=64), "c")
+
+
+def test_launch_keeps_nothing_from_the_interpreter_and_stays_bounded(monkeypatch):
+    monkeypatch.setattr(tk, "_compiled", {})
+    launches = []
+    for _ in range(2):
+        tk._launch(_FakeJit(launches, compiles=False), (1, 1, 1), ("x", 7), dict(D=64, BLOCK=32), "a")
+    assert [entry[0] for entry in launches] == ["jit", "jit"] and tk._compiled == {}
+    monkeypatch.setattr(tk, "MAX_COMPILED_LAUNCHES", 3)
+    for spec in range(5):
+        tk._launch(_FakeJit(launches), (1, 1, 1), ("x", 7), dict(D=64, BLOCK=32), spec)
+    assert len(tk._compiled) <= 3 and ("fake_kernel", 4, 64, 32) in tk._compiled
