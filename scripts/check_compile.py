@@ -9,7 +9,7 @@ For the MiniMax-H3 and Wan 2.1 blocks (synthetic weights, bf16) patched with `fp
     every attention call still counted by the router;
   - the compiled call captured in a torch.cuda.CUDAGraph and replayed: same output;
 and the per-call host cost of one attention call at a tiny shape (1000 calls in 10 interleaved rounds):
-cuDNN through torch SDPA, our kernel through the custom op, and through the plain function;
+cuDNN through torch SDPA, our backend (eager: the plain function), the custom op, and the plain function;
 and the GPU time of the plain prep down its one- and two-launch paths (CUDA-graph replays, B1 D128,
 S 128-2048; the prologue has only the two).
 Writes $OUT/check_compile.json and prints it.
@@ -101,11 +101,11 @@ def per_call_cost(calls: int = 1000) -> dict:
 
     candidates = {
         "cudnn (torch SDPA)": lambda: get_backend("cudnn").run(q, k, v),
-        "fp8 backend (custom op)": lambda: get_backend("fp8").run(q, k, v),
-        "fp8 op direct": lambda: FP8_ATTENTION(q, k, v, None, "auto"),
+        "fp8 backend (eager: the function)": lambda: get_backend("fp8").run(q, k, v),
+        "fp8 op (torch.ops, what compiled graphs call)": lambda: FP8_ATTENTION(q, k, v, None, "auto"),
         "fp8_attention function": lambda: fp8_attention(q, k, v),
         "  of which checks (can_implement)": lambda: can_implement(q, k, v),
-        "  of which prep (1 Triton launch)": lambda: prep_triton(q, k, v),
+        "  of which prep (1 Triton launch, compiled kernel launched directly)": lambda: prep_triton(q, k, v),
         "  prep forced to 2 launches + zeroed amax": two_launch_prep,
         "  of which kernel launch (TVM-FFI)": lambda: fp8_attention_packed(packed),
     }

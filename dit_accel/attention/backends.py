@@ -148,30 +148,46 @@ def _fa4_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | N
 
 # --- ours: the CuTe DSL FP8 kernel --------------------------------------------------------------
 
-@contextlib.contextmanager
-def _fp8_cannot_serve():
-    """The kernel's Fp8AttentionUnsupported (head dim, dtype, device) as our BackendCannotServe."""
-    from ..kernels.fp8_attention import Fp8AttentionUnsupported
+@functools.cache
+def _fp8_op():
+    """The FP8 kernel's op module (its entry points and checks), imported at the first call that needs it, so
+    the kernel package stays optional, and only then: an import statement in `_fp8_run` costs ~1 us a call."""
+    from ..kernels.fp8_attention import op
 
-    try:
-        yield
-    except Fp8AttentionUnsupported as exc:
-        raise BackendCannotServe(str(exc)) from exc
+    return op
+
+
+class _Fp8CannotServe:
+    """Context: the kernel's Fp8AttentionUnsupported (head dim, dtype, device) as our BackendCannotServe.
+    A class, not a @contextmanager generator, which costs ~1 us more on every call."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if kind is not None and issubclass(kind, _fp8_op().Fp8AttentionUnsupported):
+            raise BackendCannotServe(str(exc)) from exc
+        return False
 
 
 def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, *,
              kernel: str = "auto") -> torch.Tensor:
-    """Prep (quantize + pack) and kernel, as the custom op `torch.ops.dit_accel.fp8_attention`: one
-    opaque node under torch.compile and CUDA graphs. Whether the kernel can serve the tensors is
-    decided from their metadata alone (`can_implement`: CUDA tensors only; the op's CPU emulation
-    is for tests), so under torch.compile the refusal happens at trace time."""
-    from ..kernels.fp8_attention.op import FP8_ATTENTION
-    from ..kernels.fp8_attention.support import can_implement
+    """Prep (quantize + pack) and kernel. Traced by torch.compile, the custom op
+    `torch.ops.dit_accel.fp8_attention`: one opaque node, refused at trace time from the tensors'
+    metadata alone (`can_implement`: CUDA tensors only; the op's CPU emulation is for tests). Eager,
+    what the op's CUDA implementation runs, called directly: the same checks and launches (CUDA graphs
+    capture them as they are), without the dispatcher's ~10 us of host time per call."""
+    if torch.compiler.is_compiling():  # imported here: dynamo warns on functools.cache functions it traces
+        from ..kernels.fp8_attention.op import FP8_ATTENTION, can_implement
 
-    reason = can_implement(q, k, v, kernel)
-    if reason is not None:
-        raise BackendCannotServe(reason)
-    return FP8_ATTENTION(q, k, v, scale, kernel)
+        reason = can_implement(q, k, v, kernel)
+        if reason is not None:
+            raise BackendCannotServe(reason)
+        return FP8_ATTENTION(q, k, v, scale, kernel)
+    op = _fp8_op()
+    op.refuse_grad(q, k, v)
+    with _Fp8CannotServe():
+        return op.fp8_attention(q, k, v, scale=scale, kernel=kernel)
 
 
 @dataclass(frozen=True)
@@ -188,14 +204,14 @@ def _fp8_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
                  kernel: str = "auto") -> Fp8Prepared:
     from ..kernels.fp8_attention import prep_fp8_attention
 
-    with _fp8_cannot_serve():
+    with _Fp8CannotServe():
         return Fp8Prepared(prep_fp8_attention(q, k, v), q.dtype, scale, kernel)
 
 
 def _fp8_kernel(prepared: Fp8Prepared) -> torch.Tensor:
     from ..kernels.fp8_attention import fp8_attention_packed
 
-    with _fp8_cannot_serve():
+    with _Fp8CannotServe():
         return fp8_attention_packed(prepared.packed, out_dtype=prepared.out_dtype, scale=prepared.scale,
                                     kernel=prepared.kernel)
 

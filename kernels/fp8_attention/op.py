@@ -38,6 +38,7 @@ from typing import Optional
 
 import torch
 
+from .interface import fp8_attention
 from .prep import Prologue, apply_prologue, prologue_reason
 from .support import KERNEL_CHOICES, Fp8AttentionUnsupported, can_implement, tensors_reason
 
@@ -67,7 +68,8 @@ class Fp8AttentionNoGrad(RuntimeError):
     """The op was asked for a result autograd could differentiate; it has no backward."""
 
 
-def _refuse_grad(*tensors: torch.Tensor) -> None:
+def refuse_grad(*tensors: torch.Tensor) -> None:
+    """Raises Fp8AttentionNoGrad if autograd could ask these tensors for a gradient the ops cannot give."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         raise Fp8AttentionNoGrad("dit_accel's FP8 attention ops have no backward: call them under torch.no_grad() "
                                  "(or torch.inference_mode()) or on inputs that do not require grad")
@@ -84,9 +86,7 @@ SCHEMAS = {
 def _fp8_attention_cuda(q, k, v, scale=None, variant="auto"):
     """CUDA: prep + kernel (the public `fp8_attention`, which checks the inputs), asynchronous,
     graph-capturable."""
-    from .interface import fp8_attention
-
-    _refuse_grad(q, k, v)
+    refuse_grad(q, k, v)
     return fp8_attention(q, k, v, scale=scale, kernel=variant)
 
 
@@ -94,23 +94,21 @@ def _fp8_attention_cpu(q, k, v, scale=None, variant="auto"):
     """CPU: the float64 emulation of the kernel's scheme (the kernel variant does not change it)."""
     from .emulation import emulate_fp8_attention
 
-    _refuse_grad(q, k, v)
+    refuse_grad(q, k, v)
     _check(q, k, v, variant)
     return emulate_fp8_attention(q, k, v, scale, out_dtype=q.dtype).contiguous()
 
 
 def _fp8_attention_fake(q, k, v, scale=None, variant="auto"):
     """Shapes and dtypes only: [B, Sq, H, Dv] contiguous in q's dtype, on q's device."""
-    _refuse_grad(q, k, v)
+    refuse_grad(q, k, v)
     _check(q, k, v, variant)
     return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
 
 
 def _fp8_attention_prologue_cuda(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, scale=None, variant="auto"):
     """CUDA: the attention of RoPE(RMSNorm(q) * wq), RoPE(RMSNorm(k) * wk) and v, the prologue in the prep."""
-    from .interface import fp8_attention
-
-    _refuse_grad(q, k, v, norm_q_weight, norm_k_weight, cos, sin)
+    refuse_grad(q, k, v, norm_q_weight, norm_k_weight, cos, sin)
     prologue = Prologue(norm_q_weight, norm_k_weight, eps, cos, sin)
     return fp8_attention(q, k, v, scale=scale, kernel=variant, prologue=prologue)
 
@@ -123,7 +121,7 @@ def prologue_op_reason(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, var
 
 
 def _check_prologue(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, variant) -> Prologue:
-    _refuse_grad(q, k, v, norm_q_weight, norm_k_weight, cos, sin)
+    refuse_grad(q, k, v, norm_q_weight, norm_k_weight, cos, sin)
     reason = prologue_op_reason(q, k, v, norm_q_weight, norm_k_weight, eps, cos, sin, variant)
     if reason is not None:
         raise Fp8AttentionUnsupported(reason)
