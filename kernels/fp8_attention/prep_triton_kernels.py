@@ -278,23 +278,24 @@ def _fp8_prep_single_kernel(q_ptr, k_ptr, v_ptr, out_q, out_k, out_v, descale_pt
         _prep_head(v_ptr, descale_ptr + 2 * BH, out_v, b, h, H, Skv, Skv_pad, svb, svs, svh, D, BLOCK, True)
 
 
-# Compiled kernels by (kernel name, launch spec): see `_launch`. Bounded: a caller cycling through more specs than
-# this starts over (each miss costs one JIT launch, ~10 us more, and no compile: Triton keeps its own cache).
+# Launchers of compiled kernels by (kernel name, launch spec, grid, constexprs): see `_launch`. Bounded: a caller
+# cycling through more specs than this starts over (a miss costs one JIT launch, ~10 us more, and no compile:
+# Triton keeps its own cache).
 _compiled: dict = {}
 MAX_COMPILED_LAUNCHES = 1024
 
 
 def _launch(kernel, grid: tuple, args: tuple, constexprs: dict, spec: tuple) -> None:
     """kernel[grid](*args, **constexprs), through Triton's JIT the first time for this `spec` (binding and
-    specializing the arguments, compiling if needed) and afterwards as the compiled kernel it returned: 9
+    specializing the arguments, compiling if needed) and afterwards through the compiled kernel it returned: 9
     against 18 us of host time per launch on the H200's host (B1 H1 S128). Sound because `spec`
     (`prep.launch_spec`) fixes everything the JIT specializes on: the integers' values and each pointer's
     dtype and 16-byte alignment (the outputs are fresh allocations, aligned). grid has three entries;
     constexprs are given in the kernel's parameter order (they are passed by position)."""
-    key = (kernel.__name__, spec, *constexprs.values())
-    compiled = _compiled.get(key)
-    if compiled is not None:
-        compiled[grid](*args, *constexprs.values())
+    key = (kernel.__name__, spec, grid, *constexprs.values())
+    launcher = _compiled.get(key)
+    if launcher is not None:
+        launcher(*args, *constexprs.values())
         return
     compiled = kernel[grid](*args, **constexprs)
     if compiled is None:  # Triton's interpreter (the CPU tests) compiles nothing: it runs each launch
@@ -302,7 +303,7 @@ def _launch(kernel, grid: tuple, args: tuple, constexprs: dict, spec: tuple) -> 
     assert tuple(constexprs) == tuple(kernel.arg_names[len(args):]), "constexprs out of the kernel's order"
     if len(_compiled) >= MAX_COMPILED_LAUNCHES:
         _compiled.clear()
-    _compiled[key] = compiled
+    _compiled[key] = compiled[grid]
 
 
 def launch_prep(q, k, v, out_q, out_k, out_v, descale, prologue, spec: tuple) -> None:

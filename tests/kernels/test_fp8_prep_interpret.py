@@ -251,6 +251,8 @@ def test_launch_goes_through_the_jit_once_per_spec_then_as_the_compiled_kernel(m
     assert launches[1] == ("compiled", (2, 3, 1), ("x", 7, 64, 32))  # constexprs passed by position, in order
     tk._launch(kernel, (2, 3, 1), ("x", 7), dict(D=128, BLOCK=32), "a")  # another constexpr: its own entry
     assert launches[-1][0] == "jit"
+    tk._launch(kernel, (4, 3, 1), ("x", 7), dict(D=64, BLOCK=32), "a")  # another grid: its own entry
+    assert launches[-1][:2] == ("jit", (4, 3, 1))
     with pytest.raises(AssertionError, match="order"):
         tk._launch(kernel, (1, 1, 1), ("x", 7), dict(BLOCK=32, D=64), "c")
 
@@ -264,4 +266,4 @@ def test_launch_keeps_nothing_from_the_interpreter_and_stays_bounded(monkeypatch
     monkeypatch.setattr(tk, "MAX_COMPILED_LAUNCHES", 3)
     for spec in range(5):
         tk._launch(_FakeJit(launches), (1, 1, 1), ("x", 7), dict(D=64, BLOCK=32), spec)
-    assert len(tk._compiled) <= 3 and ("fake_kernel", 4, 64, 32) in tk._compiled
+    assert len(tk._compiled) <= 3 and ("fake_kernel", 4, (1, 1, 1), 64, 32) in tk._compiled
