@@ -173,17 +173,20 @@ def main():
     # ---------------------------------------------------------------- quick check of every variant
     q, k, v = random_qkv(2, 1000, 700, 3, args.head_dim, True, seed=7)
     packed = prep_triton(q, k, v)
-    rounded_sums = lambda variant: at(variant, args.head_dim, packed.seqlen_kv).pv_row_sum
-    block_keys = at(variants[0], args.head_dim, packed.seqlen_kv).tile_n
-    emu = {rounded: emulate_fp8_attention(q, k, v, block_keys=block_keys, reverse=True, rounded_row_sum=rounded)
-           for rounded in {rounded_sums(v) for v in variants}}  # each variant against the emulation of its row sums
+    def scheme(variant):  # what the emulation must match of a variant: its key block and its row sums
+        resolved = at(variant, args.head_dim, packed.seqlen_kv)
+        return resolved.tile_n, resolved.pv_row_sum
+
+    emu = {(block_keys, rounded): emulate_fp8_attention(q, k, v, block_keys=block_keys, reverse=True,
+                                                        rounded_row_sum=rounded)
+           for block_keys, rounded in {scheme(variant) for variant in variants}}
     report["quick_check"] = {}
     for variant in variants:
         out = torch.full_like(q, float("nan"))
         try:
             run(packed, out, None, variant)
             torch.cuda.synchronize()
-            report["quick_check"][label(variant)] = round(100 * rel_rms_err(out, emu[rounded_sums(variant)]), 3)
+            report["quick_check"][label(variant)] = round(100 * rel_rms_err(out, emu[scheme(variant)]), 3)
         except Exception as e:  # noqa: BLE001
             report["quick_check"][label(variant)] = f"{type(e).__name__}: {e}"[:300]
     print(f"quick check, % rel RMS vs emulation (B2 Sq1000 Skv700 D{args.head_dim}, outliers):", report["quick_check"])
