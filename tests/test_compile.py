@@ -33,10 +33,10 @@ def test_a_compiled_patched_model_is_one_graph_served_by_the_op(op_backend):
     model, inputs = tiny_h3_transformer(H3_LAYERS, H3_REFINER_LAYERS)
     calls_per_forward = H3_LAYERS + H3_REFINER_LAYERS
     with torch.no_grad(), use_attention_backend(model, "fp8-op") as routed:
-        eager = model(**inputs)[0]
         counter = CompileCounterWithBackend("inductor")
         compiled = torch.compile(model, backend=counter, fullgraph=True)
-        outputs = [compiled(**inputs)[0] for _ in range(1 + CALLS)]
+        outputs = [compiled(**inputs)[0] for _ in range(1 + CALLS)]  # compiled first: no counter exists before
+        eager = model(**inputs)[0]
         explanation = torch._dynamo.explain(model)(**inputs)
     assert counter.frame_count == 1  # one compile serves every later call: the counters do not recompile
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1

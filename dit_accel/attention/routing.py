@@ -89,6 +89,7 @@ class RoutedBackend(CountedCalls):
 
             self._fallback_values = {ROUTED_REASON.format(name): AttentionBackendName(get_backend(name).diffusers_backend)
                                      for name in self.crossover.fallbacks}
+            self.counts.expect(*self._fallback_values)  # in place before a compiled graph counts a routed call
 
     def count_served(self) -> None:
         """One call answered by our backend outside `dispatch` (a fused path that asked `decline_reason`)."""
