@@ -137,3 +137,28 @@ def test_recipes_a_run_cannot_honour_are_refused_before_it_starts(tmp_path, args
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: ") and words in result.output and result.output.count("\n") == 1
     assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
+def test_the_fp8_backend_emits_the_op_when_traced_and_refuses_grad_first_either_way(monkeypatch):
+    """`get_backend("fp8").run` traced by torch.compile (fullgraph) is the custom op: with `can_implement` let
+    through for CPU tensors, the compiled call runs the op's CPU emulation, bit for bit. Eager, the backend calls
+    the function, which refuses CPU tensors (BackendCannotServe); inputs that require grad are refused before
+    that (Fp8AttentionNoGrad), as the op refuses them."""
+    from dit_accel.attention.backends import BackendCannotServe, get_backend
+    from dit_accel.kernels.fp8_attention import op
+    from dit_accel.kernels.fp8_attention.op import Fp8AttentionNoGrad
+
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 24, 2, 64, generator=generator).to(torch.bfloat16) for _ in range(3))
+    run = get_backend("fp8").run
+    with pytest.raises(BackendCannotServe, match="CUDA device"):
+        run(q, k, v)
+    with pytest.raises(Fp8AttentionNoGrad):
+        run(q.requires_grad_(), k, v)
+    q.requires_grad_(False)
+    torch._dynamo.reset()
+    monkeypatch.setattr(op, "can_implement", lambda q, k, v, kernel="auto": None)
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(run, backend=counter, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), emulate_fp8_attention(q, k, v, out_dtype=q.dtype), rtol=0, atol=0)
+    assert counter.frame_count == 1 and counter.op_count >= 1

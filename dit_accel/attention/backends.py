@@ -159,7 +159,8 @@ def _fp8_op():
 
 class _Fp8CannotServe:
     """Context: the kernel's Fp8AttentionUnsupported (head dim, dtype, device) as our BackendCannotServe.
-    A class, not a @contextmanager generator, which costs ~1 us more on every call."""
+    A class, not a @contextmanager generator, which costs ~1 us more on every call; stateless, so one
+    instance serves every call."""
 
     def __enter__(self) -> None:
         return None
@@ -170,23 +171,29 @@ class _Fp8CannotServe:
         return False
 
 
+_FP8_CANNOT_SERVE = _Fp8CannotServe()
+
+
 def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, *,
              kernel: str = "auto") -> torch.Tensor:
     """Prep (quantize + pack) and kernel. Traced by torch.compile, the custom op
     `torch.ops.dit_accel.fp8_attention`: one opaque node, refused at trace time from the tensors'
     metadata alone (`can_implement`: CUDA tensors only; the op's CPU emulation is for tests). Eager,
     what the op's CUDA implementation runs, called directly: the same checks and launches (CUDA graphs
-    capture them as they are), without the dispatcher's ~10 us of host time per call."""
+    capture them as they are), without the dispatcher's ~10 us of host time per call. Either way, as in
+    the op, inputs autograd could ask a gradient of are refused first (`Fp8AttentionNoGrad`; the router
+    declines such calls before they get here)."""
     if torch.compiler.is_compiling():  # imported here: dynamo warns on functools.cache functions it traces
-        from ..kernels.fp8_attention.op import FP8_ATTENTION, can_implement
+        from ..kernels.fp8_attention.op import FP8_ATTENTION, can_implement, refuse_grad
 
+        refuse_grad(q, k, v)
         reason = can_implement(q, k, v, kernel)
         if reason is not None:
             raise BackendCannotServe(reason)
         return FP8_ATTENTION(q, k, v, scale, kernel)
     op = _fp8_op()
     op.refuse_grad(q, k, v)
-    with _Fp8CannotServe():
+    with _FP8_CANNOT_SERVE:
         return op.fp8_attention(q, k, v, scale=scale, kernel=kernel)
 
 
@@ -204,14 +211,14 @@ def _fp8_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
                  kernel: str = "auto") -> Fp8Prepared:
     from ..kernels.fp8_attention import prep_fp8_attention
 
-    with _Fp8CannotServe():
+    with _FP8_CANNOT_SERVE:
         return Fp8Prepared(prep_fp8_attention(q, k, v), q.dtype, scale, kernel)
 
 
 def _fp8_kernel(prepared: Fp8Prepared) -> torch.Tensor:
     from ..kernels.fp8_attention import fp8_attention_packed
 
-    with _Fp8CannotServe():
+    with _FP8_CANNOT_SERVE:
         return fp8_attention_packed(prepared.packed, out_dtype=prepared.out_dtype, scale=prepared.scale,
                                     kernel=prepared.kernel)
 

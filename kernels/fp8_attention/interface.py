@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from .prep import PackedQKV, Prologue, launch_spec, prep_reference, prep_triton, prologue_reason
+from .prep import PackedQKV, Prologue, launch_spec, prep_reference, prep_triton, prep_triton_with_spec, prologue_reason
 from .support import Fp8AttentionUnsupported, check_can_implement, device_capability, on_device, resolve_kernel
 from .tuning import default_options, persistent_pays
 
@@ -104,6 +104,6 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
         if len(_passed_checks) >= MAX_PASSED_CHECKS:
             _passed_checks.clear()
         _passed_checks.add((spec, kernel))
-    packed = prep_triton(q, k, v, prologue, spec)
+    packed = prep_triton_with_spec(q, k, v, prologue, spec)
     return fp8_attention_packed(packed, out_dtype=q.dtype, scale=scale, return_lse=return_lse,
                                 kernel=kernel)

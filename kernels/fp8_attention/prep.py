@@ -153,7 +153,8 @@ def prep_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def launch_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Prologue | None = None) -> tuple:
     """What decides how prep launches for these inputs and whether they pass the checks, from their metadata:
-    shapes, strides, dtypes, devices and each tensor's alignment (its address mod 16), of q, k, v and the
+    shapes, strides, dtypes, devices and each tensor's alignment (its address mod 16, which also tells apart
+    any alignment split finer than Triton's divisible-by-16-or-not), of q, k, v and the
     prologue's tensors. Calls with equal specs pass the same values to the same compiled Triton kernels but for
     the tensors' addresses (`prep_triton_kernels._launch`), and get the same answer from `support.can_implement`
     and `prologue_reason` (`interface.fp8_attention`)."""
@@ -165,12 +166,18 @@ def launch_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Pro
     return spec + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
 
 
-def prep_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Prologue | None = None,
-                spec: tuple | None = None) -> PackedQKV:
+def prep_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Prologue | None = None) -> PackedQKV:
     """Same contract as `prep_reference`, on CUDA: one Triton launch for short sequences without the
     prologue, else two (amax, then scales and packing; `prep_triton_kernels.launch_prep` picks) for the
-    three tensors, reading any [B, S, H, D] strides (innermost stride 1). spec: `launch_spec(q, k, v,
-    prologue)`, if the caller has it."""
+    three tensors, reading any [B, S, H, D] strides (innermost stride 1)."""
+    return prep_triton_with_spec(q, k, v, prologue, launch_spec(q, k, v, prologue))
+
+
+def prep_triton_with_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Prologue | None,
+                          spec: tuple) -> PackedQKV:
+    """`prep_triton` for a caller that has `launch_spec(q, k, v, prologue)` already (`interface.fp8_attention`
+    builds it once for its checks and the launches). It must be that spec: the compiled launches are keyed by
+    it, and another tensors' spec would reuse a kernel specialized for them."""
     from . import prep_triton_kernels as tk
 
     b, sq, h, d = q.shape
@@ -184,6 +191,5 @@ def prep_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Pro
     fields = None if prologue is None else (prologue.norm_q_weight, prologue.norm_k_weight, prologue.eps,
                                             prologue.cos, prologue.sin)
     with on_device(device):
-        tk.launch_prep(q, k, v, out_q, out_k, out_v, descale, fields,
-                       launch_spec(q, k, v, prologue) if spec is None else spec)
+        tk.launch_prep(q, k, v, out_q, out_k, out_v, descale, fields, spec)
     return PackedQKV(out_q, out_k, out_v, descale, b, h, sq, skv, d)

@@ -34,8 +34,8 @@ would read the [S, R] fp32 tables once per head, three times the bytes of q and 
 Every launch goes through `_launch`: Triton's JIT the first time for a launch spec (`prep.launch_spec`: the
 inputs' shapes, strides, dtypes, devices and alignments), then the compiled kernel it returned, which skips
 the JIT's per-call binding and specialization (half of a launch's host time). Turning the specialization off
-instead, so that one compiled kernel would serve every spec, cost 4-6x the GPU time of the one-launch path
-(H1 S128 20.1 against 3.5 us: no vector loads or stores without known alignment).
+instead, so that one compiled kernel would serve every spec, cost 3.5-5.7x the GPU time of the one-launch
+path (H1 S128 20.1 against 3.5 us, H56 S2048 310 against 89: no vector loads or stores without known alignment).
 """
 import torch
 import triton
@@ -290,17 +290,20 @@ def _launch(kernel, grid: tuple, args: tuple, constexprs: dict, spec: tuple) -> 
     specializing the arguments, compiling if needed) and afterwards through the compiled kernel it returned: 9
     against 18 us of host time per launch on the H200's host (B1 H1 S128). Sound because `spec`
     (`prep.launch_spec`) fixes everything the JIT specializes on: the integers' values and each pointer's
-    dtype and 16-byte alignment (the outputs are fresh allocations, aligned). grid has three entries;
-    constexprs are given in the kernel's parameter order (they are passed by position)."""
+    dtype and 16-byte alignment (the outputs are fresh allocations, aligned); the one float, eps, is always
+    a Python float (`launch_prep`), which the JIT does not specialize by value. grid has three entries;
+    constexprs are given in the kernel's parameter order, after every runtime argument (they are passed by
+    position)."""
     key = (kernel.__name__, spec, grid, *constexprs.values())
     launcher = _compiled.get(key)
     if launcher is not None:
         launcher(*args, *constexprs.values())
         return
+    if tuple(constexprs) != tuple(kernel.arg_names[len(args):]):
+        raise ValueError(f"{kernel.__name__}: constexprs {tuple(constexprs)} are not its last parameters in order")
     compiled = kernel[grid](*args, **constexprs)
     if compiled is None:  # Triton's interpreter (the CPU tests) compiles nothing: it runs each launch
         return
-    assert tuple(constexprs) == tuple(kernel.arg_names[len(args):]), "constexprs out of the kernel's order"
     if len(_compiled) >= MAX_COMPILED_LAUNCHES:
         _compiled.clear()
     _compiled[key] = compiled[grid]
@@ -325,6 +328,7 @@ def launch_prep(q, k, v, out_q, out_k, out_v, descale, prologue, spec: tuple) ->
         eps, stride_cos, stride_sin, half, block, heads = 0.0, 0, 0, 0, BLOCK_S, 1
     else:
         wq, wk, eps, cos, sin = prologue
+        eps = float(eps)  # an int eps would be specialized by value (1 as a constexpr), which spec does not hold
         stride_cos, stride_sin, half = cos.stride(0), sin.stride(0), cos.shape[1] // 2
         block, heads = PROLOGUE_BLOCK_S, min(PROLOGUE_HEADS, h)
     groups = triton.cdiv(h, heads)

@@ -99,22 +99,28 @@ def test_single_launch_prep_matches_reference_bitwise(monkeypatch, b, h, sq, skv
 
 @pytest.mark.parametrize("one_launch", [True, False])
 def test_prep_relaunches_compiled_kernels_only_for_equal_specs(monkeypatch, one_launch):
-    """Prep launches a kernel through Triton's JIT once per launch spec and then as the compiled kernel that
+    """Prep launches a kernel through Triton's JIT once per launch spec and then through the compiled kernel that
     returned (`prep_triton_kernels._launch`). Each case runs twice (JIT, then compiled) and must match the
     spec bit for bit both times; the cases differ in what Triton specializes on: H = 1, lengths and strides
-    divisible by 16 or not, fused-projection strides, and the same shapes and strides 16-byte aligned and
-    then 2 bytes off (a compiled kernel reused across that would issue misaligned vector loads)."""
+    divisible by 16 or not, odd strides, fused-projection strides, and contiguous tensors 16-byte aligned and
+    then 2 bytes off (with their strides divisible by 16, the aligned kernel loads 16 bytes at a time: reused
+    for the others, those loads would be misaligned)."""
     force_path(monkeypatch, tk, one_launch)
     monkeypatch.setattr(tk, "_compiled", {})
 
-    def in_wider_last_dim(offset, *shape):  # views into [..., D + 1] storage: odd strides, aligned or 2 bytes off
-        return tuple(torch.cat((x, x[..., :1]), dim=-1)[..., :-1] if offset == 0 else
-                     torch.cat((x[..., :1], x), dim=-1)[..., 1:] for x in random_qkv(*shape))
+    def offset_by(x, elements):  # the same values, contiguous, starting `elements` elements into their storage
+        storage = torch.empty(x.numel() + elements, dtype=x.dtype, device=x.device)
+        return storage[elements:].view(x.shape).copy_(x)
 
-    aligned, off = in_wider_last_dim(0, 2, 17, 65, 3, 128), in_wider_last_dim(1, 2, 17, 65, 3, 128)
-    assert aligned[0].stride() == off[0].stride() and aligned[0].data_ptr() % 16 == 0 and off[0].data_ptr() % 16 == 2
-    cases = (random_qkv(1, 128, 128, 1, 128), aligned, off, in_layout(*random_qkv(1, 129, 129, 10, 128), "qkv"),
-             random_qkv(2, 256, 32, 5, 64))
+    def odd_strides(x):  # a view into [..., D + 1] storage
+        return torch.cat((x, x[..., :1]), dim=-1)[..., :-1]
+
+    aligned = random_qkv(2, 17, 64, 3, 128)
+    off = tuple(offset_by(x, 1) for x in aligned)
+    assert off[0].stride() == aligned[0].stride() and off[0].stride(1) % 16 == 0
+    assert aligned[0].data_ptr() % 16 == 0 and all(x.data_ptr() % 16 == 2 for x in off)
+    cases = (random_qkv(1, 128, 128, 1, 128), aligned, off, tuple(map(odd_strides, random_qkv(2, 17, 65, 3, 128))),
+             in_layout(*random_qkv(1, 129, 129, 10, 128), "qkv"), random_qkv(2, 256, 32, 5, 64))
     for q, k, v in cases:
         want = prep_reference(q, k, v)
         for _ in range(2):

@@ -253,8 +253,10 @@ def test_launch_goes_through_the_jit_once_per_spec_then_as_the_compiled_kernel(m
     assert launches[-1][0] == "jit"
     tk._launch(kernel, (4, 3, 1), ("x", 7), dict(D=64, BLOCK=32), "a")  # another grid: its own entry
     assert launches[-1][:2] == ("jit", (4, 3, 1))
-    with pytest.raises(AssertionError, match="order"):
+    launched = len(launches)
+    with pytest.raises(ValueError, match="in order"):
         tk._launch(kernel, (1, 1, 1), ("x", 7), dict(BLOCK=32, D=64), "c")
+    assert len(launches) == launched  # refused before anything launched
 
 
 def test_launch_keeps_nothing_from_the_interpreter_and_stays_bounded(monkeypatch):
@@ -267,3 +269,15 @@ def test_launch_keeps_nothing_from_the_interpreter_and_stays_bounded(monkeypatch
     for spec in range(5):
         tk._launch(_FakeJit(launches), (1, 1, 1), ("x", 7), dict(D=64, BLOCK=32), spec)
     assert len(tk._compiled) <= 3 and ("fake_kernel", 4, (1, 1, 1), 64, 32) in tk._compiled
+
+
+def test_prologue_eps_reaches_the_kernels_as_a_float(monkeypatch):
+    """An int eps (Prologue(..., 1, ...)) would be specialized by value, outside the launch spec that keys the
+    compiled launches: prep passes it as a float."""
+    import dataclasses
+
+    seen = []
+    monkeypatch.setattr(tk, "_launch", lambda kernel, grid, args, constexprs, spec: seen.append(args[-1]))
+    q, k, v = make_inputs(1, 40, 40, 2, 64, "contiguous")
+    prep_triton(q, k, v, dataclasses.replace(make_prologue(40, 64, 64), eps=1))
+    assert len(seen) == 2 and all(type(eps) is float and eps == 1.0 for eps in seen)
