@@ -34,7 +34,7 @@ class CallCounts:
     def count(self, reason: str | None) -> None:
         """One call: served (None) or declined for `reason`."""
         count = self._counts.get(reason)
-        if count is None:
+        if count is None:  # a reason nobody expected: created here (inside a compiled graph, one recompile)
             count = self._counts[reason] = torch.zeros((), dtype=torch.int64)
         count.add_(1)
 
