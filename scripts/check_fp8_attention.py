@@ -9,6 +9,7 @@ caught and reported on its own; cases past the time budget are reported as skipp
 """
 import argparse
 import glob
+import itertools
 import json
 import os
 import subprocess
@@ -56,15 +57,11 @@ def time_cases(cases, report: dict, shape: str, flop: int, out_of_time, *, iters
         else:
             attempt(entry, lambda: [fn() for _ in range(warmup)])
     live = [case for case in timed if not {"error", "skipped"} & case[0].keys()]
-    for _ in range(iters):
-        for entry, fn, samples in live:
-            if out_of_time():
-                break
-            if "error" not in entry:
-                attempt(entry, lambda: (fn(), samples.append(event_ms(fn))))
-        else:
-            continue
-        break  # out of time within a round: each case keeps the samples it has
+    for entry, fn, samples in itertools.chain.from_iterable(itertools.repeat(live, iters)):  # round by round
+        if out_of_time():
+            break  # each case keeps the samples it has
+        if "error" not in entry:
+            attempt(entry, lambda: (fn(), samples.append(event_ms(fn))))
     for entry, _, samples in live:
         if "error" in entry:
             continue
