@@ -35,7 +35,8 @@ class CallCounts:
         """One call: served (None) or declined for `reason`."""
         count = self._counts.get(reason)
         if count is None:  # a reason nobody expected: created here (inside a compiled graph, one recompile)
-            count = self._counts[reason] = torch.zeros((), dtype=torch.int64)
+            self.expect(reason)
+            count = self._counts[reason]
         count.add_(1)
 
     @property
