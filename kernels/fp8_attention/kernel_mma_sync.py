@@ -160,7 +160,7 @@ class Fp8AttentionMmaSync:
         gK = cute.local_tile(mK[bh, None, None], (KEYS, D), (None, 0))  # (32, D, n_tiles)
         gV = cute.local_tile(mV[bh, None, None], (D, KEYS), (0, None))  # (D, 32, n_tiles)
 
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.q.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.k.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.v.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)

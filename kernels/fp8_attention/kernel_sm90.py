@@ -50,8 +50,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
-from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.utils import LayoutEnum
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
 
 from .epilogue import store_row
 from .layout import KEYS, LOG2_E, P_SCALE_LOG2
@@ -253,14 +253,14 @@ class Fp8AttentionSm90:
 
         # The consumer warpgroups stacked along M, each one wgmma of 64 rows.
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
-            fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+            fp8, fp8, OperandMajorMode.K, OperandMajorMode.K, Float32,
             atom_layout_mnk=(self.consumer_warpgroups, 1, 1), tiler_mn=(64, N))
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
-            fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+            fp8, fp8, OperandMajorMode.K, OperandMajorMode.K, Float32,
             atom_layout_mnk=(self.consumer_warpgroups, 1, 1), tiler_mn=(64, D),
             a_source=warpgroup.OperandSource.RMEM)
         tiled_mma_sum = sm90_utils.make_trivial_tiled_mma(
-            fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+            fp8, fp8, OperandMajorMode.K, OperandMajorMode.K, Float32,
             atom_layout_mnk=(self.consumer_warpgroups, 1, 1), tiler_mn=(64, ROW_SUM_COLS),
             a_source=warpgroup.OperandSource.RMEM)
 
@@ -309,7 +309,7 @@ class Fp8AttentionSm90:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V):
                 cpasync.prefetch_descriptor(atom)
 
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.q.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (M, D, q_stages)
         sK = storage.k.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (N, D, stages)
         sV = storage.v.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (D, N, stages)
