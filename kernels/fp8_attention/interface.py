@@ -21,15 +21,15 @@ import math
 
 import torch
 
+from .memo import BoundedMemo
 from .prep import PackedQKV, Prologue, launch_spec, prep_reference, prep_triton, prep_triton_with_spec, prologue_reason
 from .support import Fp8AttentionUnsupported, check_can_implement, device_capability, on_device, resolve_kernel
 from .tuning import default_options, persistent_pays
 
 _plans: dict = {}
 # (prep.launch_spec, kernel) of inputs fp8_attention checked and took: a call like one before skips the checks
-# (~4 us of host time). Bounded as prep's compiled launches are.
-_passed_checks: set = set()
-MAX_PASSED_CHECKS = 1024
+# (~4 us of host time).
+_passed_checks = BoundedMemo(1024)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str, prologue: Prologue | None) -> None:
@@ -101,9 +101,7 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
     spec = launch_spec(q, k, v, prologue)
     if (spec, kernel) not in _passed_checks:  # the checks read only what the spec holds
         _check(q, k, v, kernel, prologue)
-        if len(_passed_checks) >= MAX_PASSED_CHECKS:
-            _passed_checks.clear()
-        _passed_checks.add((spec, kernel))
+        _passed_checks.remember((spec, kernel))
     packed = prep_triton_with_spec(q, k, v, prologue, spec)
     return fp8_attention_packed(packed, out_dtype=q.dtype, scale=scale, return_lse=return_lse,
                                 kernel=kernel)

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from .layout import E4M3_MAX
+from .memo import BoundedMemo
 
 BLOCK_S = 64  # rows per program; a multiple of 16 so V's key permutation stays inside it
 PROLOGUE_BLOCK_S = 32  # rows per prologue program: its cos/sin tiles stay in registers
@@ -278,11 +279,9 @@ def _fp8_prep_single_kernel(q_ptr, k_ptr, v_ptr, out_q, out_k, out_v, descale_pt
         _prep_head(v_ptr, descale_ptr + 2 * BH, out_v, b, h, H, Skv, Skv_pad, svb, svs, svh, D, BLOCK, True)
 
 
-# Launchers of compiled kernels by (kernel name, launch spec, grid, constexprs): see `_launch`. Bounded: a caller
-# cycling through more specs than this starts over (a miss costs one JIT launch, ~10 us more, and no compile:
-# Triton keeps its own cache).
-_compiled: dict = {}
-MAX_COMPILED_LAUNCHES = 1024
+# Launchers of compiled kernels by (kernel name, launch spec, grid, constexprs): see `_launch`. A miss costs one
+# JIT launch, ~10 us more, and no compile (Triton keeps its own cache).
+_compiled = BoundedMemo(1024)
 
 
 def _launch(kernel, grid: tuple, args: tuple, constexprs: dict, spec: tuple) -> None:
@@ -304,9 +303,7 @@ def _launch(kernel, grid: tuple, args: tuple, constexprs: dict, spec: tuple) -> 
     compiled = kernel[grid](*args, **constexprs)
     if compiled is None:  # Triton's interpreter (the CPU tests) compiles nothing: it runs each launch
         return
-    if len(_compiled) >= MAX_COMPILED_LAUNCHES:
-        _compiled.clear()
-    _compiled[key] = compiled[grid]
+    _compiled.remember(key, compiled[grid])
 
 
 def launch_prep(q, k, v, out_q, out_k, out_v, descale, prologue, spec: tuple) -> None:

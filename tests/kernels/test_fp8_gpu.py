@@ -11,6 +11,7 @@ from dit_accel.attention.reference import (  # noqa: E402
     random_qkv, reference_attention, reference_lse, rel_rms_err)
 from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention  # noqa: E402
 from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk  # noqa: E402
+from dit_accel.kernels.fp8_attention.memo import BoundedMemo  # noqa: E402
 from dit_accel.kernels.fp8_attention.prep import prep_reference, prep_triton  # noqa: E402
 from prep_launches import add_special_heads, count_launches, force_path, in_layout  # noqa: E402
 
@@ -106,7 +107,7 @@ def test_prep_relaunches_compiled_kernels_only_for_equal_specs(monkeypatch, one_
     then 2 bytes off (with their strides divisible by 16, the aligned kernel loads 16 bytes at a time: reused
     for the others, those loads would be misaligned)."""
     force_path(monkeypatch, tk, one_launch)
-    monkeypatch.setattr(tk, "_compiled", {})
+    monkeypatch.setattr(tk, "_compiled", BoundedMemo(1024))
 
     def offset_by(x, elements):  # the same values, contiguous, starting `elements` elements into their storage
         storage = torch.empty(x.numel() + elements, dtype=x.dtype, device=x.device)
@@ -136,7 +137,7 @@ def test_checks_run_once_per_launch_spec(monkeypatch):
     one included, is checked again (and a refusal is not remembered)."""
     from dit_accel.kernels.fp8_attention import Fp8AttentionUnsupported, interface
 
-    monkeypatch.setattr(interface, "_passed_checks", set())
+    monkeypatch.setattr(interface, "_passed_checks", BoundedMemo(1024))
     checked, check = [], interface._check
     monkeypatch.setattr(interface, "_check", lambda *args: checked.append(args[3]) or check(*args))
     q, k, v = random_qkv(1, 128, 128, 2, 128)

@@ -195,3 +195,20 @@ def test_launch_spec_tells_apart_what_triton_specializes_and_the_checks_read():
     assert with_prologue != launch_spec(q, q, q)
     assert with_prologue != launch_spec(q, q, q, Prologue(torch.ones(d), torch.ones(d), 1e-6, torch.ones(s, 16),
                                                           torch.zeros(s, 16)))
+
+
+def test_the_host_path_memos_start_over_when_full():
+    """fp8_attention's passed checks and prep's compiled launches (checked with the interpreter) are
+    BoundedMemos: a key is remembered until a new one would take the memo past its limit; then the memo starts
+    over with the new key alone."""
+    from dit_accel.kernels.fp8_attention import interface
+    from dit_accel.kernels.fp8_attention.memo import BoundedMemo
+
+    memo = BoundedMemo(2)
+    memo.remember("a")
+    memo.remember("b", 2)
+    memo.remember("b", 3)  # a key it holds: replaced, nothing forgotten
+    assert memo == {"a": None, "b": 3}
+    memo.remember("c")
+    assert memo == {"c": None}
+    assert isinstance(interface._passed_checks, BoundedMemo) and interface._passed_checks.limit == 1024

@@ -53,6 +53,7 @@ def _interpreted_kernels():
 
 tk = _interpreted_kernels()
 
+from dit_accel.kernels.fp8_attention.memo import BoundedMemo  # noqa: E402
 from dit_accel.kernels.fp8_attention.prep import Prologue, apply_prologue, prep_triton  # noqa: E402
 from prep_launches import add_special_heads, count_launches, force_path, in_layout  # noqa: E402
 
@@ -242,7 +243,7 @@ class _FakeCompiled:
 
 
 def test_launch_goes_through_the_jit_once_per_spec_then_as_the_compiled_kernel(monkeypatch):
-    monkeypatch.setattr(tk, "_compiled", {})
+    monkeypatch.setattr(tk, "_compiled", BoundedMemo(1024))
     launches = []
     kernel = _FakeJit(launches)
     for spec in ("a", "a", "b", "a"):
@@ -260,12 +261,12 @@ def test_launch_goes_through_the_jit_once_per_spec_then_as_the_compiled_kernel(m
 
 
 def test_launch_keeps_nothing_from_the_interpreter_and_stays_bounded(monkeypatch):
-    monkeypatch.setattr(tk, "_compiled", {})
+    monkeypatch.setattr(tk, "_compiled", BoundedMemo(1024))
     launches = []
     for _ in range(2):
         tk._launch(_FakeJit(launches, compiles=False), (1, 1, 1), ("x", 7), dict(D=64, BLOCK=32), "a")
     assert [entry[0] for entry in launches] == ["jit", "jit"] and tk._compiled == {}
-    monkeypatch.setattr(tk, "MAX_COMPILED_LAUNCHES", 3)
+    monkeypatch.setattr(tk, "_compiled", BoundedMemo(3))
     for spec in range(5):
         tk._launch(_FakeJit(launches), (1, 1, 1), ("x", 7), dict(D=64, BLOCK=32), spec)
     assert len(tk._compiled) <= 3 and ("fake_kernel", 4, (1, 1, 1), 64, 32) in tk._compiled
