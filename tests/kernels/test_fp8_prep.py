@@ -198,8 +198,8 @@ def test_launch_spec_tells_apart_what_triton_specializes_and_the_checks_read():
 
 
 def test_the_host_path_memos_start_over_when_full():
-    """fp8_attention's passed checks and prep's compiled launches (checked with the interpreter) are
-    BoundedMemos: a key is remembered until a new one would take the memo past its limit; then the memo starts
+    """fp8_attention's passed checks and prep's compiled launches (the latter checked in the interpreter's tests)
+    are BoundedMemos: a key is remembered until a new one would take the memo past its limit; then the memo starts
     over with the new key alone."""
     from dit_accel.kernels.fp8_attention import interface
     from dit_accel.kernels.fp8_attention.memo import BoundedMemo
