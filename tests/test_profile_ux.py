@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -126,6 +127,43 @@ def test_kineto_markers_are_dropped_and_everything_else_passes(capfd):
     err = capfd.readouterr().err
     assert "profiler_start" not in err and "profiler_stop" not in err
     assert "CUPTI_ERROR_NOT_INITIALIZED" in err
+
+
+def test_the_profiler_pass_drops_torchs_one_cycle_notice_and_nothing_else(tmp_path, monkeypatch):
+    """torch 2.11 warns at a fresh profiler's first start that it clears events at the end of each cycle (seen on
+    the H200); a profiler pass is one cycle. Here torch's start is made to warn so, and another warning beside it."""
+    start = torch.profiler.profile.prepare_trace
+
+    def prepare_trace(self):
+        warnings.warn("Warning: Profiler clears events at the end of each cycle.Only events from the current cycle "
+                      "will be reported.To keep events across cycles, set acc_events=True.", UserWarning)
+        warnings.warn("a profiler warning worth seeing", UserWarning)
+        start(self)
+
+    monkeypatch.setattr(torch.profiler.profile, "prepare_trace", prepare_trace)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run_cli("profile-block", *FAST, "--device", "cpu", "--quiet", "--out", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    messages = [str(w.message) for w in caught]
+    assert not any("Profiler clears events" in m for m in messages), messages
+    assert "a profiler warning worth seeing" in messages
+
+
+def test_a_command_run_drops_the_library_noise_it_lists_and_nothing_else():
+    from dit_accel.quiet import RUN_NOISE, quiet_run
+
+    fa4_compile = ("Argument aux_data (position 17) cannot be converted to a JitArgument for function 'cutlass___call___"
+                   "flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at_'. Its type `<class 'flash_attn."
+                   "cute.utils.AuxData'>` is not supported.")
+    assert any(source.startswith("CuTe DSL, compiling flash-attn-4") for _, _, source in RUN_NOISE)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with quiet_run():
+            warnings.warn(fa4_compile, UserWarning)
+            warnings.warn("No artists with labels found to put in legend.", UserWarning)
+            warnings.warn("Argument x cannot be converted", UserWarning)
+    assert [str(w.message) for w in caught] == ["Argument x cannot be converted"]
 
 
 def test_quiet_drops_the_progress_and_keeps_the_results(tmp_path):
