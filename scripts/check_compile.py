@@ -3,8 +3,8 @@
     python scripts/check_compile.py --out $OUT [--seq-len 30272] [--wan-seq-len 32760]
 
 For the MiniMax-H3 and Wan 2.1 blocks (synthetic weights, bf16) patched with `fp8`:
-  - torch._dynamo.explain of the patched block: graphs and graph breaks (the issue's "no graph
-    break at attention");
+  - torch._dynamo.explain of the patched block: graphs and graph breaks (no graph break at
+    attention);
   - torch.compile(block, fullgraph=True): compiles, output against the eager patched block, and
     every attention call still counted by the router;
   - the compiled call captured in a torch.cuda.CUDAGraph and replayed: same output;

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from attention_doubles import fake_backend  # noqa: F401 (a fixture, shared by every test module)
+from testing import DATA, fake_backend  # noqa: F401 (fake_backend: a fixture, shared by every test module)
 from safetensors.torch import save_file
 
 # MiniMax-H3's public checkpoint index (66.28 GB in 14 shards), copied from shared/h3/.
-REAL_H3_INDEX = Path(__file__).parent / "data" / "h3_transformer_index.json"
+REAL_H3_INDEX = DATA / "h3_transformer_index.json"
 
 # Same structure and key names as the real H3 transformer, shapes shrunk.
 TINY_H3_CONFIG = dict(

@@ -13,7 +13,7 @@ from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention  # n
 from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk  # noqa: E402
 from dit_accel.kernels.fp8_attention.memo import BoundedMemo  # noqa: E402
 from dit_accel.kernels.fp8_attention.prep import prep_reference, prep_triton  # noqa: E402
-from prep_launches import add_special_heads, count_launches, force_path, in_layout  # noqa: E402
+from testing import add_special_heads, count_launches, force_path, in_layout  # noqa: E402
 
 
 

@@ -55,7 +55,7 @@ tk = _interpreted_kernels()
 
 from dit_accel.kernels.fp8_attention.memo import BoundedMemo  # noqa: E402
 from dit_accel.kernels.fp8_attention.prep import Prologue, apply_prologue, prep_triton  # noqa: E402
-from prep_launches import add_special_heads, count_launches, force_path, in_layout  # noqa: E402
+from testing import add_special_heads, count_launches, force_path, in_layout  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -190,7 +190,7 @@ def test_prologue_prep_matches_the_plain_prep_of_its_spec(monkeypatch, b, h, s, 
 
 @pytest.mark.parametrize("sq, skv, plain_launches, prologue", [
     (*case, prologue) for case in [
-        (128, 128, 1),  # the 1x1x128x128
+        (128, 128, 1),  # 1x1x128x128, the shape of the per-call cost measurement
         (1, 1, 1),
         (256, 256, 1),  # Sq_pad = Skv_pad = 256 = SINGLE_LAUNCH_MAX_S
         (17, 250, 1),  # Skv_pad 256

@@ -13,7 +13,7 @@ from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention  # n
 from dit_accel.kernels.fp8_attention.op import FP8_ATTENTION_PROLOGUE  # noqa: E402
 from dit_accel.kernels.fp8_attention import prep_triton_kernels as tk  # noqa: E402
 from dit_accel.kernels.fp8_attention.prep import Prologue, apply_prologue, prep_reference, prep_triton  # noqa: E402
-from prep_launches import count_launches  # noqa: E402
+from testing import count_launches  # noqa: E402
 
 
 def make_prologue(seq: int, head_dim: int, rotary: int, seed: int = 0) -> Prologue:

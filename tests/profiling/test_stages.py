@@ -1,15 +1,15 @@
-"""The pipeline's other stages (issue 13): VAE decode, audio decode, text encoding, measured at the
+"""The pipeline's other stages: VAE decode, audio decode, text encoding, measured at the
 workload's size with synthetic weights (scaled down on the CPU), and the whole-video table."""
 from __future__ import annotations
 
 import csv
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
+from testing import DATA
 
 from dit_accel.adapters import adapter_for_preset
 from dit_accel.adapters import minimax_h3 as h3_adapter
@@ -23,7 +23,7 @@ from dit_accel.profiling import stages as stages_module
 from dit_accel.profiling.stages import measure_stage
 
 CPU = torch.device("cpu")
-PUBLIC_VAE_CONFIG = Path(__file__).parent / "data" / "h3_vae_config.json"  # the public vae/config.json, copied
+PUBLIC_VAE_CONFIG = DATA / "h3_vae_config.json"  # the public vae/config.json, copied
 FAST = ["--seq-len", "256", "--runs", "2", "--warmup", "1"]
 
 

@@ -37,7 +37,7 @@ def test_default_run_on_cpu_is_scaled_down_and_labelled(tmp_path):
     assert {"qkv projection", "attention core", "ffn", "output projection"} <= set(run["modules"])
     e = run["extrapolation"]
     assert e["pass_ms"] == pytest.approx(50 * run["block_ms"])
-    # MiniMax-H3 is guidance-distilled: one transformer pass per step (issue 13; it was 2 before).
+    # MiniMax-H3 is guidance-distilled: one transformer pass per step.
     assert e["guidance_passes"] == 1 and "guidance-distilled" in e["passes_source"]
     assert e["video_s"] == pytest.approx(50 * 1 * e["pass_ms"] / 1e3)
     ops = (out / "ops.csv").read_text().splitlines()

@@ -4,7 +4,7 @@ call is counted, and later calls reuse the graph."""
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
-from tiny_models import tiny_h3_transformer
+from testing import tiny_h3_transformer
 
 from dit_accel.attention import backends
 from dit_accel.attention.backends import AttentionBackend

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 from diffusers.models.transformers import transformer_minimax_h3 as h3_file
-from tiny_models import tiny_h3_transformer
+from testing import tiny_h3_transformer
 from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
 
 from dit_accel.errors import UserError

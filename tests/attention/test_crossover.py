@@ -12,9 +12,7 @@ import torch
 from click.testing import CliRunner
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from attention_doubles import RecordingSdpa
-from test_attention_routing import wan_block_and_inputs
-from tiny_models import tiny_h3_transformer
+from testing import DATA, RecordingSdpa, tiny_h3_transformer, wan_block_and_inputs
 
 from dit_accel.attention import backends, crossover
 from dit_accel.attention.backends import AttentionBackend
@@ -25,7 +23,7 @@ from dit_accel.cli import main
 from dit_accel.commands import bench_attention
 from dit_accel.errors import UserError
 
-FIXTURE = Path(__file__).parent / "data" / "crossover_test_fixture.json"
+FIXTURE = DATA / "crossover_test_fixture.json"
 PACKAGED = Path(crossover.__file__).parent / crossover.DATA_PACKAGE_DIR
 BF16 = torch.bfloat16
 ROUTED_TO_MATH = "routed: math measured faster"

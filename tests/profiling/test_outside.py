@@ -1,4 +1,4 @@
-"""The transformer's parts outside the blocks (issue 13, first stage): the zero-block model of each
+"""The transformer's parts outside the blocks: the zero-block model of each
 family, its inputs for the block profile's workload, its measurement and `profile-block --outside measure`."""
 from __future__ import annotations
 

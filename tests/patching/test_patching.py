@@ -6,7 +6,7 @@ import types
 
 import pytest
 import torch
-from tiny_models import tiny_h3_transformer
+from testing import tiny_h3_transformer
 from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
 
 from dit_accel import patch_attention

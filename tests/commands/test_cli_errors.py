@@ -1,4 +1,4 @@
-"""The command line's hard edges (issue 14): every bad input is one `error:` line and exit status 2 with
+"""The command line's hard edges: every bad input is one `error:` line and exit status 2 with
 no folder left (visible or hidden); Ctrl-C and SIGTERM end a run with one line (130, 143) and leave
 nothing; `--help` imports neither torch nor diffusers; a normal run prints no third-party noise."""
 from __future__ import annotations

@@ -5,7 +5,7 @@ and compiled, with its counts. The Triton prep behind it is checked on a GPU
 import pytest
 import torch
 from diffusers.models.transformers import transformer_minimax_h3 as h3
-from tiny_models import tiny_h3_transformer
+from testing import tiny_h3_transformer
 
 from dit_accel.attention import backends
 from dit_accel.attention.backends import AttentionBackend

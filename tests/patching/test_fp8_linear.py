@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 from diffusers.models.transformers import transformer_minimax_h3 as h3
-from tiny_models import tiny_h3_transformer
+from testing import tiny_h3_transformer
 
 from dit_accel.adapters import adapter_for_preset
 from dit_accel.adapters.minimax_h3 import MiniMaxH3Adapter

@@ -1,4 +1,4 @@
-"""profile-block's user experience (issue 14): the memory estimate that refuses before allocating,
+"""profile-block's user experience: the memory estimate that refuses before allocating,
 progress, --quiet and --json, no profiler noise, the noisy-timing warning, provenance and the
 scaled-down marking."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`--validate model` (issue 13, validation at full size): the whole transformer (its parts outside the
+"""`--validate model`: the whole transformer (its parts outside the
 blocks with the blocks put in as its block stack) timed against blocks x block + outside; the streamed
 model's output; the memory check that refuses a resident model too large for the room."""
 from __future__ import annotations
@@ -10,7 +10,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from attention_doubles import fake_backend  # noqa: F401 (a fixture)
 from dit_accel.adapters import adapter_for_preset
 from dit_accel.cli import main
 from dit_accel.errors import UserError

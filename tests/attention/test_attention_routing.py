@@ -10,9 +10,8 @@ import torch
 from diffusers.models.attention_dispatch import AttentionBackendName
 from diffusers.models.transformers import transformer_minimax_h3, transformer_wan
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed, MiniMaxH3TransformerBlock
-from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
-from attention_doubles import RecordingSdpa
+from testing import RecordingSdpa, wan_block_and_inputs
 
 from dit_accel.attention import backends, routing
 from dit_accel.attention.backends import AttentionBackend, BackendCannotServe
@@ -31,12 +30,6 @@ def h3_block_and_inputs(seq_len: int = 24, num_timesteps: int = 2):
     position_ids = torch.stack([torch.arange(seq_len) // 8, torch.arange(seq_len) // 4 % 2, torch.arange(seq_len) % 4], dim=1)
     rotary_emb = MiniMaxH3RotaryPosEmbed(rope_freq_dim=H3_ROPE_FREQ_DIM)(position_ids)
     return block, (hidden, temb, adaln_indices, rotary_emb)
-
-
-def wan_block_and_inputs(seq_len: int = 20, text_len: int = 7, dim: int = 64, heads: int = 2):
-    torch.manual_seed(0)
-    block = WanTransformerBlock(dim, 128, heads).eval()
-    return block, (torch.randn(1, seq_len, dim), torch.randn(1, text_len, dim), torch.randn(1, 6, dim), None)
 
 
 def processors(block):

@@ -1,0 +1,117 @@
+"""What several test modules share: the test data folder, a routed test-double attention backend, a tiny
+MiniMax-H3 transformer, and the FP8 prep tests' launch helpers. Imported as `testing` (pytest puts tests/
+on sys.path: pyproject's `pythonpath`)."""
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+DATA = Path(__file__).parent / "data"  # public configs and index copied from the real models, and fixtures
+
+
+# ---------------------------------------------------------------- attention test doubles
+class RecordingSdpa:
+    """A fake custom backend's kernel: records each call's shapes and answers with torch SDPA."""
+
+    def __init__(self):
+        self.calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+
+    def __call__(self, q, k, v, scale=None):
+        self.calls.append((tuple(q.shape), tuple(k.shape)))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+        return out.transpose(1, 2)
+
+
+@pytest.fixture
+def fake_backend(monkeypatch):
+    """Registers a routed backend named `fake` for this test only."""
+    from dit_accel.attention import backends
+    from dit_accel.attention.backends import AttentionBackend
+
+    kernel = RecordingSdpa()
+    backend = AttentionBackend("fake", "test double", kernel, lambda device: None, routed=True)
+    monkeypatch.setitem(backends.BACKENDS, "fake", backend)
+    return kernel
+
+
+# ---------------------------------------------------------------- tiny models
+def tiny_h3_transformer(num_layers: int, num_refiner_layers: int = 2, head_dim: int = 32, rope_freq_dim: int = 4):
+    """A MiniMax-H3 transformer with 2 heads of `head_dim` (6 x rope_freq_dim rotary channels: 24 by
+    default) and one packed request of 3 text, 8 video and 2 audio rows, as (model, forward kwargs)."""
+    from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Transformer3DModel
+
+    torch.manual_seed(0)
+    model = MiniMaxH3Transformer3DModel(
+        num_attention_heads=2, attention_head_dim=head_dim, hidden_size=48, num_layers=num_layers,
+        num_refiner_layers=num_refiner_layers, ffn_dim=64, in_channels=4, audio_in_channels=4, text_dim=16,
+        freq_dim=16, time_embed_hidden_dim=32, time_embed_dim=24, rope_freq_dim=rope_freq_dim).eval()
+    video, audio, text = 8, 2, 3
+    s = video + audio + text
+    inputs = dict(
+        hidden_states=torch.randn(1, video, 16), audio_hidden_states=torch.randn(1, audio, 4),
+        encoder_hidden_states=torch.randn(1, text, 16), timestep=torch.tensor([0.5]),
+        timestep_indices=torch.zeros(s, dtype=torch.long),
+        token_tags=torch.tensor([1] * text + [0] * video + [2] * audio),
+        position_ids=torch.stack([torch.arange(s), torch.arange(s) % 2, torch.arange(s) % 4], dim=1),
+        text_indices=torch.arange(text), video_indices=torch.arange(text, text + video),
+        audio_indices=torch.arange(text + video, s), return_dict=False)
+    return model, inputs
+
+
+def wan_block_and_inputs(seq_len: int = 20, text_len: int = 7, dim: int = 64, heads: int = 2):
+    """A Wan block (`dim` wide, `heads` heads, FFN 128) and its positional inputs: video rows, text rows,
+    the timestep projection and no RoPE."""
+    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+    torch.manual_seed(0)
+    block = WanTransformerBlock(dim, 128, heads).eval()
+    return block, (torch.randn(1, seq_len, dim), torch.randn(1, text_len, dim), torch.randn(1, 6, dim), None)
+
+
+# ---------------------------------------------------------------- FP8 prep launches
+# `kernels` below is `prep_triton_kernels` as the test imported it (compiled on a GPU machine, interpreted on
+# the CPU).
+def force_path(monkeypatch, kernels, one_launch: bool) -> None:
+    """Every plain call takes the one-launch path (one_launch) or the two-launch path, whatever its length
+    (a call with the prologue takes two launches either way)."""
+    monkeypatch.setattr(kernels, "SINGLE_LAUNCH_MAX_S", 1 << 30 if one_launch else 0)
+
+
+def count_launches(monkeypatch, kernels, *, run: bool = True) -> list[str]:
+    """The names of the prep kernels launched from here on, in order, however each goes out (Triton's JIT
+    or the compiled kernel it returned before: `_launch`); run=False launches nothing."""
+    launched = []
+    launch = kernels._launch
+
+    def counted(kernel, grid, args, constexprs, spec):
+        launched.append(kernel.__name__)
+        if run:
+            launch(kernel, grid, args, constexprs, spec)
+
+    monkeypatch.setattr(kernels, "_launch", counted)
+    return launched
+
+
+def in_layout(q, k, v, layout: str):
+    """The same q, k, v [B, S, H, D] values through the strides prep must read: "contiguous" as they are;
+    views of one fused [B, S, 3, H, D] projection ("qkv", Sq == Skv); or transposed [B, H, S, D] storage
+    ("heads-major")."""
+    if layout == "qkv":
+        return torch.stack((q, k, v), dim=2).unbind(2)
+    if layout == "heads-major":
+        return tuple(x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    return q, k, v
+
+
+def add_special_heads(q, k, v):
+    """An all-zero head, a head with inf and one with NaN (a NaN descale each), on distinct heads where
+    there are two or more (b, h)."""
+    b, _, h, _ = q.shape
+    last = (b - 1, h - 1)
+    q[0, q.shape[1] // 2, 0, 3] = float("inf")
+    k[last[0], k.shape[1] - 1, last[1], 1] = float("nan")
+    v[0, :, 0] = 0
+    if b * h > 1:
+        q[last[0], :, last[1]] = 0
+        v[last[0], 0, last[1], 2] = float("-inf")
