@@ -287,8 +287,12 @@ def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
         console.print(f"[bold]{key}:[/bold] {value}", style="red" if key == "NOTE" else None)
     console.print(_stage_table(runs, header["dtype"]))
     for run in runs:
-        if run.attention_summary:
-            console.print(f"{run.attention} attention patch: {run.attention_summary}")
+        patch = run.attention_summary
+        if patch.get("counted"):
+            console.print(f"{run.attention}: {patch['served_calls']} attention call(s) on {patch['backend']}, "
+                          f"{sum(patch['fallback_calls'].values())} on diffusers' default (report.json has why)")
+        for note in patch.get("notes", ()):
+            console.print(f"note: {note}")
     comparison = None
     if len(runs) == 2:
         comparison = compare_runs(*runs)

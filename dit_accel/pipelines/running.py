@@ -7,9 +7,9 @@ pipeline's `__call__` takes any keyword, so its inputs are spelled out: MiniMax-
 pipeline `loading.MODULAR_WORKFLOWS` lets through) gets its text-only inputs, and its video frames and
 stereo soundtrack are kept. `Request.steps` is the number of denoising steps that run in either case.
 
-Attention (`patching.recipe`): the default (`native`, or its alias `bf16`) leaves the pipeline's own
-attention alone; any other name patches it with `dit_accel.patching.patch_attention(pipe, name)`
-for the duration of the call (and `+rope` swaps in the fused RoPE kernel too) and undoes it after.
+Attention and recipes (`patching.recipe`): the default (`native`, or its alias `bf16`) leaves the pipeline
+as it is; any other recipe is applied to its transformer(s) by `patching.apply_recipe` for the duration of
+the call and undone after (torch.compile stays).
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..patching.recipe import Recipe
 from ..errors import UserError
+from ..patching.apply import apply_recipe
+from ..patching.recipe import Recipe
 from .stages import StageTimer, StageTimes
 
 DEFAULT_FPS = 16  # Wan's; a pipeline with an `fps` attribute says its own
@@ -81,67 +82,6 @@ def check_attention(attention: Recipe, device: torch.device) -> None:
     reason = get_backend(attention.backend).unavailable_reason(device)
     if reason:
         raise AttentionUnavailable(attention, reason)
-
-
-class _Patch:
-    """What a recipe swaps into the pipeline's transformer(s) for one call, undone together: the
-    attention patch, the fused RoPE (`+rope`) or prologue (`+prologue`) and FP8 linears (`+fp8-linear`: torchao, the bf16 weights
-    kept to be put back). torch.compile (`+compile`) stays on the model: a later call reuses the graphs
-    (dynamo recompiles by itself when a patch changes what the model calls)."""
-
-    def __init__(self, pipe: Any, recipe: Recipe):
-        from ..patching import denoisers, fused_prologue, fused_rope, patch_attention
-
-        self._undo: list[Callable[[], None]] = []
-        self.rope = self.prologue = self.linears = None
-        try:
-            self.attention = patch_attention(pipe, backend=recipe.backend)
-            self._undo.append(self.attention.unpatch)
-            if recipe.fused_rope:
-                self.rope = fused_rope(pipe)
-                self._undo.append(self.rope.unpatch)
-            if recipe.fused_prologue:
-                self.prologue = fused_prologue(pipe)
-                self._undo.append(self.prologue.unpatch)
-            models = denoisers(pipe)
-            if recipe.fp8_linear:
-                self.linears = [_quantize_model(model) for model in models]
-                self._undo += [swap.restore for swap in self.linears]
-            if recipe.compile_mode:  # kept compiled after the call, so the warm-up's compile serves the timed call
-                for model in models:
-                    if model._compiled_call_impl is None:
-                        model.compile(mode=recipe.compile_mode)
-        except BaseException:
-            self.unpatch()
-            raise
-        self.step_callback = self.attention.step_callback
-
-    def summary(self) -> dict:
-        summary = self.attention.summary()
-        if self.rope is not None:
-            summary["rope"] = self.rope.summary()
-        if self.prologue is not None:
-            summary["prologue"] = self.prologue.summary()
-        if self.linears is not None:
-            summary["fp8_linears"] = [swap.as_dict() for swap in self.linears]
-        return summary
-
-    def unpatch(self) -> None:
-        while self._undo:
-            self._undo.pop()()
-
-
-def _quantize_model(model: Any):
-    """The model's block linears in FP8 by its family's policy (`patching.fp8_linear`), reversibly."""
-    from ..adapters import adapter_for_config
-    from ..patching.fp8_linear import quantize_linears
-
-    adapter = adapter_for_config(dict(model.config), type(model).__name__)
-    return quantize_linears(model, adapter, prefix=adapter.block_key_template.format(index="*"), keep_original=True)
-
-
-def _patch(pipe: Any, attention: Recipe) -> _Patch | None:
-    return None if attention.is_default else _Patch(pipe, attention)
 
 
 def _accepts(pipe: Any) -> set[str]:
@@ -254,17 +194,17 @@ def _frames_of(output: Any) -> np.ndarray:
 
 def run_once(pipe: Any, request: Request, *, device: torch.device, attention: Recipe,
              on_step: Callable[[int], None] | None = None) -> RunResult:
-    """Run the pipeline once with `attention`; the patch (if any) is undone before returning."""
-    patch = _patch(pipe, attention)
-    try:
+    """Run the pipeline once with `attention` (`patching.apply_recipe`), undone before returning; torch.compile
+    stays on the transformers (dynamo recompiles by itself when a later patch changes what they call), so a
+    warm-up call's compile serves the timed call."""
+    with apply_recipe(pipe, attention, keep_compiled=True) as applied:
         generator = torch.Generator(device=device).manual_seed(request.seed)
         modular = _is_modular(pipe)
         steps_from_callback = not modular and "callback_on_step_end" in _accepts(pipe)
         timer = StageTimer(pipe, device, steps_from_callback=steps_from_callback, on_step=on_step)
 
         def step_callback(pipeline, step, timestep, callback_kwargs):
-            if patch is not None:
-                patch.step_callback(pipeline, step, timestep, callback_kwargs)
+            applied.step_callback(pipeline, step, timestep, callback_kwargs)
             timer.step_end()
             return callback_kwargs
 
@@ -273,10 +213,7 @@ def run_once(pipe: Any, request: Request, *, device: torch.device, attention: Re
                 output = _call_h3(pipe, request, generator)
             else:
                 output = _call_diffusion(pipe, _diffusion_call(pipe, request, generator, step_callback))
-        summary = patch.summary() if patch is not None else {}
-    finally:
-        if patch is not None:
-            patch.unpatch()
+        summary = {} if attention.is_default else {**applied.summary(), "notes": applied.notes()}
     fps = float(getattr(pipe, "fps", None) or DEFAULT_FPS)
     if not modular:
         return RunResult(attention.label, _frames_of(output), fps, timer.times, summary)

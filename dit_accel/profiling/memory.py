@@ -11,8 +11,9 @@ attention reference's bytes: 8 on the CPU, 4 on a GPU):
   timed and freed before the block is built, so counting both is an upper bound);
 - inputs: hidden states B*S*D*e, RoPE cos/sin S*2*head_dim*4, indices and positions ~64 B a row;
 - forward: the transient peak of one forward, B*S*D*e*FORWARD_ELEMENTS[device] (+ the S x S
-  scores twice over, for a `math` recipe), and a deep copy of the weights for FP8-linear or
-  compiled recipes;
+  scores twice over, for a `math` recipe), and the weights once more for FP8-linear or compiled
+  recipes (an upper bound: FP8 linears keep the bf16 weights beside their e4m3 copies, half their
+  bytes; a compiled block's buffers are inductor's);
 - profiling: the reference and current outputs kept (2*B*S*D*e), then the attention check: the
   block's own q/k/v (3*B*S*I*e), k, v and the output in the reference dtype (3*B*S*I*r), two
   chunks of scores (each at most REFERENCE_CHUNK_SCORES, `attention.reference`), the backend's
@@ -70,7 +71,7 @@ class MemoryEstimate:
 
     weights_bytes: int
     inputs_bytes: int
-    forward_bytes: int  # one forward's transient peak (and a recipe's copy of the block)
+    forward_bytes: int  # one forward's transient peak (and what an FP8-linear or compiled recipe adds)
     profiling_bytes: int  # kept outputs, then the attention check: what profiling adds to a plain run
     validate_bytes: int  # the --validate pass's other blocks
     device_kind: str

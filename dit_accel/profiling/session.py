@@ -5,18 +5,16 @@ every choice the command line made; `run_session` returns what `report.build_rep
 report."""
 from __future__ import annotations
 
-import contextlib
-import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from ..adapters import BlockAdapter, Workload
 from ..adapters.stages import StageSpec
-from ..attention.routing import use_attention_backend
 from ..loading.block import LoadedBlock, load_block_from_checkpoint, synthetic_block
+from ..patching.apply import apply_recipe
 from ..patching.recipe import Recipe
 from ..timing import wall_seconds
 from .attention_error import attention_errors, capture_attention_inputs, output_error
@@ -83,16 +81,6 @@ class SessionResult:
     stages: list[StageMeasurement] = field(default_factory=list)  # --stages, measured
 
 
-def processor_swap(block: torch.nn.Module, recipe: Recipe):
-    """The recipe's fused RoPE (+rope) or fused prologue (+prologue) as a context manager (its
-    handle, to read the counts), or nothing. Enter it after the attention backend's swap."""
-    from ..patching import fused_prologue, fused_rope
-
-    if recipe.fused_rope:
-        return fused_rope(block)
-    return fused_prologue(block) if recipe.fused_prologue else contextlib.nullcontext()
-
-
 def _dynamo_counts() -> tuple[int, int]:
     """(graph breaks, graphs compiled) so far in this process, from dynamo's counters."""
     from torch._dynamo.utils import counters
@@ -100,33 +88,11 @@ def _dynamo_counts() -> tuple[int, int]:
     return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
 
 
-@contextlib.contextmanager
-def recipe_block(block: torch.nn.Module, recipe: Recipe, adapter: BlockAdapter) -> Iterator[tuple[torch.nn.Module, Any]]:
-    """The block `recipe` runs, and its `Fp8LinearSwap` (or None).
-
-    Attention and RoPE swaps are undone on exit; FP8 linears (torchao replaces the weights) and
-    compilation cannot be, so those recipes run on a deep copy of the block; on exit dynamo's caches
-    (which hold the compiled copy, and with it its weights) are dropped, and the caller drops the copy.
-    """
-    owned = recipe.fp8_linear or recipe.compile_mode is not None
-    work = copy.deepcopy(block) if owned else block
-    try:
-        linears = None
-        if recipe.fp8_linear:
-            from ..patching.fp8_linear import quantize_linears
-
-            linears = quantize_linears(work, adapter)
-        yield work, linears
-    finally:
-        del work
-        if recipe.compile_mode is not None:
-            torch._dynamo.reset()
-
-
-def _compile(block: torch.nn.Module, inputs: dict[str, Any], mode: str, device: torch.device) -> CompileStats:
-    """Compile `block` in place (inductor) and make its first call, timed apart from the runs."""
+def _first_compiled_call(block: torch.nn.Module, inputs: dict[str, Any], mode: str,
+                         device: torch.device) -> CompileStats:
+    """The first call of a block `apply_recipe` compiled (tracing, inductor, autotuning, the run), timed apart
+    from the runs, with the graphs it compiled and the graph breaks it met."""
     breaks_before, graphs_before = _dynamo_counts()
-    block.compile(mode=mode)
     with torch.no_grad():
         seconds = wall_seconds(lambda: block(**inputs), device=device)
     breaks, graphs = _dynamo_counts()
@@ -164,14 +130,14 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
     notes: list[str] = []
     reference_output = None
     for recipe in s.recipes:
-        with recipe_block(loaded.block, recipe, s.adapter) as (block, linears), \
-                use_attention_backend(block, recipe.backend) as routed, processor_swap(block, recipe) as swap:
+        block = loaded.block
+        with apply_recipe(block, recipe, adapter=s.adapter) as applied:
+            linears = applied.linears[0] if applied.linears else None
             linear_summary = None if linears is None else {**linears.as_dict(), "line": linears.summary_lines()[0]}
-            del linears  # it holds the block
             compile_stats = None
             if recipe.compile_mode is not None:
                 with progress.stage(f"{recipe.label}: torch.compile and its first call"):
-                    compile_stats = _compile(block, inputs, recipe.compile_mode, s.device)
+                    compile_stats = _first_compiled_call(block, inputs, recipe.compile_mode, s.device)
                 graphs_after_compile = _dynamo_counts()[1]  # dynamo's counters are process-wide
             profile = profile_block(block, inputs, s.adapter, device=s.device, warmup=s.warmup, runs=s.runs,
                                     trace_path=run_dir / s.trace_name(recipe) if s.trace else None,
@@ -180,31 +146,12 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
                 compile_stats.graphs_after_first_call = _dynamo_counts()[1] - graphs_after_compile
             with torch.no_grad():
                 output = block(**inputs).clone()  # a CUDA-graph replay would overwrite its own output buffer
-            if routed is not None:
-                routed_away = {r: n for r, n in routed.fallback_calls.items() if r.startswith("routed:")}
-                fell_back = {r: n for r, n in routed.fallback_calls.items() if r not in routed_away}
-                if routed_away:
-                    notes.append(f"{sum(routed_away.values())} attention call(s) of {recipe.label} went to the backend "
-                                 f"the measured crossover found faster at their shape ({routed.crossover_note}): "
-                                 f"{routed_away}")
-                if fell_back:
-                    notes.append(f"{sum(fell_back.values())} attention call(s) fell back from {recipe.backend}: "
-                                 f"{fell_back}")
-            declined = {} if swap is None else {r: n for r, n in swap.fallback_calls.items()
-                                                 if not r.startswith("routed:")}  # those are noted above
-            if declined:
-                what = "RoPE call(s) {} ran diffusers' own function, not the fused kernel" if recipe.fused_rope else \
-                    "attention call(s) {} ran diffusers' own processor, not the fused prologue"
-                notes.append(f"{sum(declined.values())} {what.format('of ' + recipe.label)}: {declined}")
-            if recipe.fused_rope and recipe.compile_mode is not None:
-                notes.append(f"{recipe.label}: inside the compiled graph RoPE is diffusers' own function, fused by "
-                             f"inductor into its neighbours, not our RoPE kernel")
+            notes += applied.notes()
             if compile_stats is not None and compile_stats.graphs_after_first_call:
                 notes.append(f"{recipe.label}: {compile_stats.graphs_after_first_call} graph(s) recompiled after the "
                              f"first call, during warm-up or the timed runs (the timings may include compiling)")
-        del block  # an owned copy goes with its recipe
         if (recipe.fp8_linear or recipe.compile_mode) and torch.cuda.is_available():
-            torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # the FP8 weights and the compiled graph's buffers went with the recipe
         error = None if reference_output is None else output_error(output, reference_output)
         reference_output = output if reference_output is None else reference_output
         (steps, steps_source), (passes, passes_source) = s.denoising_steps(), s.passes_per_step()
@@ -230,12 +177,11 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
     if s.validate_blocks:
         first, recipe = runs[0], s.recipes[0]
         activation_bytes = (first.profile.peak_memory_bytes or 0) - first.profile.weights_bytes
-        with processor_swap(loaded.block, recipe):  # +rope's global is per model file: it covers the chain
-            validation = validate_chain(s.adapter, loaded.block, inputs, s.validate_blocks, attention=recipe.backend,
-                                        device=s.device, dtype=s.dtype, block_ms=first.block_ms,
-                                        activation_bytes=max(0, activation_bytes), offload=s.offload,
-                                        whole_model=s.workload if s.validate_model else None,
-                                        outside_ms=outside_ms if s.validate_model else 0.0,
-                                        outside_source=outside_source if s.validate_model else None,
-                                        seed=s.seed, progress=progress)
+        validation = validate_chain(s.adapter, loaded.block, inputs, s.validate_blocks, recipe=recipe,
+                                    device=s.device, dtype=s.dtype, block_ms=first.block_ms,
+                                    activation_bytes=max(0, activation_bytes), offload=s.offload,
+                                    whole_model=s.workload if s.validate_model else None,
+                                    outside_ms=outside_ms if s.validate_model else 0.0,
+                                    outside_source=outside_source if s.validate_model else None,
+                                    seed=s.seed, progress=progress)
     return SessionResult(loaded, runs, attention_reference, validation, notes, outside=outside, stages=stages)

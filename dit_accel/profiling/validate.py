@@ -12,11 +12,12 @@ import torch
 from torch import nn
 
 from ..adapters import BlockAdapter, Workload
-from ..attention.routing import use_attention_backend
 from ..loading.block import param_bytes, put_blocks, synthetic_block, synthetic_outside
-from .extrapolate import Validation
 from ..loading.offload import StreamedRun, host_to_device_gbps, pin_to_host, stream_blocks
+from ..patching.apply import apply_recipe
+from ..patching.recipe import Recipe
 from ..timing import time_region
+from .extrapolate import Validation
 from .progress import NO_PROGRESS, SessionProgress
 
 # Activation headroom kept free when deciding how many distinct blocks fit: the single-block peak
@@ -102,11 +103,11 @@ def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device
 
 
 def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: dict[str, Any], n: int, *,
-                   attention: str, device: torch.device, dtype: torch.dtype, block_ms: float,
+                   recipe: Recipe, device: torch.device, dtype: torch.dtype, block_ms: float,
                    activation_bytes: int, offload: str = "resident", whole_model: Workload | None = None,
                    outside_ms: float = 0.0, outside_source: str | None = None, warmup: int = 1, runs: int = 3,
                    seed: int = 0, progress: SessionProgress = NO_PROGRESS) -> Validation:
-    """Time one pass of `n` blocks, all on attention backend `attention` (`build_stack` holds them).
+    """Time one pass of `n` blocks, all under the eager `recipe` (`build_stack` holds them).
 
     Without `whole_model`: the blocks chained on the block's `inputs`, against n x block_ms. With it
     (the block profile's workload): the whole transformer's forward on that workload's pass
@@ -132,7 +133,7 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
             return stack.model(**arguments)
 
     cuda = device.type == "cuda"
-    with use_attention_backend(stack.blocks, attention):
+    with apply_recipe(stack.blocks, recipe):
         # The first streamed pass teaches diffusers the block order it prefetches in: warm up once more.
         chain_warmup = warmup + (offload == "stream")
         with progress.stage(f"validation: {what}, warm-up and timed passes", chain_warmup + runs) as done:

@@ -79,12 +79,12 @@ def test_compare_reports_quality_and_speedup(tiny_wan, tmp_path, monkeypatch, fa
     run's attention went through the patch (calls served and recorded), the bf16 run was not patched,
     and the comparison is reported. It says nothing about the FP8 kernel's accuracy: the fake computes
     what native attention computes, so the videos are expected to be (nearly) identical."""
-    import dit_accel.patching as patching
     from dit_accel.commands import generate as generate_command
+    from dit_accel.patching import apply
 
-    real_patch = patching.patch_attention
+    real_patch = apply.patch_attention
     monkeypatch.setattr(generate_command, "check_attention", lambda attention, device: None)
-    monkeypatch.setattr(patching, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
+    monkeypatch.setattr(apply, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
     out = tmp_path / "run"
     result = _invoke("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--compare", "bf16", "--no-warmup")
     assert result.exit_code == 0, result.output

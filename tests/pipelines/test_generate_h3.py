@@ -94,12 +94,12 @@ def test_compare_sends_every_h3_attention_call_to_the_patched_backend(tiny_h3, t
     """--compare bf16 on the CPU, with `fp8` served by the recording test backend `fake` through the real
     patching seam (the FP8 kernel needs a GPU): the patch finds the modular pipeline's transformer, and every
     attention call of the fp8 run (blocks and text refiner, every step) reaches the backend, none falls back."""
-    import dit_accel.patching as patching
     from dit_accel.commands import generate as generate_command
+    from dit_accel.patching import apply
 
-    real_patch = patching.patch_attention
+    real_patch = apply.patch_attention
     monkeypatch.setattr(generate_command, "check_attention", lambda attention, device: None)
-    monkeypatch.setattr(patching, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
+    monkeypatch.setattr(apply, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
     out = tmp_path / "run"
     result = _invoke("generate", "--pipeline", str(tiny_h3), "--out", str(out), "--compare", "bf16", "--no-warmup")
     assert result.exit_code == 0, result.output

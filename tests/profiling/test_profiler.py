@@ -126,10 +126,11 @@ def test_gpu_work_is_attributed_through_the_runtime_call_that_launched_it():
 
 
 def test_validate_runs_every_chained_block_on_the_chosen_backend(small_h3, fake_backend):
+    from dit_accel.patching.recipe import parse_recipe
     from dit_accel.profiling.validate import validate_chain
 
     adapter, block, _, inputs = small_h3
-    validation = validate_chain(adapter, block, inputs, 4, attention="fake", device=torch.device("cpu"),
+    validation = validate_chain(adapter, block, inputs, 4, recipe=parse_recipe("fake"), device=torch.device("cpu"),
                                 dtype=torch.float32, block_ms=1.0, activation_bytes=0, warmup=1, runs=2)
     assert validation.chained_blocks == validation.distinct_blocks == 4
     assert len(fake_backend.calls) == 4 * (1 + 2)  # every block of every run, warm-up included

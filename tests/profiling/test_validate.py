@@ -89,13 +89,13 @@ def test_the_streamed_model_gives_the_resident_output():
         assert torch.equal(r, s)
 
 
-def test_validate_model_runs_the_backend_in_the_blocks_only(fake_backend):  # noqa: F811
+def test_validate_model_runs_the_backend_in_the_blocks_only(fake_backend):
     adapter = _small("minimax-h3")
     workload = adapter.workload_from_seq_len(64, 1)
     first = synthetic_block(adapter, 0, CPU, torch.float32).block
     inputs = adapter.make_inputs(workload, CPU, torch.float32, torch.Generator().manual_seed(0))
-    v = validate_chain(adapter, first, inputs, adapter.num_blocks, attention="fake", device=CPU, dtype=torch.float32,
-                       block_ms=2.0, activation_bytes=0, whole_model=workload, outside_ms=1.5,
+    v = validate_chain(adapter, first, inputs, adapter.num_blocks, recipe=parse_recipe("fake"), device=CPU,
+                       dtype=torch.float32, block_ms=2.0, activation_bytes=0, whole_model=workload, outside_ms=1.5,
                        outside_source="stated", warmup=1, runs=2)
     # 3 blocks x (1 warm-up + 2 runs); the refiner's attention keeps diffusers' default, as measured outside.
     assert len(fake_backend.calls) == 3 * 3

@@ -1,0 +1,151 @@
+"""`apply_recipe`: what a recipe (`patching.recipe`) swaps into a block, a model or a pipeline, undone together.
+
+    with apply_recipe(pipe, parse_recipe("fp8+rope+fp8-linear")) as applied:
+        video = pipe(prompt, callback_on_step_end=applied.step_callback).frames
+    print(applied.summary(), applied.notes())
+
+The one place a recipe is applied: profile-block runs its blocks under it, generate its pipelines. In order:
+the attention backend (`patch_attention`; the model's own attention, `native` with no option, is left
+alone), the fused RoPE (`+rope`) or the fused prologue (`+prologue`), FP8 linears (`+fp8-linear`: torchao,
+the bf16 weights kept and put back on exit), torch.compile (`+compile`, `+max-autotune`). On exit, even
+by an exception, every swap is undone in reverse order; a model compiled here is uncompiled (and dynamo's
+caches, which hold the compiled graphs and with them their weights, are dropped) unless `keep_compiled`,
+which generate asks for so that its warm-up call's compile serves the timed call.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from .attention import AttentionPatch, denoisers, patch_attention
+from .fp8_linear import Fp8LinearSwap, quantize_linears
+from .prologue import FusedPrologue, fused_prologue
+from .recipe import Recipe
+from .rope import FusedRope, fused_rope
+
+if TYPE_CHECKING:
+    from ..adapters import BlockAdapter
+
+
+@dataclass(eq=False)
+class AppliedRecipe:
+    """A recipe live on its target: each swap's handle (None where the recipe has no such option), the
+    models it went into, and what a report says of it."""
+
+    recipe: Recipe
+    models: list[nn.Module]  # the target itself, or a pipeline's transformer(s)
+    attention: AttentionPatch | None = None
+    rope: FusedRope | None = None
+    prologue: FusedPrologue | None = None
+    linears: list[Fp8LinearSwap] = field(default_factory=list)  # one per model
+    _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def step_callback(self, pipeline: Any, step_index: int, timestep: Any, callback_kwargs: dict) -> dict:
+        """diffusers `callback_on_step_end`: advances the attention patch's step (kept steps)."""
+        if self.attention is None:
+            return callback_kwargs
+        return self.attention.step_callback(pipeline, step_index, timestep, callback_kwargs)
+
+    def summary(self) -> dict[str, Any]:
+        """Where the calls went: the attention patch's summary, with the RoPE, prologue and FP8-linear swaps'."""
+        summary = self.attention.summary() if self.attention is not None else {"backend": self.recipe.backend,
+                                                                               "counted": False}
+        if self.rope is not None:
+            summary["rope"] = self.rope.summary()
+        if self.prologue is not None:
+            summary["prologue"] = self.prologue.summary()
+        if self.linears:
+            summary["fp8_linears"] = [swap.as_dict() for swap in self.linears]
+        return summary
+
+    def notes(self) -> list[str]:
+        """What a user should know of the calls so far: attention calls routed by the measured crossover or
+        fallen back (by reason), RoPE or prologue calls that ran diffusers' own code, and the fused RoPE
+        under compile (inductor fuses diffusers' own RoPE there)."""
+        label, notes = self.recipe.label, []
+        if self.attention is not None and self.attention.routed:
+            calls = self.attention.summary()["fallback_calls"]
+            routed_away = {r: n for r, n in calls.items() if r.startswith("routed:")}
+            fell_back = {r: n for r, n in calls.items() if r not in routed_away}
+            if routed_away:
+                notes.append(f"{sum(routed_away.values())} attention call(s) of {label} went to the backend the "
+                             f"measured crossover found faster at their shape "
+                             f"({'; '.join(self.attention.summary()['crossover'])}): {routed_away}")
+            if fell_back:
+                notes.append(f"{sum(fell_back.values())} attention call(s) fell back from {self.recipe.backend}: "
+                             f"{fell_back}")
+        for swap, what in ((self.rope, "RoPE call(s) of {} ran diffusers' own function, not the fused kernel"),
+                           (self.prologue, "attention call(s) of {} ran diffusers' own processor, not the fused "
+                                           "prologue")):
+            declined = {} if swap is None else {r: n for r, n in swap.fallback_calls.items()
+                                                if not r.startswith("routed:")}  # those are the attention's note
+            if declined:
+                notes.append(f"{sum(declined.values())} {what.format(label)}: {declined}")
+        if self.recipe.fused_rope and self.recipe.compile_mode is not None:
+            notes.append(f"{label}: inside the compiled graph RoPE is diffusers' own function, fused by inductor "
+                         f"into its neighbours, not our RoPE kernel")
+        return notes
+
+    def unpatch(self) -> None:
+        """Undo every swap, last first; a second call does nothing."""
+        while self._undo:
+            self._undo.pop()()
+
+
+@contextlib.contextmanager
+def apply_recipe(target: Any, recipe: Recipe, *, adapter: BlockAdapter | None = None,
+                 keep_compiled: bool = False) -> Iterator[AppliedRecipe]:
+    """`recipe` live on `target` (a block, a model or a pipeline; a pipeline's transformers are patched) for
+    the `with` body. `adapter`: the model family, needed for FP8 linears on a block (a whole diffusers model
+    names its own family in its config)."""
+    applied = AppliedRecipe(recipe, denoisers(target))
+    try:
+        if not recipe.is_default:
+            applied.attention = patch_attention(target, recipe.backend)
+            applied._undo.append(applied.attention.unpatch)
+        if recipe.fused_rope:
+            applied.rope = fused_rope(target)
+            applied._undo.append(applied.rope.unpatch)
+        if recipe.fused_prologue:
+            applied.prologue = fused_prologue(target)
+            applied._undo.append(applied.prologue.unpatch)
+        if recipe.fp8_linear:
+            for model in applied.models:
+                swap = _quantize(model, adapter)
+                applied.linears.append(swap)
+                applied._undo.append(swap.restore)
+        if recipe.compile_mode is not None:
+            for model in applied.models:
+                if model._compiled_call_impl is None:  # a model generate compiled on an earlier call stays so
+                    model.compile(mode=recipe.compile_mode)
+                    if not keep_compiled:
+                        applied._undo.append(lambda model=model: _uncompile(model))
+        yield applied
+    finally:
+        applied.unpatch()
+
+
+def _quantize(model: nn.Module, adapter: BlockAdapter | None) -> Fp8LinearSwap:
+    """The model's large linears in FP8 by its family's policy, the bf16 weights kept to be put back: a block's
+    (with `adapter`), or a whole diffusers model's block linears (its family from its config)."""
+    from diffusers import ModelMixin
+
+    if isinstance(model, ModelMixin):
+        from ..adapters import adapter_for_config
+
+        adapter = adapter or adapter_for_config(dict(model.config), type(model).__name__)
+        return quantize_linears(model, adapter, prefix=adapter.block_key_template.format(index="*"),
+                                keep_original=True)
+    if adapter is None:
+        raise ValueError("FP8 linears on a bare block need its family's adapter")
+    return quantize_linears(model, adapter, keep_original=True)
+
+
+def _uncompile(model: nn.Module) -> None:
+    """Back to the eager module; dynamo's caches hold the compiled graph (and with it the weights): dropped."""
+    model._compiled_call_impl = None
+    torch._dynamo.reset()
