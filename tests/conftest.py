@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from testing import DATA, fake_backend  # noqa: F401 (fake_backend: a fixture, shared by every test module)
+from testing import DATA, cpu_fp8, fake_backend  # noqa: F401 (fixtures, shared by every test module)
 from safetensors.torch import save_file
 
 # MiniMax-H3's public checkpoint index (66.28 GB in 14 shards), copied from shared/h3/.

@@ -59,6 +59,16 @@ def tiny_h3_transformer(num_layers: int, num_refiner_layers: int = 2, head_dim: 
     return model, inputs
 
 
+def small_block(family: str, dtype: torch.dtype, device: str = "cpu"):
+    """(adapter, block 0) of the family's scaled-down config, synthetic weights."""
+    from dit_accel.adapters import adapter_for_preset
+    from dit_accel.loading.block import synthetic_block
+
+    adapter = adapter_for_preset(family)
+    adapter = type(adapter)(adapter.scaled_down_config())
+    return adapter, synthetic_block(adapter, 0, torch.device(device), dtype).block
+
+
 def wan_block_and_inputs(seq_len: int = 20, text_len: int = 7, dim: int = 64, heads: int = 2):
     """A Wan block (`dim` wide, `heads` heads, FFN 128) and its positional inputs: video rows, text rows,
     the timestep projection and no RoPE."""
@@ -67,6 +77,32 @@ def wan_block_and_inputs(seq_len: int = 20, text_len: int = 7, dim: int = 64, he
     torch.manual_seed(0)
     block = WanTransformerBlock(dim, 128, heads).eval()
     return block, (torch.randn(1, seq_len, dim), torch.randn(1, text_len, dim), torch.randn(1, 6, dim), None)
+
+
+# ---------------------------------------------------------------- FP8 linears on the CPU
+def _cpu_rowwise_scaled_mm() -> bool:
+    """torch 2.13's CPU `_scaled_mm` takes row-wise scales; 2.11's takes per-tensor scales only."""
+    a = torch.ones(2, 16).to(torch.float8_e4m3fn)
+    b = torch.ones(16, 16).to(torch.float8_e4m3fn).t().contiguous().t()
+    try:
+        torch._scaled_mm(a, b, scale_a=torch.ones(2, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.fixture
+def cpu_fp8(monkeypatch):
+    """torchao's real FP8 quantize path on the CPU: both hardware gates (ours and torchao's) lifted. torchao
+    0.18 refuses float8 on the CPU, but the kernel it calls runs there (torch 2.13's CPU `_scaled_mm`)."""
+    if not _cpu_rowwise_scaled_mm():
+        pytest.skip(f"torch {torch.__version__}'s CPU _scaled_mm takes per-tensor scales only (2.13 takes rows)")
+    import torchao.quantization.quant_api as quant_api
+
+    from dit_accel.patching import fp8_linear
+
+    monkeypatch.setattr(fp8_linear, "fp8_linear_unavailable_reason", lambda device, dtype: None)
+    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularities: None)
 
 
 # ---------------------------------------------------------------- FP8 prep launches

@@ -137,7 +137,8 @@ def _quantize(model: nn.Module, adapter: BlockAdapter | None) -> Fp8LinearSwap:
     if isinstance(model, ModelMixin):
         from ..adapters import adapter_for_config
 
-        adapter = adapter or adapter_for_config(dict(model.config), type(model).__name__)
+        name = type(model).__name__  # a model built in code has no `_class_name` in its config
+        adapter = adapter or adapter_for_config({**model.config, "_class_name": name}, name)
         return quantize_linears(model, adapter, prefix=adapter.block_key_template.format(index="*"),
                                 keep_original=True)
     if adapter is None:

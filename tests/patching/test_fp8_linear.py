@@ -14,14 +14,13 @@ import sys
 import pytest
 import torch
 from diffusers.models.transformers import transformer_minimax_h3 as h3
-from testing import tiny_h3_transformer
+from testing import small_block, tiny_h3_transformer
 
 from dit_accel.adapters import adapter_for_preset
 from dit_accel.adapters.minimax_h3 import MiniMaxH3Adapter
 from dit_accel.adapters.wan import WanAdapter
 from dit_accel.errors import UserError
 from dit_accel.loading.block import synthetic_block
-from dit_accel.patching import fp8_linear
 from dit_accel.patching.fp8_linear import fp8_linear_unavailable_reason, plan_fp8_linears, quantize_linears
 
 H3_FP8 = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
@@ -130,14 +129,8 @@ def test_accepts_fp8_gpu(monkeypatch):
     assert fp8_linear_unavailable_reason(torch.device("cuda", 0), torch.bfloat16) is None
 
 
-def _small_block(family: str, dtype: torch.dtype, device: str = "cpu"):
-    adapter = adapter_for_preset(family)
-    adapter = type(adapter)(adapter.scaled_down_config())
-    return adapter, synthetic_block(adapter, 0, torch.device(device), dtype).block
-
-
 def test_quantize_on_cpu_refused_and_block_untouched():
-    adapter, block = _small_block("minimax-h3", torch.bfloat16)
+    adapter, block = small_block("minimax-h3", torch.bfloat16)
     weight = block.attn.to_q.weight
     with pytest.raises(UserError, match="need a CUDA GPU"):
         quantize_linears(block, adapter)
@@ -145,27 +138,6 @@ def test_quantize_on_cpu_refused_and_block_untouched():
 
 
 # --- numerics on the CPU (torchao's real quantize path, both hardware gates lifted) ----------------------
-def _cpu_rowwise_scaled_mm() -> bool:
-    """torch 2.13's CPU `_scaled_mm` takes row-wise scales; 2.11's takes per-tensor scales only."""
-    a = torch.ones(2, 16).to(torch.float8_e4m3fn)
-    b = torch.ones(16, 16).to(torch.float8_e4m3fn).t().contiguous().t()
-    try:
-        torch._scaled_mm(a, b, scale_a=torch.ones(2, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
-    except RuntimeError:
-        return False
-    return True
-
-
-@pytest.fixture
-def cpu_fp8(monkeypatch):
-    if not _cpu_rowwise_scaled_mm():
-        pytest.skip(f"torch {torch.__version__}'s CPU _scaled_mm takes per-tensor scales only (2.13 takes rows)")
-    import torchao.quantization.quant_api as quant_api
-
-    monkeypatch.setattr(fp8_linear, "fp8_linear_unavailable_reason", lambda device, dtype: None)
-    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularities: None)
-
-
 def _run(adapter, block, seq_len=256):
     inputs = adapter.make_inputs(adapter.workload_from_seq_len(seq_len, 1), torch.device("cpu"), torch.bfloat16,
                                  torch.Generator().manual_seed(0))
@@ -182,7 +154,7 @@ def _run(adapter, block, seq_len=256):
 def test_quantized_block_close_to_bf16(cpu_fp8, family, names, bound):
     from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor
 
-    adapter, block = _small_block(family, torch.bfloat16)
+    adapter, block = small_block(family, torch.bfloat16)
     reference = copy.deepcopy(block)
     swap = quantize_linears(block, adapter)
     assert swap.quantized_names == names
@@ -197,7 +169,7 @@ def test_quantized_block_close_to_bf16(cpu_fp8, family, names, bound):
 
 def test_single_linear_error_is_e4m3_sized(cpu_fp8):
     """One GEMM: ~3.7% rel L2 (3 mantissa bits on both operands), not bf16's 0.3% nor a broken scale's 100%."""
-    adapter, block = _small_block("minimax-h3", torch.bfloat16)
+    adapter, block = small_block("minimax-h3", torch.bfloat16)
     linear = block.attn.to_q
     x = torch.randn(512, linear.in_features, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -208,7 +180,7 @@ def test_single_linear_error_is_e4m3_sized(cpu_fp8):
 
 def test_zero_row_stays_zero(cpu_fp8):
     """torchao 0.18 divides by a per-row amax of 0 for an all-zero row (NaN); the amax floor makes it 0."""
-    adapter, block = _small_block("minimax-h3", torch.bfloat16)
+    adapter, block = small_block("minimax-h3", torch.bfloat16)
     quantize_linears(block, adapter)
     x = torch.randn(3, block.attn.to_q.in_features, dtype=torch.bfloat16)
     x[1] = 0
@@ -218,7 +190,7 @@ def test_zero_row_stays_zero(cpu_fp8):
 
 
 def test_restore_gives_back_the_bf16_block(cpu_fp8):
-    adapter, block = _small_block("wan", torch.bfloat16)
+    adapter, block = small_block("wan", torch.bfloat16)
     before = _run(adapter, block)
     swap = quantize_linears(block, adapter, keep_original=True)
     assert swap.reversible and not torch.equal(_run(adapter, block), before)
@@ -229,14 +201,14 @@ def test_restore_gives_back_the_bf16_block(cpu_fp8):
 
 
 def test_not_reversible_by_default(cpu_fp8):
-    adapter, block = _small_block("minimax-h3", torch.bfloat16)
+    adapter, block = small_block("minimax-h3", torch.bfloat16)
     swap = quantize_linears(block, adapter)
     with pytest.raises(RuntimeError, match="build the block again"):
         swap.restore()
 
 
 def test_summary_names_every_linear(cpu_fp8):
-    adapter, block = _small_block("minimax-h3", torch.bfloat16)
+    adapter, block = small_block("minimax-h3", torch.bfloat16)
     swap = quantize_linears(block, adapter)
     lines = swap.summary_lines()
     assert lines[0].startswith("FP8 linears (torchao") and "6 quantized" in lines[0]
@@ -248,7 +220,7 @@ def test_summary_names_every_linear(cpu_fp8):
 
 
 def test_non_bf16_weight_refused(cpu_fp8):
-    adapter, block = _small_block("minimax-h3", torch.bfloat16)
+    adapter, block = small_block("minimax-h3", torch.bfloat16)
     block.ff.net[2].to(torch.float32)
     with pytest.raises(UserError, match=r"ff\.net\.2 holds a float32 weight"):
         quantize_linears(block, adapter)
