@@ -21,16 +21,17 @@ SM_COUNT = 132  # an H200's SMs
 
 
 def builds():
-    """(label, head_dim, out dtype name, with_lse, kernel, sm90 options) of every build."""
-    from dit_accel.kernels.fp8_attention.tuning import default_options
+    """(label, head_dim, out dtype name, with_lse, kernel, sm90 configuration or None) of every build."""
+    from dit_accel.kernels.fp8_attention.config import Sm90Config
+    from dit_accel.kernels.fp8_attention.tuning import sm90_config
 
     out = []
     for head_dim, seqlen_kv in ((64, 30272), (128, 4096), (128, 30272)):
-        options = default_options(head_dim, SM_COUNT, seqlen_kv)
+        config = sm90_config(head_dim, SM_COUNT, seqlen_kv)
         for with_lse in (False, True):
             out.append((f"default D{head_dim} skv{seqlen_kv} lse{int(with_lse)}", head_dim, "bfloat16", with_lse,
-                        "sm90", options))
-    d64 = default_options(64, SM_COUNT, 30272)
+                        "sm90", config))
+    d64 = sm90_config(64, SM_COUNT, 30272)
     # test_fp8_sm90_compile's variants, in its order: (head_dim, with_lse, tile_n, two_level_pv, fma_exp2_tiles,
     # consumer_warpgroups, persistent_ctas, q_stages, pv_row_sum)
     for i, (head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum) in enumerate([
@@ -39,23 +40,23 @@ def builds():
             (64, True, 128, True, 0, None, 0, 1, False), (128, True, 128, True, 0, 2, 132, 1, False),
             (64, True, 128, True, 0, None, 132, 1, False), (128, True, 128, True, 0, 2, 132, 2, False),
             (128, True, 128, True, 0, 2, 0, 1, True), (64, True, 128, True, 0, None, 0, 1, True),
-            (64, True, 128, True, 0, None, d64["persistent_ctas"], 1, d64["pv_row_sum"])]):
-        options = dict(tile_n=tile_n, two_level_pv=two_level, fma_exp2_tiles=tiles, consumer_warpgroups=wgs,
-                       persistent_ctas=ctas, q_stages=q_stages, pv_row_sum=row_sum)
+            (64, True, 128, True, 0, None, d64.persistent_ctas, 1, d64.pv_row_sum)]):
+        config = Sm90Config(tile_n=tile_n, two_level_pv=two_level, fma_exp2_tiles=tiles, consumer_warpgroups=wgs,
+                            persistent_ctas=ctas, q_stages=q_stages, pv_row_sum=row_sum)
         out.append((f"compile-test {i} D{head_dim} lse{int(with_lse)}", head_dim, "bfloat16", with_lse, "sm90",
-                    options))
+                    config))
     for head_dim, dtype, with_lse in ((64, "bfloat16", False), (128, "bfloat16", False), (64, "float16", True),
                                       (128, "bfloat16", True)):
-        out.append((f"v1 D{head_dim} {dtype} lse{int(with_lse)}", head_dim, dtype, with_lse, "mma_sync", {}))
+        out.append((f"v1 D{head_dim} {dtype} lse{int(with_lse)}", head_dim, dtype, with_lse, "mma_sync", None))
     return out
 
 
-def ptx_of(head_dim: int, dtype: str, with_lse: bool, kernel: str, options: dict) -> str:
+def ptx_of(head_dim: int, dtype: str, with_lse: bool, kernel: str, config) -> str:
     import torch
 
     from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
 
-    compiled = compile_fp8_attention(head_dim, getattr(torch, dtype), with_lse, kernel=kernel, **options)
+    compiled = compile_fp8_attention(head_dim, getattr(torch, dtype), with_lse, kernel=kernel, config=config)
     return compiled.__ptx__
 
 
@@ -72,8 +73,8 @@ def main():
         with open(args.compare) as f:
             before = dict(reversed(line.rstrip("\n").split("  ", 1)) for line in f if "  " in line)
     digests = {}
-    for label, head_dim, dtype, with_lse, kernel, options in builds():
-        ptx = ptx_of(head_dim, dtype, with_lse, kernel, options)
+    for label, head_dim, dtype, with_lse, kernel, config in builds():
+        ptx = ptx_of(head_dim, dtype, with_lse, kernel, config)
         if ".loc" in ptx or ".file" in ptx:
             sys.exit(f"{label}: the PTX holds source locations; compare with them stripped")
         digests[label] = hashlib.sha256(ptx.encode()).hexdigest()

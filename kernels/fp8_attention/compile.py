@@ -13,6 +13,7 @@ no cute.Tensor wrappers, no stream object).
 """
 import torch
 
+from .config import Sm90Config
 from .kernel_mma_sync import Fp8AttentionMmaSync
 from .support import KERNELS
 
@@ -32,23 +33,26 @@ def fake_tensor(dtype: torch.dtype, rank: int):
     return make_fake_tensor(getattr(cutlass, TORCH_TO_CUTLASS[dtype]), shape, stride, assumed_align=16)
 
 
-def make_kernel(kernel: str, head_dim: int, **options):
-    """The kernel object for a variant name: "mma_sync" (v1, sm_89+) or "sm90" (wgmma, sm_90a)."""
+def make_kernel(kernel: str, head_dim: int, config: Sm90Config | None = None):
+    """The kernel object for a variant name: "mma_sync" (v1, sm_89+; it has no configuration) or "sm90"
+    (wgmma, sm_90a; config None: `Sm90Config()`)."""
     if kernel == "mma_sync":
+        if config is not None:
+            raise ValueError("the mma_sync kernel takes no configuration")
         return Fp8AttentionMmaSync(head_dim)
     if kernel == "sm90":
         from .kernel_sm90 import Fp8AttentionSm90
 
-        return Fp8AttentionSm90(head_dim, **options)
+        return Fp8AttentionSm90(head_dim, Sm90Config() if config is None else config)
     raise ValueError(f"unknown fp8 attention kernel {kernel!r}; one of {KERNELS}")
 
 
 def compile_fp8_attention(head_dim: int, out_dtype: torch.dtype, with_lse: bool,
-                          kernel: str = "mma_sync", **options):
+                          kernel: str = "mma_sync", config: Sm90Config | None = None):
     """Returns the compiled callable: `compiled(q, k, v, descale, out, lse, softmax_scale,
     seqlen_kv)` with prep's packed torch tensors (lse None when compiled without), launched on
-    torch's current stream. Both kernels take the same arguments; options go to the kernel class
-    (sm90: tile_n, num_stages)."""
+    torch's current stream. Both kernels take the same arguments; config is the sm90 kernel's
+    (`config.Sm90Config`; None: its defaults)."""
     import cutlass.cute as cute
 
     import cutlass
@@ -62,4 +66,4 @@ def compile_fp8_attention(head_dim: int, out_dtype: torch.dtype, with_lse: bool,
         cutlass.Float32(1.0), cutlass.Int32(1),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),  # torch's current stream at each call
     )
-    return cute.compile(make_kernel(kernel, head_dim, **options), *args, options="--enable-tvm-ffi")
+    return cute.compile(make_kernel(kernel, head_dim, config), *args, options="--enable-tvm-ffi")

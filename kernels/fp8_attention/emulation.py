@@ -60,7 +60,10 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
     if rows is not None:
         qc = qc[:, :, rows]
         sq = qc.shape[2]
-    per_head = lambda t: t.double().view(b, h, 1, 1)
+
+    def per_head(t):  # a per-(b, h) vector broadcast over [B, H, S, D]
+        return t.double().view(b, h, 1, 1)
+
     qk_scale_log2 = per_head(descale[0]) * per_head(descale[1]) * scale * LOG2_E
     logits = qc @ kc.transpose(-1, -2) * qk_scale_log2  # log2 units, [B, H, Sq, Skv]
 

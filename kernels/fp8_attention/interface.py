@@ -9,8 +9,8 @@ per plan, launches.
     out = fp8_attention(q_raw, k_raw, v, prologue=Prologue(wq, wk, eps, cos, sin))
                                                       # QK-norm + RoPE fused into prep (MiniMax-H3)
 
-Kernel choice ("auto"): sm_90 -> `kernel_sm90` (TMA + FP8 wgmma, warp-specialized, with the options
-`tuning.default_options` gives its head dim and key length); sm_89 and sm_120 -> v1 `kernel_mma_sync`.
+Kernel choice ("auto"): sm_90 -> `kernel_sm90` (TMA + FP8 wgmma, warp-specialized, in the configuration
+`tuning.sm90_config` gives its head dim and key length); sm_89 and sm_120 -> v1 `kernel_mma_sync`.
 Both read the same prep output.
 
 Inputs may be non-contiguous [B, S, H, D] views as long as the head dim is contiguous
@@ -24,7 +24,7 @@ import torch
 from .memo import BoundedMemo
 from .prep import PackedQKV, Prologue, launch_spec, prep_reference, prep_triton, prep_triton_with_spec, prologue_reason
 from .support import Fp8AttentionUnsupported, check_can_implement, device_capability, on_device, resolve_kernel
-from .tuning import default_options, persistent_pays
+from .tuning import persistent_pays, sm90_config
 
 _plans: dict = {}
 # (prep.launch_spec, kernel) of inputs fp8_attention checked and took: a call like one before skips the checks
@@ -50,7 +50,9 @@ def prep_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, use
 def _plan(head_dim: int, out_dtype: torch.dtype, with_lse: bool, device: torch.device, seqlen_kv: int,
           kernel: str = "auto"):
     """Compiled kernel for this plan key; batch, heads and sequence lengths are dynamic, but on sm_90 the key
-    length picks one of two plans (`tuning.persistent_pays`)."""
+    length picks one of two plans (`tuning.persistent_pays`). The key holds what picks the sm90 configuration
+    (`tuning.sm90_config`: head dim, device, that choice), not the configuration itself, which is built only
+    when a plan is compiled (the lookup runs on every call)."""
     if device.index is None:  # "cuda" is the current device: one plan per physical device (its SM count)
         device = torch.device(device.type, torch.cuda.current_device())
     key = (head_dim, out_dtype, with_lse, device, kernel, persistent_pays(head_dim, seqlen_kv))
@@ -62,7 +64,7 @@ def _plan(head_dim: int, out_dtype: torch.dtype, with_lse: bool, device: torch.d
         if variant == "sm90":
             sm_count = torch.cuda.get_device_properties(device).multi_processor_count
             plan = _plans[key] = compile_fp8_attention(head_dim, out_dtype, with_lse, kernel=variant,
-                                                       **default_options(head_dim, sm_count, seqlen_kv))
+                                                       config=sm90_config(head_dim, sm_count, seqlen_kv))
         else:  # v1 has no length-dependent options: one compile serves both keys
             plan = compile_fp8_attention(head_dim, out_dtype, with_lse, kernel=variant)
             for persistent in (False, True):

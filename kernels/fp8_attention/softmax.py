@@ -1,12 +1,26 @@
-"""Online-softmax pieces both kernels share: reductions over the quad that holds a query row.
+"""Online softmax: reductions over the quad that holds a query row (both kernels), and the sm90 kernel's
+per-thread softmax state (`OnlineSoftmax`).
 
 In both kernels (mma.sync m16n8k32 and the per-warp slice of an m64nNk32 wgmma) a query row's
 accumulator values are spread over the 4 lanes of a quad (lanes 4g..4g+3; lane t holds keys or
 features 8j + 2t + {0, 1}). Two butterfly shuffles (xor 1, then xor 2) give all 4 lanes the
 quad's result; no other lane takes part.
 """
+from dataclasses import dataclass
+
+import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .layout import P_SCALE_LOG2
+
+# exp2 on the FMA pipe: x + 1.5 * 2^23 rounds x to the nearest integer j (kept in the low
+# mantissa bits), f = x - j in [-0.5, 0.5], 2^f by a degree-2 polynomial (minimax relative
+# error 1.7e-3, far below e4m3's 2^-4 rounding of P), then j is added to the exponent field.
+ROUND_TO_INT = 1.5 * 2**23
+EXP2_POLY = (1.0004431009292603, 0.7034448981285095, 0.23842675983905792)
 
 
 def quad_max(x: Float32) -> Float32:
@@ -20,3 +34,140 @@ def quad_sum(x: Float32) -> Float32:
     x += cute.arch.shuffle_sync_bfly(x, offset=1)
     x += cute.arch.shuffle_sync_bfly(x, offset=2)
     return x
+
+
+@dsl_user_op
+def add_to_exponent(rounded: Float32, mantissa: Float32, *, loc=None, ip=None) -> Float32:
+    """Float with the bits (bits(rounded) << 23) + bits(mantissa): 2^j * mantissa, where j is
+    the integer held in the low bits of `rounded` (one LEA on the ALU pipe)."""
+    return Float32(llvm.inline_asm(
+        T.f32(), [Float32(rounded).ir_value(loc=loc, ip=ip), Float32(mantissa).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 j, m, e;\n\tmov.b32 j, $1;\n\tmov.b32 m, $2;\n\t"
+        "shl.b32 e, j, 23;\n\tadd.s32 e, e, m;\n\tmov.b32 $0, e;\n\t}",
+        "=f,f,f", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@cute.jit
+def exp2_on_fma(x: Float32) -> Float32:
+    """2^x for x <= 127 without the MUFU unit (3 FADD, 2 FFMA, FMNMX, LEA); x below -126
+    (masked keys are -inf) gives ~0."""
+    x = cute.arch.fmax(x, Float32(-126.0))
+    rounded = x + ROUND_TO_INT
+    frac = x - (rounded - ROUND_TO_INT)
+    mantissa = (EXP2_POLY[2] * frac + EXP2_POLY[1]) * frac + EXP2_POLY[0]
+    return add_to_exponent(rounded, mantissa)
+
+
+def rows_view(acc: cute.Tensor) -> cute.Tensor:
+    """(row half r, (c, j)) view of a thread's ((2, 2, n/8), 1, 1) wgmma accumulator (compact registers):
+    per thread, value (c, r, j) is row 16 * (warp % 4) + lane / 4 + 8r of its warpgroup's 64 and column
+    8j + 2(lane % 4) + c."""
+    n8 = cute.size(acc.shape[0][2])
+    return cute.make_tensor(acc.iterator, cute.make_layout((2, (2, n8)), stride=(2, (1, 4))))
+
+
+def block_row_sums(acc_L: cute.Tensor) -> cute.Tensor:
+    """(row half r, column c) view of the row-sum accumulator of `pv_row_sum` (P times the ones tile): per
+    thread acc_L ((c, r), 1, 1) holds columns 2(lane % 4) + c of its two row halves r; column 0
+    (lane % 4 == 0, c = 0) is the block's row sum, every other column zero, so c = 0 alone is read."""
+    return cute.make_tensor(acc_L.iterator, cute.make_layout((2, 2), stride=(2, 1)))
+
+
+@dataclass(frozen=True)
+class OnlineSoftmax:
+    """The sm90 kernel's online-softmax state of this thread's 2 query rows (row halves r of its wgmma
+    accumulators, `rows_view`), and what it does to a key block's scores and to O. Frozen: the DSL keeps it
+    as it is through the key loop (the tensors' registers change, the object does not).
+
+    row_max: the running max of each row in log2-logit units (raw scores times the tile's qk_scale_log2);
+    row_sum: this lane's share of the row's sum(p * 256) against that max (the 4 lanes of a quad are added
+    in the epilogue), with pv_row_sum the lane % 4 == 0 lane's whole row sum of the e4m3-rounded p * 256.
+    fma_exp2_tiles, two_level_pv, pv_row_sum: the configuration's (`config.Sm90Config`), compile-time.
+    """
+
+    fma_exp2_tiles: int
+    two_level_pv: bool
+    pv_row_sum: bool
+    row_max: cute.Tensor
+    row_sum: cute.Tensor
+
+    @staticmethod
+    def create(fma_exp2_tiles: int, two_level_pv: bool, pv_row_sum: bool) -> "OnlineSoftmax":
+        """The state in fresh registers (`reset` before a tile's first key block)."""
+        return OnlineSoftmax(fma_exp2_tiles, two_level_pv, pv_row_sum, cute.make_rmem_tensor((2,), Float32),
+                             cute.make_rmem_tensor((2,), Float32))
+
+    @cute.jit
+    def reset(self):
+        """A tile's state before its first key block."""
+        self.row_max.fill(-Float32.inf)
+        self.row_sum.fill(0.0)
+
+    @cute.jit
+    def online_update(self, acc_S: cute.Tensor, qk_scale_log2: Float32, is_first: cutlass.Constexpr):
+        """Raw scores -> p * 256 = 2^(s * scale - m + 8) in place; returns the factor that O
+        must be multiplied by (2^(m_old - m_new)) before the next P.V.
+
+        The max is exact over the quad (the 4 lanes of a row), so every lane subtracts the same
+        m and p <= 1 holds for every key; the sum stays per lane until the epilogue.
+        """
+        row_max, row_sum = self.row_max, self.row_sum
+        scores = rows_view(acc_S)
+        row_scale = cute.make_rmem_tensor((2,), Float32)
+        for r in cutlass.range_constexpr(2):
+            raw = scores[r, None].load()
+            block_max = quad_max(raw.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
+            # Every row sees a real key in the first block it processes (the masked block holds
+            # key n_blocks-1 * N < seqlen_kv), so new_max is finite from then on.
+            new_max = cute.arch.fmax(row_max[r], block_max * qk_scale_log2)
+            if const_expr(is_first):
+                row_scale[r] = Float32(0.0)
+            else:
+                row_scale[r] = cute.math.exp2(row_max[r] - new_max, fastmath=True)
+            self.exp2_row(scores, r, qk_scale_log2, P_SCALE_LOG2 - new_max)
+            if const_expr(not self.pv_row_sum):  # else the tensor core sums P (`add_block`)
+                block_sum = scores[r, None].load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                if const_expr(is_first):
+                    row_sum[r] = block_sum
+                else:
+                    row_sum[r] = row_sum[r] * row_scale[r] + block_sum
+            row_max[r] = new_max
+        return row_scale
+
+    @cute.jit
+    def exp2_row(self, scores: cute.Tensor, r: cutlass.Constexpr, qk_scale_log2: Float32, bias: Float32):
+        """scores[r, :] = 2^(scores * qk_scale_log2 + bias), the first fma_exp2_tiles n8 tiles on
+        the FMA pipe, the rest on the MUFU."""
+        if const_expr(self.fma_exp2_tiles == 0):
+            scores[r, None].store(cute.math.exp2(scores[r, None].load() * qk_scale_log2 + bias, fastmath=True))
+        else:
+            for i in cutlass.range_constexpr(cute.size(scores, mode=[1])):
+                x = scores[r, i] * qk_scale_log2 + bias
+                if const_expr(i < 2 * self.fma_exp2_tiles):  # (c, j) with j < tiles
+                    scores[r, i] = exp2_on_fma(x)
+                else:
+                    scores[r, i] = cute.math.exp2(x, fastmath=True)
+
+    @cute.jit
+    def add_block(self, acc_O: cute.Tensor, acc_PV: cute.Tensor, acc_L: cute.Tensor | None, row_scale):
+        """Adds a block's P.V into O (and with pv_row_sum its row sums, acc_L, into row_sum): two-level,
+        O = (O + P.V) * row_scale, this block's factor (None: the last block, no rescale); single-level
+        (P.V already in O), O *= row_scale (None: nothing to do)."""
+        row_sum = self.row_sum
+        rows = rows_view(acc_O)
+        block = rows_view(acc_PV)
+        if const_expr(self.two_level_pv and row_scale is None):
+            acc_O.store(acc_O.load() + acc_PV.load())
+        elif const_expr(row_scale is not None):
+            for r in cutlass.range_constexpr(2):
+                if const_expr(self.two_level_pv):
+                    rows[r, None].store((rows[r, None].load() + block[r, None].load()) * row_scale[r])
+                else:
+                    rows[r, None].store(rows[r, None].load() * row_scale[r])
+        if const_expr(self.pv_row_sum):
+            block_sums = block_row_sums(acc_L)
+            for r in cutlass.range_constexpr(2):
+                if const_expr(row_scale is None):
+                    row_sum[r] = row_sum[r] + block_sums[r, 0]
+                else:
+                    row_sum[r] = (row_sum[r] + block_sums[r, 0]) * row_scale[r]

@@ -1,6 +1,7 @@
-"""What `fp8_attention` compiles on sm_90 beyond `Fp8AttentionSm90`'s constructor defaults, by head dim and
-key length, as measured on the H200 (B1 H56, kernel alone, kernels/NOTES.md). No cutlass here: the host
-path picks a plan by it on every call."""
+"""What `fp8_attention` compiles on sm_90 beyond `Sm90Config`'s defaults, by head dim and key length, as
+measured on the H200 (B1 H56, kernel alone, docs/kernels.md). No cutlass here: the host path picks a plan by
+it on every call."""
+from .config import Sm90Config
 from .support import check_head_dim
 
 # Persistent CTAs (one per SM, walking the tiles) up to this many keys, None: at every length. They hide a
@@ -22,9 +23,8 @@ def persistent_pays(head_dim: int, seqlen_kv: int) -> bool:
     return limit is None or seqlen_kv <= limit
 
 
-def default_options(head_dim: int, sm_count: int, seqlen_kv: int) -> dict:
-    """The constructor options `fp8_attention` runs at this head dim and key length on a device with
-    sm_count SMs; raises Fp8AttentionUnsupported for a head dim the kernels are not written for
-    (`persistent_pays`)."""
-    return {"persistent_ctas": sm_count if persistent_pays(head_dim, seqlen_kv) else 0,
-            "pv_row_sum": PV_ROW_SUM_BY_HEAD_DIM[head_dim]}
+def sm90_config(head_dim: int, sm_count: int, seqlen_kv: int) -> Sm90Config:
+    """The configuration `fp8_attention` runs at this head dim and key length on a device with sm_count SMs;
+    raises Fp8AttentionUnsupported for a head dim the kernels are not written for (`persistent_pays`)."""
+    return Sm90Config(persistent_ctas=sm_count if persistent_pays(head_dim, seqlen_kv) else 0,
+                      pv_row_sum=PV_ROW_SUM_BY_HEAD_DIM[head_dim])

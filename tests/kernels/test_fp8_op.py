@@ -1,13 +1,14 @@
 """The FP8 attention as a torch custom op (`torch.ops.dit_accel.fp8_attention`): torch.library's
-own checks, forward only (no silent backward), the CPU implementation against the emulation, torch.compile with fullgraph and no
-graph breaks; on a GPU (marked `gpu`): compiled vs eager and a CUDA graph replay."""
+own checks, forward only (no silent backward), the CPU implementation against the emulation, torch.compile
+with fullgraph and no graph breaks; on a GPU (marked `gpu`): compiled vs eager and a CUDA graph replay."""
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from dit_accel.attention.reference import random_qkv, reference_attention, rel_rms_err
 from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention
-from dit_accel.kernels.fp8_attention.op import FP8_ATTENTION, FP8_ATTENTION_PROLOGUE, Fp8AttentionNoGrad, unsupported_reason
+from dit_accel.kernels.fp8_attention.op import (
+    FP8_ATTENTION, FP8_ATTENTION_PROLOGUE, Fp8AttentionNoGrad, unsupported_reason)
 from dit_accel.kernels.fp8_attention.support import Fp8AttentionUnsupported, resolve_kernel
 
 DTYPES = [torch.bfloat16, torch.float16]
@@ -152,9 +153,9 @@ def test_gpu_compile_fullgraph_matches_eager(mode):
     # 32-key strips): against the v1 order the sm90 kernel measured 1.2% on the H200, its rescaling
     # points differ.
     if resolve_kernel("auto", torch.cuda.get_device_capability()) == "sm90":
-        from dit_accel.kernels.fp8_attention.kernel_sm90 import DEFAULT_TILE_N
+        from dit_accel.kernels.fp8_attention.config import Sm90Config
 
-        order = dict(block_keys=DEFAULT_TILE_N, reverse=True)
+        order = dict(block_keys=Sm90Config().tile_n, reverse=True)
     else:
         order = {}
     emulated = emulate_fp8_attention(q * 2.0, k, v, 0.125, out_dtype=q.dtype, **order)

@@ -12,7 +12,10 @@ from dit_accel.kernels.fp8_attention.prep import FP8, key_order, prep_reference
 
 def qkv(b=2, sq=100, skv=70, h=3, d=64, dtype=torch.bfloat16, seed=0):
     g = torch.Generator().manual_seed(seed)
-    make = lambda s: torch.randn(b, s, h, d, generator=g).to(dtype)
+
+    def make(s):
+        return torch.randn(b, s, h, d, generator=g).to(dtype)
+
     return make(sq), make(skv), make(skv)
 
 

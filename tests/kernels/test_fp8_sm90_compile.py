@@ -19,8 +19,9 @@ pytest.importorskip("cutlass")
 COMPILE = r"""
 import glob, json, os, re, torch
 from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
-from dit_accel.kernels.fp8_attention.tuning import default_options
-d64 = default_options(64, 132, 30272)  # what fp8_attention runs at D = 64 on a 132-SM H200
+from dit_accel.kernels.fp8_attention.config import Sm90Config
+from dit_accel.kernels.fp8_attention.tuning import sm90_config
+d64 = sm90_config(64, 132, 30272)  # what fp8_attention runs at D = 64 on a 132-SM H200
 dump = os.environ["CUTE_DSL_DUMP_DIR"]
 done = []
 for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum in [
@@ -29,12 +30,12 @@ for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum i
         (64, True, 128, True, 0, None, 0, 1, False), (128, True, 128, True, 0, 2, 132, 1, False),
         (64, True, 128, True, 0, None, 132, 1, False), (128, True, 128, True, 0, 2, 132, 2, False),
         (128, True, 128, True, 0, 2, 0, 1, True), (64, True, 128, True, 0, None, 0, 1, True),
-        (64, True, 128, True, 0, None, d64["persistent_ctas"], 1, d64["pv_row_sum"])]:
+        (64, True, 128, True, 0, None, d64.persistent_ctas, 1, d64.pv_row_sum)]:
     for f in glob.glob(os.path.join(dump, "*.ptx")):
         os.remove(f)
-    compile_fp8_attention(head_dim, torch.bfloat16, with_lse, kernel="sm90", tile_n=tile_n, two_level_pv=two_level,
-                          fma_exp2_tiles=tiles, consumer_warpgroups=wgs, persistent_ctas=ctas, q_stages=q_stages,
-                          pv_row_sum=row_sum)
+    config = Sm90Config(tile_n=tile_n, two_level_pv=two_level, fma_exp2_tiles=tiles, consumer_warpgroups=wgs,
+                        persistent_ctas=ctas, q_stages=q_stages, pv_row_sum=row_sum)
+    compile_fp8_attention(head_dim, torch.bfloat16, with_lse, kernel="sm90", config=config)
     ptx = open(glob.glob(os.path.join(dump, "*.ptx"))[0]).read()
     threads = int(re.search(r"\.reqntid\s+(\d+)", ptx)[1])
     done.append({"head_dim": head_dim, "tile_n": tile_n, "fma_exp2_tiles": tiles, "default": wgs is None,
@@ -103,7 +104,8 @@ def test_register_split_fits_the_launch_allocation():
     """setmaxnreg moves registers only inside the CTA's launch allocation (threads x the launch register
     count, which ptxas takes as 64K / threads rounded down to 8 here), and an increase that does not fit
     waits forever: four consumer warpgroups at 120 registers hung the GPU this way."""
-    from dit_accel.kernels.fp8_attention.kernel_sm90 import CONSUMER_REGS, PRODUCER_REGS, WG_THREADS
+    from dit_accel.kernels.fp8_attention.config import CONSUMER_REGS
+    from dit_accel.kernels.fp8_attention.kernel_sm90 import PRODUCER_REGS, WG_THREADS
 
     for warpgroups, consumer_regs in CONSUMER_REGS.items():
         threads = WG_THREADS * (1 + warpgroups)
@@ -112,8 +114,8 @@ def test_register_split_fits_the_launch_allocation():
         assert WG_THREADS * PRODUCER_REGS + WG_THREADS * warpgroups * consumer_regs <= threads * launch_regs, warpgroups
 
 
-def test_plans_compile_with_each_devices_default_options(monkeypatch):
-    """interface._plan compiles the sm90 kernel with `tuning.default_options` for its head dim, key length and
+def test_plans_compile_with_each_devices_default_config(monkeypatch):
+    """interface._plan compiles the sm90 kernel in `tuning.sm90_config` for its head dim, key length and
     its own device's SM count, once per plan; "cuda" without an index is the current device's plan; at
     D = 128 short and long key sides get a plan each (persistent CTAs up to PERSISTENT_MAX_KEYS), and a
     non-sm90 device one plan for both."""
@@ -124,7 +126,7 @@ def test_plans_compile_with_each_devices_default_options(monkeypatch):
     from dit_accel.kernels.fp8_attention import compile as compile_module
     from dit_accel.kernels.fp8_attention import interface
     from dit_accel.kernels.fp8_attention.support import Fp8AttentionUnsupported
-    from dit_accel.kernels.fp8_attention.tuning import PERSISTENT_MAX_KEYS, default_options
+    from dit_accel.kernels.fp8_attention.tuning import PERSISTENT_MAX_KEYS, sm90_config
 
     calls = []
     monkeypatch.setattr(compile_module, "compile_fp8_attention", lambda *a, **kw: calls.append((a[0], kw)) or object())
@@ -140,9 +142,9 @@ def test_plans_compile_with_each_devices_default_options(monkeypatch):
         for d in (64, 128):
             for seqlen_kv in (short, 1, long, 30272):
                 interface._plan(d, torch.bfloat16, False, torch.device(device), seqlen_kv)
-    assert calls == [(d, dict(kernel="sm90", **default_options(d, sms[i], s)))
+    assert calls == [(d, dict(kernel="sm90", config=sm90_config(d, sms[i], s)))
                      for i in (0, 1) for d, s in ((64, short), (128, short), (128, long))]
-    assert [kw["persistent_ctas"] for _, kw in calls] == [132, 132, 0, 78, 78, 0]
+    assert [kw["config"].persistent_ctas for _, kw in calls] == [132, 132, 0, 78, 78, 0]
     calls.clear()
     capability = (8, 9)  # v1: nothing depends on the key length
     monkeypatch.setattr(interface, "_plans", {})

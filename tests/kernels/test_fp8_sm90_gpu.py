@@ -1,5 +1,5 @@
 """GPU checks of the Hopper FP8 attention kernel against the float64 emulation of its scheme
-(key blocks of DEFAULT_TILE_N, last to first) and the fp64 reference. Skipped without an sm_90 GPU."""
+(key blocks of TILE_N keys, last to first) and the fp64 reference. Skipped without an sm_90 GPU."""
 import functools
 
 import pytest
@@ -13,8 +13,10 @@ from dit_accel.attention.reference import random_qkv, reference_attention, rel_r
 from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention, lse_mismatch  # noqa: E402
 from dit_accel.kernels.fp8_attention.interface import (  # noqa: E402
     fp8_attention_packed, prep_fp8_attention)
-from dit_accel.kernels.fp8_attention.kernel_sm90 import DEFAULT_TILE_N  # noqa: E402
+from dit_accel.kernels.fp8_attention.config import Sm90Config  # noqa: E402
 from dit_accel.kernels.fp8_attention.tuning import PV_ROW_SUM_BY_HEAD_DIM  # noqa: E402
+
+TILE_N = Sm90Config().tile_n  # the key block of every configuration below and of what fp8_attention runs
 
 
 
@@ -24,7 +26,7 @@ from dit_accel.kernels.fp8_attention.tuning import PV_ROW_SUM_BY_HEAD_DIM  # noq
     (1, 1000, 1000, 128, True), (2, 1000, 512, 64, True), (1, 4096, 4096, 128, False),
     (1, 300, 12289, 128, True)])  # past tuning.PERSISTENT_MAX_KEYS[128]: the one-CTA-per-tile plan
 def test_sm90_matches_emulation(b, sq, skv, d, outliers):
-    """What fp8_attention runs (`tuning.default_options`: persistent at D = 64 and at D = 128 up to 12288
+    """What fp8_attention runs (`tuning.sm90_config`: persistent at D = 64 and at D = 128 up to 12288
     keys, the tensor core's row sums at D = 64) against the emulation of that scheme."""
     q, k, v = random_qkv(b, sq, skv, 3, d, outliers, seed=sq + d)
     packed = prep_fp8_attention(q, k, v)
@@ -32,7 +34,7 @@ def test_sm90_matches_emulation(b, sq, skv, d, outliers):
     out, lse = fp8_attention_packed(packed, return_lse=True, out=out, kernel="sm90")
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     rounded = PV_ROW_SUM_BY_HEAD_DIM[d]
-    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=DEFAULT_TILE_N, reverse=True,
+    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=TILE_N, reverse=True,
                                          rounded_row_sum=rounded)
     ref = reference_attention(q, k, v)
     assert rel_rms_err(out, emu) < 0.01
@@ -51,10 +53,10 @@ def sm_count() -> int:
 
 @functools.cache
 def compiled_with_lse(head_dim: int, **options):
-    """One compile per kernel variant for the whole module (the cases share them)."""
+    """One compile per kernel variant (`Sm90Config(**options)`) for the whole module (the cases share them)."""
     from dit_accel.kernels.fp8_attention.compile import compile_fp8_attention
 
-    return compile_fp8_attention(head_dim, torch.bfloat16, True, kernel="sm90", **options)
+    return compile_fp8_attention(head_dim, torch.bfloat16, True, kernel="sm90", config=Sm90Config(**options))
 
 
 @pytest.mark.parametrize("b,sq,skv,outliers", [(1, 1, 1, False), (2, 17, 17, True), (1, 191, 191, True),
@@ -65,7 +67,7 @@ def test_three_consumer_warpgroups_equal_two_bitwise(b, sq, skv, outliers):
     kernel gives it (each row's wgmmas and softmax are the same instructions in the same order): O and
     LSE bit for bit, every row written, including the rows of a tile past prep's 128-row padding (TMA's
     zero fill), no row past Sq; and within the emulation's budget."""
-    from dit_accel.kernels.fp8_attention.kernel_sm90 import DEFAULT_CONSUMER_WARPGROUPS
+    from dit_accel.kernels.fp8_attention.config import DEFAULT_CONSUMER_WARPGROUPS
 
     assert DEFAULT_CONSUMER_WARPGROUPS[64] == 3
     q, k, v = random_qkv(b, sq, skv, 3, 64, outliers, seed=sq + skv)
@@ -81,7 +83,7 @@ def test_three_consumer_warpgroups_equal_two_bitwise(b, sq, skv, outliers):
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     assert torch.equal(out.view(torch.int16), out2.view(torch.int16))
     assert torch.equal(lse.view(torch.int32), lse2.view(torch.int32))
-    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=DEFAULT_TILE_N, reverse=True)
+    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=TILE_N, reverse=True)
     assert rel_rms_err(out, emu) < 0.01
     assert_lse_close(lse, emu_lse, rounded_row_sum=False)
 
@@ -125,7 +127,7 @@ def test_row_sums_from_the_tensor_core_match_their_emulation(d, b, sq, skv, outl
     kernel = compiled_with_lse(d, pv_row_sum=True)
     kernel(packed.q, packed.k, packed.v, packed.descale, out, lse, d ** -0.5, packed.seqlen_kv)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
-    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=DEFAULT_TILE_N, reverse=True,
+    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=TILE_N, reverse=True,
                                          rounded_row_sum=True)
     assert rel_rms_err(out, emu) < 0.01
     assert_lse_close(lse, emu_lse, rounded_row_sum=True)
@@ -146,7 +148,7 @@ def test_exp2_on_the_fma_pipe_matches_emulation(fma_exp2_tiles):
     lse = torch.empty(2, 3, 1000, device="cuda")
     kernel = compiled_with_lse(128, fma_exp2_tiles=fma_exp2_tiles)
     kernel(packed.q, packed.k, packed.v, packed.descale, out, lse, 128 ** -0.5, packed.seqlen_kv)
-    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=DEFAULT_TILE_N, reverse=True)
+    emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=TILE_N, reverse=True)
     assert torch.isfinite(out).all()
     assert rel_rms_err(out, emu) < 0.01
     assert_lse_close(lse, emu_lse, rounded_row_sum=False)
