@@ -1,9 +1,12 @@
-"""The device check scripts' timing helpers (check_fp8_attention.time_cases, check_compile.per_call_rounds),
-with CUDA events and the host clock replaced by clocks the test controls."""
+"""The device check scripts on the CPU: check_fp8_sm90's arguments and variant names, check_fp8_attention's timing
+report entries and report file, check_compile.per_call_rounds; CUDA events and the host clock replaced by
+clocks the test controls (the interleaved timer itself: tests/test_timing_interleaved.py)."""
 import importlib.util
+import json
 import os
 
 import pytest
+import torch
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), os.pardir, "scripts")
 
@@ -21,56 +24,79 @@ def script():
     return load_script("check_fp8_attention")
 
 
-def test_time_cases_interleaves_rounds_and_warms_each_case_before_its_sample(script, monkeypatch):
-    calls = []  # every call of a case's fn, and "timed" where a timed call began
-    ms_of = {"a": [5.0, 1.0, 1.0, 1.2, 1.1], "b": [9.0, 2.0, 2.0, 2.0, 2.4]}  # a slow first round for both
+@pytest.fixture
+def sm90_script():
+    return load_script("check_fp8_sm90")
 
-    def event_ms(fn):
-        calls.append("timed")
-        name = fn()
-        return ms_of[name][calls.count(name) // 2 - warmup]  # this case's timed calls so far, from 0
+
+def test_variants_are_named_by_their_configurations_label(sm90_script):
+    from dit_accel.kernels.fp8_attention.config import Sm90Config
+
+    variants = sm90_script.parse_variants("default,128x2,192x2s,128x2p2re2w3,128x3p", sm_count=132)
+    assert variants == ["default", Sm90Config(), Sm90Config(tile_n=192, two_level_pv=False),
+                        Sm90Config(persistent_ctas=132, q_stages=2, pv_row_sum=True, fma_exp2_tiles=2,
+                                   consumer_warpgroups=3),
+                        Sm90Config(num_stages=3, persistent_ctas=132)]
+    assert [sm90_script.variant_name(v) for v in variants] == ["default", "128x2", "192x2s", "128x2p2re2w3", "128x3p"]
+    # "default" is what fp8_attention runs (`tuning.sm90_config`): persistent at D = 64 and at D = 128 up to
+    # 12288 keys, the tensor core's row sums at D = 64; no "w": the head dim's warpgroups.
+    name = sm90_script.variant_name
+    assert (name("default", 128, 132, 4096), name("default", 128, 132, 30272), name("default", 64, 132, 30272)) == (
+        "default=128x2p", "default=128x2", "default=128x2pr")
+    assert sm90_script.resolve("default", 64, 78, 30272).persistent_ctas == 78
+    assert sm90_script.resolve(variants[1], 64, 78, 30272) is variants[1]
+
+
+def test_bad_variants_stop_the_script_before_any_gpu_work(sm90_script, capsys):
+    args = sm90_script.parse_args(["--out", "x", "--variants", "default,128x2p", "--head-dim", "64", "--no-matrix"])
+    assert (args.variants, args.head_dim, args.seq_lens, args.budget_s) == ("default,128x2p", 64, "30272", 300.0)
+    for variants, reason in (("128x2,12x", "bad variant '12x'"), ("128x2sr", "pv_row_sum needs two_level_pv"),
+                             ("100x2", "tile_n must be a multiple")):
+        with pytest.raises(SystemExit):
+            sm90_script.parse_args(["--out", "x", "--variants", variants])
+        assert reason in capsys.readouterr().err
+
+
+def timed_cases(durations: dict[str, list[float]]):
+    """Cases whose k-th call moves the returned clock by durations[name][k] seconds, and that clock."""
+    now, calls = [0.0], {name: 0 for name in durations}
 
     def case(name):
-        return lambda: calls.append(name) or name
+        def call():
+            now[0] += durations[name][calls[name]]
+            calls[name] += 1
+        return call
+
+    return {name: case(name) for name in durations}, lambda: now[0]
+
+
+def test_timing_entries_report_each_case_its_median_rate_error_or_skip(script):
+    """Cases timed on the CPU with a clock each call moves: a's timed calls take 1, 3 and 2 ms (median 2 ms;
+    4.4e12 FLOP: 2200 TFLOP/s); a case that raises gets its error; b, the case named no_flop_rate, no rate."""
+    cases, clock = timed_cases({"a": [0.0, 0.5, 0.001, 0.5, 0.003, 0.5, 0.002], "b": [0.0] + [0.5, 0.004] * 3})
 
     def broken():
         raise RuntimeError("no kernel for this shape")
 
-    warmup = 2
-    monkeypatch.setattr(script, "event_ms", event_ms)
-    report = {"timing": []}
-    script.time_cases([("a", case("a")), ("broken", broken), ("b", case("b"))], report, "S1", 4.4e12,
-                      lambda: False, iters=5, warmup=warmup, no_flop_rate="b")
-    # warm-up: each case twice; then per round each case once untimed and once timed, a before b
-    assert calls == ["a", "a", "b", "b"] + ["a", "timed", "a", "b", "timed", "b"] * 5
-    a, bad, b = report["timing"]
-    assert a == {"what": "a", "shape": "S1", "ms": 1.1, "runs": 5, "tflops": 4000.0}  # the median, not the slow first round
-    assert bad["what"] == "broken" and bad["error"] == "RuntimeError: no kernel for this shape" and "ms" not in bad
-    assert b["ms"] == 2.0 and "tflops" not in b  # the case named no_flop_rate
+    cases = {"a": cases["a"], "broken": broken, "b": cases["b"]}
+    entries = script.timing_entries(cases, "S1", 4.4e12, budget_s=None, rounds=3, warmup=1, no_flop_rate="b",
+                                    device=torch.device("cpu"), clock=clock)
+    a, bad, b = entries
+    assert a == {"what": "a", "shape": "S1", "ms": 2.0, "runs": 3, "tflops": 2200.0}
+    assert bad == {"what": "broken", "shape": "S1", "error": "RuntimeError: no kernel for this shape"}
+    assert b == {"what": "b", "shape": "S1", "ms": 4.0, "runs": 3}
+    # a's first round (100 s untimed, then its sample) spends the 1.5 s budget: c never gets a sample.
+    cases, clock = timed_cases({"a": [0.0, 100.0, 0.002], "c": [0.0]})
+    a, c = script.timing_entries(cases, "S1", 1e9, budget_s=1.5, rounds=3, warmup=1, no_flop_rate="",
+                                 device=torch.device("cpu"), clock=clock)
+    assert (a["ms"], a["runs"]) == (2.0, 1)
+    assert c == {"what": "c", "shape": "S1", "skipped": "time budget"}
 
 
-def test_time_cases_stops_where_the_budget_runs_out(script, monkeypatch):
-    """A clock that only moves forward: each fn call costs 1 s of a 10 s budget. The warm-up of both cases
-    fits (4 s), the rounds stop inside the second (each sample costs 2 s: a at 4 and 8 s, b at 6 s, then
-    b's second finds the budget spent), and each case keeps what it has."""
-    clock = [0.0]
-
-    def fn():
-        clock[0] += 1.0
-
-    monkeypatch.setattr(script, "event_ms", lambda f: f() or 1.0)
-    report = {"timing": []}
-    script.time_cases([("a", fn), ("b", fn)], report, "S1", 1e9, lambda: clock[0] >= 10.0, iters=7, warmup=2,
-                      no_flop_rate="")
-    a, b = report["timing"]
-    assert (a["runs"], b["runs"]) == (2, 1)
-    report = {"timing": []}
-    clock[0] = 8.0  # room for one warm-up only
-    script.time_cases([("a", fn), ("b", fn)], report, "S1", 1e9, lambda: clock[0] >= 10.0, iters=7, warmup=2,
-                      no_flop_rate="")
-    a, b = report["timing"]
-    assert a == {"what": "a", "shape": "S1", "skipped": "time budget"}  # warmed up, then no time for a sample
-    assert b == {"what": "b", "shape": "S1", "skipped": "time budget"}
+def test_write_report_stamps_the_wall_time(script, tmp_path, monkeypatch):
+    monkeypatch.setattr(script.time, "time", lambda: 112.34)
+    script.write_report({"timing": []}, str(tmp_path), "check.json", started=100.0)
+    assert json.loads((tmp_path / "check.json").read_text()) == {"timing": [], "wall_s": 12.3}
 
 
 def test_per_call_rounds_interleaves_candidates_so_a_drift_falls_on_each(monkeypatch):
