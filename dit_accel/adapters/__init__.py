@@ -13,8 +13,8 @@ from .wan import WanAdapter
 ADAPTERS: dict[str, type[BlockAdapter]] = {a.family: a for a in (MiniMaxH3Adapter, WanAdapter)}
 DEFAULT_FAMILY = MiniMaxH3Adapter.family
 
-__all__ = ["ADAPTERS", "DEFAULT_FAMILY", "AttentionCall", "BlockAdapter", "ModuleRange", "TransformerInputs", "Workload",
-           "adapter_for_config", "adapter_for_preset", "read_transformer_config"]
+__all__ = ["ADAPTERS", "DEFAULT_FAMILY", "AttentionCall", "BlockAdapter", "ModuleRange", "TransformerInputs",
+           "Workload", "adapter_for_config", "adapter_for_preset", "read_transformer_config"]
 
 
 def adapter_for_preset(family: str, preset: str | None = None) -> BlockAdapter:
@@ -42,6 +42,7 @@ def read_transformer_config(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except OSError as exc:
-        raise UserError(f"cannot read {path} ({exc.strerror}); point --checkpoint at a diffusers transformer folder") from exc
+        raise UserError(f"cannot read {path} ({exc.strerror}); point --checkpoint at a diffusers transformer "
+                        f"folder") from exc
     except ValueError as exc:
         raise UserError(f"{path} is not valid JSON ({exc}); re-download the checkpoint's config.json") from exc

@@ -308,9 +308,11 @@ def _quantize_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x_e4m3.contiguous(), (amax / E4M3_MAX).reshape(1, 1, 1, 1)
 
 
-def _cudnn_fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> CudnnFp8Inputs:
+def _cudnn_fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        scale: float | None = None) -> CudnnFp8Inputs:
     if q.shape[-1] % 16 or q.shape[-1] > 256:
-        raise BackendCannotServe(f"cuDNN FP8 attention takes head dims <= 256 that are multiples of 16, not {q.shape[-1]}")
+        raise BackendCannotServe(f"cuDNN FP8 attention takes head dims <= 256 that are multiples of 16, "
+                                 f"not {q.shape[-1]}")
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise BackendCannotServe(f"cudnn-fp8 here outputs fp16/bf16 like its input, not {q.dtype}")
     (q8, qd), (k8, kd), (v8, vd) = (_quantize_e4m3(t) for t in (q, k, v))
@@ -321,7 +323,7 @@ def _cudnn_fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
 class _CudnnUid:
     """Tensor ids of the cuDNN FP8 forward graph's variant pack."""
 
-    Q, K, V, O, Q_DESCALE, K_DESCALE, V_DESCALE, S_DESCALE, S_SCALE, O_SCALE, O_AMAX = range(11)
+    Q, K, V, OUT, Q_DESCALE, K_DESCALE, V_DESCALE, S_DESCALE, S_SCALE, O_SCALE, O_AMAX = range(11)
 
 
 @functools.lru_cache(maxsize=16)
@@ -353,8 +355,10 @@ def _cudnn_fp8_graph(b: int, h: int, s_q: int, s_kv: int, d: int, attn_scale: fl
         descale_s=scalar(u.S_DESCALE), scale_s=scalar(u.S_SCALE), scale_o=scalar(u.O_SCALE),
         generate_stats=False, attn_scale=attn_scale, use_causal_mask=False,
     )
-    o.set_uid(u.O).set_output(True).set_dim((b, h, s_q, d)).set_stride((s_q * h * d, d, h * d, 1)).set_data_type(io_type)
-    amax_o.set_uid(u.O_AMAX).set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(cudnn.data_type.FLOAT)
+    o.set_uid(u.OUT).set_output(True).set_dim((b, h, s_q, d)).set_stride((s_q * h * d, d, h * d, 1))
+    o.set_data_type(io_type)
+    amax_o.set_uid(u.O_AMAX).set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1))
+    amax_o.set_data_type(cudnn.data_type.FLOAT)
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -383,7 +387,7 @@ def _cudnn_fp8_kernel(inputs: CudnnFp8Inputs) -> torch.Tensor:
     variant_pack = {
         u.Q: inputs.q, u.K: inputs.k, u.V: inputs.v,
         u.Q_DESCALE: inputs.q_descale, u.K_DESCALE: inputs.k_descale, u.V_DESCALE: inputs.v_descale,
-        u.O_SCALE: 1.0 / inputs.v_descale, u.O: out_e4m3, u.O_AMAX: o_amax, **constants,
+        u.O_SCALE: 1.0 / inputs.v_descale, u.OUT: out_e4m3, u.O_AMAX: o_amax, **constants,
     }
     graph.execute(variant_pack, workspace, handle=handle)
     return (out_e4m3.float() * inputs.v_descale.reshape(1)).to(inputs.out_dtype)
@@ -425,7 +429,8 @@ BACKENDS: dict[str, AttentionBackend] = {
             "fa3", "FlashAttention-3 forward (fa3-fwd), bf16/fp16",
             _fa3_run, _FA3_REQUIREMENTS, routed=True),
         AttentionBackend(
-            "fa3-fp8", "FlashAttention-3 FP8 forward (fa3-fwd), per-(batch, head) e4m3 scales, its quantization as prep",
+            "fa3-fp8",
+            "FlashAttention-3 FP8 forward (fa3-fwd), per-(batch, head) e4m3 scales, its quantization as prep",
             lambda q, k, v, scale=None: _fa3_fp8_kernel(_fa3_fp8_quantize(q, k, v, scale)), _FA3_REQUIREMENTS,
             phases=TwoPhases(prepare=_fa3_fp8_quantize, kernel=_fa3_fp8_kernel)),
         _fp8_backend("fp8", "auto", "ours: CuTe DSL FP8 attention, prep included (sm_90: wgmma kernel; else v1)"),

@@ -1,8 +1,8 @@
 """Attention backends side by side on the same tensors: time, TFLOP/s, and error against a reference.
 
 Per shape, one set of fresh q/k/v is shared by every backend: N(0,1), with 0.1% of entries scaled
-50x, with flat softmax rows, or the q/k/v a MiniMax-H3 block feeds its attention (`INPUT_KINDS`). Each row holds the median of `runs` timed calls after `warmup` calls (CUDA events on a
-GPU), `tflops` = 4*B*H*Sq*Skv*D / median time, and `rel_rms_err` = ||out - ref|| / ||ref|| against a
+50x, with flat softmax rows, or the q/k/v a MiniMax-H3 block feeds its attention (`INPUT_KINDS`). Each row
+holds the median of `runs` timed calls after `warmup` calls (CUDA events on a GPU), `tflops` = 4*B*H*Sq*Skv*D / median time, and `rel_rms_err` = ||out - ref|| / ||ref|| against a
 reference computed in float64, or in float32 on a GPU when the score count B*H*Sq*Skv exceeds
 `reference.FP64_REFERENCE_MAX_SCORES` (the `reference` field says which). Backends with separate phases (cuDNN
 FP8's quantization, our kernel's prep) get two more rows, "prep alone" and "kernel alone"; the
@@ -77,8 +77,8 @@ class BenchRow:
     """One measured (or skipped) backend variant at one shape. Missing numbers are None.
 
     status: "ok", or why the backend did not run ("unavailable: ...", "cannot serve: ...",
-    "out of memory", "failed: <exception>: <its first line>"). speedup_vs_baseline: the BASELINE_BACKEND end-to-end median_ms divided by this
-    row's median_ms, at the same shape.
+    "out of memory", "failed: <exception>: <its first line>"). speedup_vs_baseline: the BASELINE_BACKEND
+    end-to-end median_ms divided by this row's median_ms, at the same shape.
     """
 
     backend: str

@@ -21,8 +21,8 @@ not raise `BackendCannotServe` for the head dim/dtype) and otherwise calls the o
 with `backend=None`, i.e. diffusers' default. Under diffusers' Ulysses context parallelism
 (`parallel_config` with a Ulysses degree, no ring) the call goes through diffusers' own templated
 context-parallel attention (its all-to-alls) with our kernel as the local attention op, so each
-rank runs our kernel on its share of the heads over the whole sequence. Each `RoutedBackend` counts calls served and calls
-fallen back, by reason, so a run can prove its attention went where it was meant to.
+rank runs our kernel on its share of the heads over the whole sequence. Each `RoutedBackend` counts calls served
+and calls fallen back, by reason, so a run can prove its attention went where it was meant to.
 
 Routing by measured crossover: where the device has crossover data (`attention.crossover`), a
 servable call whose nearest measured point was won by a fallback (e.g. cuDNN bf16 on a short key side)
@@ -87,8 +87,9 @@ class RoutedBackend(CountedCalls):
         if self.crossover is not None:
             from diffusers.models.attention_dispatch import AttentionBackendName
 
-            self._fallback_values = {ROUTED_REASON.format(name): AttentionBackendName(get_backend(name).diffusers_backend)
-                                     for name in self.crossover.fallbacks}
+            self._fallback_values = {
+                ROUTED_REASON.format(name): AttentionBackendName(get_backend(name).diffusers_backend)
+                for name in self.crossover.fallbacks}
             self.counts.expect(*self._fallback_values)  # in place before a compiled graph counts a routed call
 
     def count_served(self) -> None:

@@ -145,7 +145,8 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
 @linear_option()
 @compile_option()
 @click.option("--prompt", default=DEFAULT_PROMPT, show_default=True)
-@click.option("--frames", type=AtLeast(1), default=None, help="Frames (default: the pipeline's, or a tiny pipeline's own).")
+@click.option("--frames", type=AtLeast(1), default=None,
+              help="Frames (default: the pipeline's, or a tiny pipeline's own).")
 @click.option("--height", type=AtLeast(1), default=None)
 @click.option("--width", type=AtLeast(1), default=None)
 @click.option("--steps", type=AtLeast(1), default=None, help="Denoising steps (default: the pipeline's).")
@@ -163,8 +164,8 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
                    "start with torchrun --nproc-per-node N -m dit_accel generate ... --ulysses N.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run folder (default outputs/generate_<pipeline>_<time>/).")
-def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, height, width, steps, seed, guidance, device_name,
-             dtype, warmup, offload, ulysses, out):
+def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, height, width, steps, seed, guidance,
+             device_name, dtype, warmup, offload, ulysses, out):
     """Run a whole diffusers pipeline from a local folder: stage timings, the video (MP4), report.json."""
     import torch
 
@@ -181,7 +182,8 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
     attention = (attn or parse_recipe("fp8" if compare else "bf16")).with_options(
         fp8_linear=linear == "fp8", compile_mode=compile_mode)  # the reference (--compare) runs as named
     if compare and attention.label == compare.label:
-        raise UserError(f"--compare {compare.label} compares another attention against {compare.label}; pass --attn fp8")
+        raise UserError(f"--compare {compare.label} compares another attention against {compare.label}; "
+                        f"pass --attn fp8")
     folder = inspect_pipeline_folder(pipeline_dir)
     mp4_writer()  # the video is written after every run: refuse now, not after the runs
     suggested = read_run_defaults(pipeline_dir)
@@ -281,7 +283,9 @@ def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
             apply_ulysses(pipe, s.group.degree)
     runs = [_run(pipe, s.request, s.device, choice, s.warmup) for choice in s.attention]
     files, videos = write_outputs(run_dir, runs)
-    streaming = streaming_figures(streamed_bytes(pipe), host_to_device_gbps(s.device)) if s.offload == "stream" else None
+    streaming = None
+    if s.offload == "stream":
+        streaming = streaming_figures(streamed_bytes(pipe), host_to_device_gbps(s.device))
     header = build_header(s, runs, streaming)
     for key, value in header.items():
         console.print(f"[bold]{key}:[/bold] {value}", style="red" if key == "NOTE" else None)

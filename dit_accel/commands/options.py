@@ -76,7 +76,8 @@ class DtypeChoice(click.Choice):
         if isinstance(value, torch.dtype):
             return value
         if value not in self.choices:
-            raise OptionError(f"has an unsupported dtype {value!r}; use {', '.join(self.choices)}", ctx=ctx, param=param)
+            raise OptionError(f"has an unsupported dtype {value!r}; use {', '.join(self.choices)}", ctx=ctx,
+                              param=param)
         return torch_dtype(value)
 
 

@@ -100,7 +100,8 @@ def synthetic_block(adapter: BlockAdapter, index: int, device: torch.device, dty
     adapter.check_block_index(index)
     prefix = adapter.block_prefix(index)
     block = _randomize_(adapter.build_block(), device, lambda name: adapter.param_dtype(prefix + name, dtype), seed)
-    return LoadedBlock(block.eval(), index, True, "synthetic weights (random, realistic scale; no checkpoint given)", None)
+    return LoadedBlock(block.eval(), index, True, "synthetic weights (random, realistic scale; no checkpoint given)",
+                       None)
 
 
 @torch.no_grad()

@@ -14,9 +14,9 @@ It replaces the `_apply_rotary_emb` global of the model file with a dispatcher: 
 kernel supports go to the Triton kernel, anything else (CPU tensors, other dtypes or shapes,
 autograd, no Triton) to the original function, counted by reason in every live handle. Inside a
 torch.compile'd graph the dispatcher steps aside, uncounted: the original is traced, and inductor
-fuses it with the QK-norm before it into one kernel. The global belongs to the model file, so while a handle is live every model of that
-file in the process gets the dispatcher, not only the one passed. Installs are reference-counted
-across nested handles, and the original global comes back when the last one leaves
+fuses it with the QK-norm before it into one kernel. The global belongs to the model file, so while a handle is
+live every model of that file in the process gets the dispatcher, not only the one passed. Installs are
+reference-counted across nested handles, and the original global comes back when the last one leaves
 (`model_globals.ModelGlobalSwap`, shared with attention routing).
 """
 from __future__ import annotations

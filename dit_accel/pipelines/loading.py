@@ -66,7 +66,8 @@ def _listed_components(index: dict) -> dict[str, tuple[str, str]]:
         if name.startswith("_") or not isinstance(value, list) or len(value) < 2:
             continue
         library, cls = value[0], value[1]
-        if library is None or cls is None:  # an optional component left empty (Wan's transformer_2, H3's transformer_ref)
+        # An optional component left empty (Wan's transformer_2, H3's transformer_ref).
+        if library is None or cls is None:
             continue
         components[name] = (library, cls)
     return components
@@ -92,7 +93,8 @@ def inspect_pipeline_folder(path: Path) -> PipelineFolder:
     """Check a pipeline folder without loading anything; UserError with what to do when it is not one."""
     path = Path(path)
     if not path.exists():
-        raise UserError(f"pipeline folder {path} does not exist; make one with `dit-accel make-tiny-pipeline wan {path}`")
+        raise UserError(f"pipeline folder {path} does not exist; make one with "
+                        f"`dit-accel make-tiny-pipeline wan {path}`")
     if not path.is_dir():
         raise UserError(f"--pipeline {path} is a file; pass the folder that holds model_index.json")
     modular = (path / MODULAR_INDEX).is_file()

@@ -55,7 +55,8 @@ def compare_runs(reference: RunResult, candidate: RunResult) -> dict[str, Any]:
     (one stalled step, a collection or a sync, does not carry it), of all the steps, of the whole call."""
     quality = compare_videos(candidate.frames, reference.frames)
     return {"reference": reference.attention, "candidate": candidate.attention, **quality,
-            "median_step_speedup": statistics.median(reference.times.step_ms) / statistics.median(candidate.times.step_ms),
+            "median_step_speedup": (statistics.median(reference.times.step_ms)
+                                    / statistics.median(candidate.times.step_ms)),
             "denoise_speedup": reference.times.denoise_ms / candidate.times.denoise_ms,
             "total_speedup": reference.times.total_ms / candidate.times.total_ms}
 

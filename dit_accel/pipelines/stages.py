@@ -46,7 +46,8 @@ class StageTimes:
 
     @property
     def other_ms(self) -> float:
-        return self.total_ms - self.text_encoding_ms - self.denoise_ms - self.vae_decode_ms - (self.audio_decode_ms or 0.0)
+        return (self.total_ms - self.text_encoding_ms - self.denoise_ms - self.vae_decode_ms
+                - (self.audio_decode_ms or 0.0))
 
     def as_dict(self) -> dict:
         return {"text_encoding_ms": self.text_encoding_ms, "step_ms": self.step_ms,

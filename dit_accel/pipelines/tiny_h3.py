@@ -49,7 +49,8 @@ VAE_CONFIG = dict(latent_channels=LATENT_CHANNELS, block_out_channels=(8, 8, 8, 
 # 8 kHz with a hop of 200 samples keeps H3's 40 audio latents per second at a quarter of the real 32 kHz work.
 AUDIO_VAE_CONFIG = dict(encoder_dim=4, encoder_rates=(2, 4, 5, 5), latent_dim=8, latent_channels=LATENT_CHANNELS,
                         num_attention_heads=1, decoder_dim=32, decoder_rates=(5, 5, 2, 2, 2),
-                        decoder_kernel_sizes=(9, 9, 4, 4, 4), resblock_kernel_sizes=(3,), resblock_dilation_sizes=((1,),),
+                        decoder_kernel_sizes=(9, 9, 4, 4, 4), resblock_kernel_sizes=(3,),
+                        resblock_dilation_sizes=((1,),),
                         sampling_rate=8000, latents_mean=[0.0] * LATENT_CHANNELS, latents_std=[1.0] * LATENT_CHANNELS)
 VIDEO_SHIFT, AUDIO_SHIFT = 12.0, 3.0
 

@@ -27,7 +27,8 @@ def h3_block_and_inputs(seq_len: int = 24, num_timesteps: int = 2):
     hidden = torch.randn(1, seq_len, H3_HIDDEN)
     temb = torch.randn(num_timesteps, H3_TIME_DIM, dtype=torch.float32)
     adaln_indices = torch.randint(0, 3 * num_timesteps, (seq_len,), dtype=torch.long)
-    position_ids = torch.stack([torch.arange(seq_len) // 8, torch.arange(seq_len) // 4 % 2, torch.arange(seq_len) % 4], dim=1)
+    rows = torch.arange(seq_len)
+    position_ids = torch.stack([rows // 8, rows // 4 % 2, rows % 4], dim=1)
     rotary_emb = MiniMaxH3RotaryPosEmbed(rope_freq_dim=H3_ROPE_FREQ_DIM)(position_ids)
     return block, (hidden, temb, adaln_indices, rotary_emb)
 
@@ -91,7 +92,8 @@ def test_backend_that_cannot_serve_falls_back_with_its_reason(monkeypatch):
     def refuses(q, k, v, scale=None):
         raise BackendCannotServe("head dim 32 not served")
 
-    monkeypatch.setitem(backends.BACKENDS, "picky", AttentionBackend("picky", "test double", refuses, lambda d: None, routed=True))
+    picky = AttentionBackend("picky", "test double", refuses, lambda d: None, routed=True)
+    monkeypatch.setitem(backends.BACKENDS, "picky", picky)
     block, inputs = h3_block_and_inputs()
     before = block(*inputs)
     with use_attention_backend(block, "picky") as routed:
@@ -163,7 +165,8 @@ def test_unusable_names_are_user_errors(name, message):
 
 
 def test_benchmark_only_backend_is_refused(monkeypatch):
-    monkeypatch.setitem(backends.BACKENDS, "bench-only", AttentionBackend("bench-only", "", RecordingSdpa(), lambda d: None))
+    bench_only = AttentionBackend("bench-only", "", RecordingSdpa(), lambda d: None)
+    monkeypatch.setitem(backends.BACKENDS, "bench-only", bench_only)
     block, _ = h3_block_and_inputs()
     with pytest.raises(UserError, match="benchmark only"):
         set_attention_backend_by_name(block, "bench-only")
@@ -200,7 +203,9 @@ def test_ulysses_calls_go_through_diffusers_templated_attention_with_our_kernel(
                           _parallel_config=_parallel_config)
 
     # The stand-in must keep the real engine's signature, or this test would pass against a changed diffusers.
-    shape = lambda fn: [(p.name, p.kind) for p in inspect.signature(fn).parameters.values()]
+    def shape(fn):
+        return [(p.name, p.kind) for p in inspect.signature(fn).parameters.values()]
+
     assert shape(templated) == shape(dispatch._templated_context_parallel_attention)
     monkeypatch.setattr(dispatch, "_templated_context_parallel_attention", templated)
     block, inputs = h3_block_and_inputs()

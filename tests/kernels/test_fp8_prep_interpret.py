@@ -6,14 +6,10 @@ Both paths share `_codes`, whose float -> e4m3 rounding in the interpreter diffe
 round-to-nearest-even, so neither is compared with the torch reference here; `test_fp8_gpu.py` and
 `test_fp8_prologue_gpu.py` do that on the GPU.
 
-Runs only where there is no CUDA GPU (there the compiled kernels are tested; interpreted kernels
-imported during collection would replace them for every later test) and Triton is importable: installed,
-or in INTERPRETER_TRITON (`pip install --no-deps --target /tmp/tri triton==3.6.0`).
+Runs only where there is no CUDA GPU (there the compiled kernels are tested); `scripts/setup.sh` installs
+Triton on such machines for it, since CPU builds of torch come without it.
 """
 import importlib.util
-import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,31 +17,15 @@ import torch
 if torch.cuda.is_available():
     pytest.skip("interpreter tests run where there is no CUDA GPU", allow_module_level=True)
 
-INTERPRETER_TRITON = Path("/tmp/tri")  # where CPU machines keep a Triton for its interpreter
-
 
 def _interpreted_kernels():
-    """prep_triton_kernels with every kernel an InterpretedFunction (TRITON_INTERPRET is read when
-    `triton.jit` decorates), or pytest.skip."""
-    added = importlib.util.find_spec("triton") is None and (INTERPRETER_TRITON / "triton").is_dir()
-    if added:
-        sys.path.append(str(INTERPRETER_TRITON))
+    """prep_triton_kernels with every kernel an InterpretedFunction (conftest sets TRITON_INTERPRET on machines
+    without a GPU, before anything imports Triton), or pytest.skip."""
     if importlib.util.find_spec("triton") is None:
-        pytest.skip(f"triton is not importable (nor from {INTERPRETER_TRITON})", allow_module_level=True)
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        from dit_accel.kernels.fp8_attention import prep_triton_kernels
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError as exc:
-        pytest.skip(f"triton's interpreter is not importable: {exc}", allow_module_level=True)
-    finally:
-        if added:  # triton's own lazy imports go through its package path, not sys.path
-            sys.path.remove(str(INTERPRETER_TRITON))
-        if before is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = before
+        pytest.skip("triton is not installed", allow_module_level=True)
+    from dit_accel.kernels.fp8_attention import prep_triton_kernels
+    from triton.runtime.interpreter import InterpretedFunction
+
     if not isinstance(prep_triton_kernels._fp8_prep_single_kernel, InterpretedFunction):
         pytest.skip("prep_triton_kernels was imported compiled, not interpreted", allow_module_level=True)
     return prep_triton_kernels

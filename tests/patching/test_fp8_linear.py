@@ -213,7 +213,8 @@ def test_summary_names_every_linear(cpu_fp8):
     lines = swap.summary_lines()
     assert lines[0].startswith("FP8 linears (torchao") and "6 quantized" in lines[0]
     assert sum(line.startswith("  fp8   ") for line in lines) == 6
-    assert [line for line in lines if line.startswith("  kept  ")][0].startswith("  kept  adaln_proj.linear [192 -> 6912]")
+    kept = [line for line in lines if line.startswith("  kept  ")]
+    assert kept[0].startswith("  kept  adaln_proj.linear [192 -> 6912]")
     record = swap.as_dict()
     assert [c["name"] for c in record["quantized"]] == list(H3_FP8)
     assert record["kept"][0]["reason"] == swap.kept_reasons["adaln_proj.linear"]

@@ -44,7 +44,8 @@ def test_the_cpu_op_is_the_emulation_of_the_spec_and_passes_opcheck():
     out = FP8_ATTENTION_PROLOGUE(q, k, v, wq, wk, 1e-5, cos, sin, None, "auto")
     want = emulate_fp8_attention(apply_prologue(q, wq, p), apply_prologue(k, wk, p), v, out_dtype=torch.bfloat16)
     torch.testing.assert_close(out, want, rtol=0, atol=0)
-    torch.library.opcheck(torch.ops.dit_accel.fp8_attention_prologue.default, (q, k, v, wq, wk, 1e-5, cos, sin, None, "auto"))
+    torch.library.opcheck(torch.ops.dit_accel.fp8_attention_prologue.default,
+                          (q, k, v, wq, wk, 1e-5, cos, sin, None, "auto"))
 
 
 @pytest.mark.parametrize("change, words", [
@@ -68,7 +69,8 @@ def test_inputs_the_prologue_cannot_take_are_named(change, words):
 def op_backend(monkeypatch):
     """A routed backend answered by the FP8 custom op (on the CPU: its emulation), which the prologue
     treats as one of ours."""
-    backend = AttentionBackend("fp8-op", "the custom op", lambda q, k, v, scale=None: FP8_ATTENTION(q, k, v, scale, "auto"),
+    backend = AttentionBackend("fp8-op", "the custom op",
+                               lambda q, k, v, scale=None: FP8_ATTENTION(q, k, v, scale, "auto"),
                                lambda device: None, routed=True)
     monkeypatch.setitem(backends.BACKENDS, "fp8-op", backend)
     monkeypatch.setitem(prologue.KERNEL_VARIANTS, "fp8-op", "auto")

@@ -224,7 +224,8 @@ def _broken_copies(tiny_wan: Path, root: Path) -> dict[str, tuple[Path, str]]:
     a_file = root / "a_file"
     a_file.write_text("not a folder")
     return {"missing": (root / "does_not_exist", "does not exist"), "no index": (no_index, "no model_index.json"),
-            "unknown class": (unknown, "NoSuchPipeline"), "missing component": (no_vae, "lacks the component folder(s) vae"),
+            "unknown class": (unknown, "NoSuchPipeline"),
+            "missing component": (no_vae, "lacks the component folder(s) vae"),
             "a file": (a_file, "is a file"),
             "modular class in model_index.json": (modular, "rename the file to modular_model_index.json")}
 
@@ -296,7 +297,8 @@ def test_bench_attention_and_generate_reports_carry_provenance(tmp_path, tiny_wa
     from dit_accel.cli import main as cli_main
 
     bench = tmp_path / "bench"
-    result = Runner().invoke(cli_main, ["bench-attention", "--device", "cpu", "--backends", "math", "--out", str(bench)])
+    result = Runner().invoke(cli_main, ["bench-attention", "--device", "cpu", "--backends", "math",
+                                        "--out", str(bench)])
     assert result.exit_code == 0, result.output
     gen = tmp_path / "gen"
     result = Runner().invoke(cli_main, ["generate", "--pipeline", str(tiny_wan), "--no-warmup", "--steps", "1",
