@@ -6,16 +6,18 @@ module beside this one and registering it in `adapters/__init__.py`.
 """
 from __future__ import annotations
 
-import contextlib
-import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from ..errors import UserError
+from .building import fp32_kept
+from .ranges import ModuleRange
+from .stages import StageSkip, StageSpec, build_on_meta, text_encoder_stage
 
 
 @dataclass(frozen=True)
@@ -52,32 +54,6 @@ class TransformerInputs:
     layout: str
 
 
-def fp32_kept(key: str, dtype: torch.dtype, keep_in_fp32: tuple[str, ...]) -> torch.dtype:
-    """The dtype diffusers gives parameter `key` loaded with `torch_dtype=dtype`: float32 when a
-    dot-separated part of the key is one of the model class's `_keep_in_fp32_modules`."""
-    parts = key.split(".")
-    return torch.float32 if any(name in parts for name in keep_in_fp32) else dtype
-
-
-@contextlib.contextmanager
-def _parameters_on_meta() -> Iterator[None]:
-    """Modules built inside get their parameters on the meta device (no memory, and their init runs
-    on meta) while their buffers are computed for real on the CPU: a model's computed buffers
-    (RoPE tables) survive, which `torch.device("meta")` would leave empty."""
-    register = nn.Module.register_parameter
-
-    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        register(module, name, param)
-        if param is not None:
-            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-
-    nn.Module.register_parameter = register_on_meta
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = register
-
-
 @dataclass(frozen=True)
 class AttentionCall:
     """One attention call of the block: [batch, heads, q_len, kv_len, head_dim]."""
@@ -93,20 +69,6 @@ class AttentionCall:
     def flops(self) -> float:
         """QK^T and PV: two GEMMs of q*kv*d multiply-adds (2*q*kv*d FLOPs) each; softmax not counted."""
         return 4.0 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
-
-
-@dataclass(frozen=True)
-class ModuleRange:
-    """A named range of the block, for the per-module breakdown and for Nsight Systems (NVTX).
-
-    `modules` are attribute paths inside the block whose forward is wrapped; `functions` are
-    (python module, function name) pairs called inside the block (e.g. the attention dispatch or
-    RoPE helpers of a diffusers model file), wrapped while profiling.
-    """
-
-    label: str
-    modules: tuple[str, ...] = ()
-    functions: tuple[tuple[str, str], ...] = ()
 
 
 class BlockAdapter(ABC):
@@ -175,10 +137,7 @@ class BlockAdapter(ABC):
         """The family's whole transformer with this config but no blocks (`num_layers=0`): every
         part of a pass outside the block stack. Parameters on the meta device, computed buffers
         (RoPE tables) real, on the CPU."""
-        accepted = inspect.signature(self.transformer_class.__init__).parameters
-        config = {k: v for k, v in self.config.items() if k in accepted}
-        with _parameters_on_meta():
-            return self.transformer_class(**{**config, "num_layers": 0})
+        return build_on_meta(self.transformer_class, {**self.config, "num_layers": 0})
 
     @abstractmethod
     def make_transformer_inputs(self, workload: Workload, device: torch.device, dtype: torch.dtype,
@@ -226,12 +185,10 @@ class BlockAdapter(ABC):
     audio_skip_reason: ClassVar[str] = ""
 
     def pipeline_stages(self, workload: Workload, keys: tuple[str, ...], *, scaled_down: bool,
-                        text_encoder_config: Any = None) -> list[Any]:
+                        text_encoder_config: Path | None = None) -> list[StageSpec | StageSkip]:
         """The family pipeline's stages named in `keys` ("text", "vae", "audio"; `adapters.stages`),
         each a `StageSpec` sized for the video `workload` is one pass of (scaled down on the CPU), or
         a `StageSkip` saying why it cannot be measured here."""
-        from .stages import StageSkip, text_encoder_stage
-
         stages = {
             "vae": lambda: self._vae_stage(workload, scaled_down),
             "audio": lambda: StageSkip("audio", self.audio_skip_reason),
@@ -241,8 +198,8 @@ class BlockAdapter(ABC):
         return [stages[key]() for key in keys]
 
     @abstractmethod
-    def _vae_stage(self, workload: Workload, scaled_down: bool) -> Any:
-        """The VAE decode of the latents the workload's video rows come from (a `StageSpec`)."""
+    def _vae_stage(self, workload: Workload, scaled_down: bool) -> StageSpec:
+        """The VAE decode of the latents the workload's video rows come from."""
 
     @abstractmethod
     def prompt_rows(self, workload: Workload) -> int:

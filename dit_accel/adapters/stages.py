@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .base import ModuleRange, _parameters_on_meta, fp32_kept
+from .building import fp32_kept, parameters_on_meta
+from .ranges import ModuleRange
 
 STAGE_KEYS = ("text", "vae", "audio")  # --stages names, in pipeline order
 STAGE_TITLES = {"text": "text encoding", "vae": "VAE decode", "audio": "audio decode"}
@@ -85,7 +86,7 @@ def build_on_meta(cls: type, config: dict[str, Any], drop: tuple[str, ...] = ())
     """`cls(**config)` (the keys its __init__ takes) with parameters on meta; the submodules named
     in `drop` (parts the stage never runs, e.g. a VAE's encoder for a decode) are left out."""
     accepted = inspect.signature(cls.__init__).parameters
-    with _parameters_on_meta():
+    with parameters_on_meta():
         model = cls(**{k: v for k, v in config.items() if k in accepted})
     for name in drop:
         setattr(model, name, None)
@@ -109,7 +110,8 @@ def read_model_config(folder: Path, option: str) -> dict[str, Any]:
         raise UserError(f"{option} {folder}: {path} is not valid JSON ({exc})") from exc
 
 
-def text_encoder_stage(folder: Path | None, text_rows: int, batch: int, expected: str, scale_down: bool) -> StageSpec | StageSkip:
+def text_encoder_stage(folder: Path | None, text_rows: int, batch: int, expected: str,
+                       scale_down: bool) -> StageSpec | StageSkip:
     """The text encoder from a local folder's config (transformers; synthetic weights), run on
     `text_rows` random token ids; without a folder, a StageSkip that says how to add it.
     scale_down: a CPU run keeps the architecture but 2 layers and a narrow width."""
@@ -142,7 +144,7 @@ def text_encoder_stage(folder: Path | None, text_rows: int, batch: int, expected
     layers = int(getattr(text, "num_hidden_layers", 0))
 
     def build() -> nn.Module:
-        with _parameters_on_meta():
+        with parameters_on_meta():
             model = AutoModel.from_config(text)
         # An encoder-decoder (T5, umT5: Wan's text encoder) encodes the prompt with its encoder alone.
         return model.get_encoder() if getattr(text, "is_encoder_decoder", False) else model

@@ -1,0 +1,40 @@
+"""Building a diffusers model before any weight exists, as a load would type it.
+
+`parameters_on_meta`: modules built inside it get their parameters on the meta device (no memory,
+their init runs on meta) and their computed buffers (RoPE tables) real, on the CPU. `fp32_kept`:
+the dtype diffusers gives a parameter loaded with `torch_dtype=dtype` (its `_keep_in_fp32_modules`).
+The block adapters (`base`) and the pipeline stages (`stages`) both build and type their models so.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import nn
+
+
+def fp32_kept(key: str, dtype: torch.dtype, keep_in_fp32: tuple[str, ...]) -> torch.dtype:
+    """The dtype diffusers gives parameter `key` loaded with `torch_dtype=dtype`: float32 when a
+    dot-separated part of the key is one of the model class's `_keep_in_fp32_modules`."""
+    parts = key.split(".")
+    return torch.float32 if any(name in parts for name in keep_in_fp32) else dtype
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (no memory, and their init runs
+    on meta) while their buffers are computed for real on the CPU: a model's computed buffers
+    (RoPE tables) survive, which `torch.device("meta")` would leave empty."""
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None:
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
