@@ -61,9 +61,9 @@ from .softmax import OnlineSoftmax, rows_view
 from .support import check_head_dim
 from .tile_scheduler import Tile, TileScheduler, TileSchedulerParams
 
-# Query rows per CTA: 64 per consumer warpgroup (128 with the default two: prep's Q_ROWS padding; a
-# 192-row tile past the padded rows reads TMA's zero fill and writes nothing). P is stored as
-# p * 2^P_SCALE_LOG2 = p * 256 in e4m3 (max 256 < 448).
+# Query rows per tile: 64 per consumer warpgroup (128 with two: prep's Q_ROWS padding; a 192-row tile past
+# the padded rows reads TMA's zero fill and writes nothing). P is stored as p * 2^P_SCALE_LOG2 = p * 256 in
+# e4m3 (max 256 < 448).
 WG_THREADS = 128
 ROW_SUM_COLS = 8  # pv_row_sum: the narrowest wgmma N; column 0 holds the row sum, 1-7 zeros
 E4M3_ONES_WORD = 0x38383838  # four e4m3 1.0 codes
@@ -77,6 +77,7 @@ class TmaSource(NamedTuple):
 
 
 class TmaSources(NamedTuple):
+    """The producer's three TMA sources."""
     q: TmaSource
     k: TmaSource
     v: TmaSource
