@@ -2,7 +2,8 @@
 
 This module parses the options into `profiling.session.ProfileSettings`, checks the memory
 estimate (`profiling.memory`) and prints, with the session's progress; the work is
-`profiling.session.run_session`, the report `profiling.report`."""
+`profiling.session.run_session`, the report's content `profiling.report`, its drawing and files
+`profiling.render`."""
 from __future__ import annotations
 
 import contextlib
@@ -88,14 +89,16 @@ class _TerminalProgress(SessionProgress):
 @click.command("profile-block")
 @click.option("--model", type=click.Choice(MODEL_FAMILIES), default=None,
               help=f"Model family (default {DEFAULT_FAMILY}; taken from the checkpoint when one is given).")
-@click.option("--preset", default=None, help="Embedded config of the family (h3; wan2.1-14b). Ignored with --checkpoint.")
+@click.option("--preset", default=None,
+              help="Embedded config of the family (h3; wan2.1-14b). Ignored with --checkpoint.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
               help="Local diffusers transformer (or pipeline) folder; only the chosen block's tensors are read. "
                    "Without it: synthetic weights of realistic scale.")
 @click.option("--block", "block_index", type=int, default=0, show_default=True, help="Which block to load.")
 @click.option("--seq-len", type=AtLeast(1), default=None,
               help="Tokens per sequence (default: the family's reference case, 30272 for H3).")
-@click.option("--frames", type=AtLeast(1), default=None, help="Workload as a video: frames (with --height and --width).")
+@click.option("--frames", type=AtLeast(1), default=None,
+              help="Workload as a video: frames (with --height and --width).")
 @click.option("--height", type=AtLeast(1), default=None)
 @click.option("--width", type=AtLeast(1), default=None)
 @click.option("--batch", type=AtLeast(1), default=1, show_default=True)
@@ -110,7 +113,8 @@ class _TerminalProgress(SessionProgress):
 @click.option("--warmup", type=AtLeast(0), default=3, show_default=True)
 @click.option("--runs", type=AtLeast(1), default=10, show_default=True, help="Timed runs; the median is reported.")
 @click.option("--steps", type=AtLeast(1), default=None,
-              help="Denoising steps, for the extrapolation (default: the family's; the report says where it came from).")
+              help="Denoising steps, for the extrapolation (default: the family's; the report says where it came "
+                   "from).")
 @click.option("--guidance-passes", type=AtLeast(1), default=None,
               help="Transformer passes per step, for the extrapolation (default: the family's: 1 for the "
                    "guidance-distilled MiniMax-H3, 2 for Wan 2.1 with classifier-free guidance).")
@@ -146,12 +150,14 @@ class _TerminalProgress(SessionProgress):
 @click.option("--refresh-ceilings", is_flag=True, help="Measure the device's GEMM and copy ceilings again.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run folder (default outputs/profile-block_<model>_<time>/).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress lines (the tables, warnings and the folder still print).")
+@click.option("--quiet", "-q", is_flag=True,
+              help="No progress lines (the tables, warnings and the folder still print).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print report.json's content to stdout and nothing else there (progress and warnings go to stderr).")
 def profile_block(model, preset, checkpoint, block_index, seq_len, frames, height, width, batch, dtype, attn,
                   compare_attn, linear, compile_mode, warmup, runs, steps, guidance_passes, outside_ms, outside_mode,
-                  stages, text_encoder_config, validate_blocks, offload, memory_budget, trace, device_name, seed, refresh_ceilings, out, quiet, as_json):
+                  stages, text_encoder_config, validate_blocks, offload, memory_budget, trace, device_name, seed,
+                  refresh_ceilings, out, quiet, as_json):
     """Profile ONE transformer block: per-op and per-module time, memory, and the whole-model extrapolation.
 
     With no options: the MiniMax-H3 block at S=30272 in bf16 on the GPU, synthetic weights. Without a GPU:
@@ -163,7 +169,8 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
     from ..loading.offload import check_offload
     from ..patching.recipe import check_recipes
     from ..profiling.memory import check_fits
-    from ..profiling.report import build_report, render, write_files
+    from ..profiling.render import render, write_files
+    from ..profiling.report import build_report
     from ..profiling.session import ProfileSettings, run_session
 
     if outside_mode == "measure" and outside_ms is not None:
@@ -191,7 +198,8 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
     else:
         default_len = adapter.scaled_down_seq_len if scaled_down else adapter.default_seq_len
         workload = adapter.workload_from_seq_len(seq_len or default_len, batch)
-    recipes = tuple(r.with_options(fp8_linear=linear == "fp8", compile_mode=compile_mode) for r in compare_attn or [attn])
+    recipes = tuple(r.with_options(fp8_linear=linear == "fp8", compile_mode=compile_mode)
+                    for r in compare_attn or [attn])
     check_recipes(recipes, device, dtype, adapter)
     if validate_blocks and (recipes[0].fp8_linear or recipes[0].compile_mode or recipes[0].fused_prologue):
         raise UserError(f"--validate chains eager blocks with bf16 linears against the first recipe's block time, and "
@@ -209,8 +217,8 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
         # --validate model compares with blocks x block + outside: it measures outside the blocks too.
         measure_outside=outside_mode == "measure" or bool((stages or validate_model) and outside_ms is None),
         validate_blocks=validate_blocks, validate_model=validate_model,
-        offload=offload, memory_budget=memory_budget.text if memory_budget else None, trace=trace, seed=seed, scaled_down=scaled_down,
-        stages=stage_specs)
+        offload=offload, memory_budget=memory_budget.text if memory_budget else None, trace=trace, seed=seed,
+        scaled_down=scaled_down, stages=stage_specs)
 
     final_dir = out or DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", adapter.family)
     if memory_budget and device.type != "cuda":
@@ -228,8 +236,7 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
             if memory_budget:
                 apply_memory_budget(device, memory_budget.nbytes)
             result = run_session(settings, run_dir, shown)
-            result.memory_estimate = estimate.as_dict()
-            report = build_report(settings, result, ceilings, ceilings_cached)
+            report = build_report(settings, result, ceilings, ceilings_cached, estimate)
             write_files(run_dir, report, result.runs, result.stages)
     except torch.OutOfMemoryError as exc:
         budget = f"the {memory_budget.text} budget" if memory_budget else "this GPU's memory"

@@ -1,8 +1,8 @@
 """One profile-block session: load the block once, profile it with each recipe asked for (attention
 backend, fused RoPE, FP8 linears, torch.compile), measure each backend's error on the block's own
 q/k/v, and optionally validate the extrapolation with a chain of N blocks. `ProfileSettings` holds
-every choice the command line made; `run_session` returns what `report.build_report` turns into the
-report."""
+every choice the command line made; `run_session` returns the results (`results`) that
+`report.build_report` turns into the report."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..adapters import BlockAdapter, Workload
-from ..adapters.stages import StageSpec
+from ..adapters.stages import StageSkip, StageSpec
 from ..loading.block import LoadedBlock, load_block_from_checkpoint, synthetic_block
 from ..patching.apply import apply_recipe
 from ..patching.recipe import Recipe
@@ -22,7 +22,7 @@ from .extrapolate import Extrapolation, Validation
 from .outside import OutsideMeasurement, measure_outside
 from .profiler import profile_block
 from .progress import NO_PROGRESS, SessionProgress
-from .report import BackendRun, CompileStats
+from .results import BackendRun, CompileStats
 from .stages import StageMeasurement, measure_stage
 from .validate import validate_chain
 
@@ -51,7 +51,7 @@ class ProfileSettings:
     trace: bool = False
     seed: int = 0
     scaled_down: bool = False  # a CPU run of the family's scaled-down config
-    stages: tuple[Any, ...] = ()  # --stages: `adapters.stages.StageSpec`s to measure and `StageSkip`s, in pipeline order
+    stages: tuple[StageSpec | StageSkip, ...] = ()  # --stages: those to measure and those skipped, in pipeline order
 
     def denoising_steps(self) -> tuple[int, str]:
         """(denoising steps of a video, where that number comes from)."""
@@ -76,7 +76,6 @@ class SessionResult:
     attention_reference: str  # the dtype the attention errors were measured against
     validation: Validation | None
     notes: list[str] = field(default_factory=list)  # things the user should know (fallbacks)
-    memory_estimate: dict[str, Any] | None = None  # `memory.MemoryEstimate.as_dict()`, set by the command
     outside: OutsideMeasurement | None = None  # --outside measure
     stages: list[StageMeasurement] = field(default_factory=list)  # --stages, measured
 

@@ -7,6 +7,7 @@ attention backend of the recipes where the stage's attention goes through diffus
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from ..loading.block import param_bytes, synthetic_model
 from .attention_error import output_error
 from .profiler import BlockProfile, profile_block
 from .progress import NO_PROGRESS, SessionProgress
-from .report import category_rows, range_rows, timing_noise
+from .results import category_rows, range_rows, timing_noise
 
 _GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm")
 
@@ -120,8 +121,8 @@ def measure_stage(spec: StageSpec, backends: list[str], *, device: torch.device,
     # Counted on one of the call's equal parts where the spec names them (FlopCounterMode's Python
     # hook on each of a full-size VAE decode's ~120k ops took 38-50 s on an H200 host, 6x the decode).
     with progress.stage(f"{spec.title}: FLOP count (one run)"):
-        flops = {kind: count * spec.profile_parts
-                 for kind, count in count_flops(lambda: module(**(unit_inputs or inputs))).items()}
+        counts = count_flops(functools.partial(module, **(unit_inputs or inputs)))
+    flops = {kind: count * spec.profile_parts for kind, count in counts.items()}
     flops["attention"] = spec.attention_flops
     measurement = StageMeasurement(spec, param_bytes(model), flops, (), str(dtype).replace("torch.", ""))
     reference = None

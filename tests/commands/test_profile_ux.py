@@ -17,7 +17,7 @@ from dit_accel.errors import UserError
 from dit_accel.patching.recipe import parse_recipe
 from dit_accel.profiling import memory
 from dit_accel.profiling.profiler import kineto_markers_dropped
-from dit_accel.profiling.report import timing_noise
+from dit_accel.profiling.results import timing_noise
 from dit_accel.profiling.session import ProfileSettings, run_session
 from dit_accel.timing import TimingStats
 
@@ -153,9 +153,9 @@ def test_the_profiler_pass_drops_torchs_one_cycle_notice_and_nothing_else(tmp_pa
 def test_a_command_run_drops_the_library_noise_it_lists_and_nothing_else():
     from dit_accel.quiet import RUN_NOISE, quiet_run
 
-    fa4_compile = ("Argument aux_data (position 17) cannot be converted to a JitArgument for function 'cutlass___call___"
-                   "flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at_'. Its type `<class 'flash_attn."
-                   "cute.utils.AuxData'>` is not supported.")
+    fa4_compile = ("Argument aux_data (position 17) cannot be converted to a JitArgument for function "
+                   "'cutlass___call___flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at_'. Its type "
+                   "`<class 'flash_attn.cute.utils.AuxData'>` is not supported.")
     assert any(source.startswith("CuTe DSL, compiling flash-attn-4") for _, _, source in RUN_NOISE)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

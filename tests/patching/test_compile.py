@@ -86,7 +86,7 @@ def test_profile_block_compares_an_eager_and_a_compiled_recipe(tmp_path):
     from click.testing import CliRunner
 
     from dit_accel.cli import main
-    from dit_accel.profiling.report import COMPILED_RANGE_NOTE
+    from dit_accel.profiling.results import COMPILED_RANGE_NOTE
 
     torch._dynamo.reset()
     out = tmp_path / "run"

@@ -138,7 +138,7 @@ def test_validate_runs_every_chained_block_on_the_chosen_backend(small_h3, fake_
 
 
 def test_a_rate_above_the_copy_ceiling_says_cache_not_a_percentage():
-    from dit_accel.profiling.report import _fmt_rate
+    from dit_accel.profiling.render import _fmt_rate
 
     assert _fmt_rate({"bytes_est": 1e9, "gbps_est": 352.0, "pct_of_ceiling": 998.0}) == \
         "~352 GB/s (above the copy ceiling: cache-resident)"

@@ -1,0 +1,240 @@
+"""The profile-block report drawn for a person: the terminal's panel and tables (`render`), and the run
+folder's files (`write_files`: report.json, ops.csv, whole_video.csv, breakdown.png). It draws what
+`report.build_report` and `results` computed, and computes nothing of its own."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from ..adapters.stages import STAGE_TITLES
+from ..device import Ceilings
+from ..report_io import write_csv, write_json
+from .extrapolate import Validation
+from .results import BackendRun
+from .stages import StageMeasurement
+
+
+def _fmt_rate(row: dict[str, Any]) -> str:
+    if "tflops" in row:
+        return f"{row['tflops']:.3g} TFLOP/s ({row['pct_of_ceiling']:.0f}%)"
+    if row.get("bytes_est"):  # ops outside aten (our Triton prep, CuTe DSL kernels) have no byte count
+        if row["pct_of_ceiling"] > 100:  # the ops' tensors were served from cache, not memory
+            return f"~{row['gbps_est']:.3g} GB/s (above the copy ceiling: cache-resident)"
+        return f"~{row['gbps_est']:.3g} GB/s ({row['pct_of_ceiling']:.0f}%)"
+    return ""
+
+
+def _render_validation(console: Console, v: Validation) -> None:
+    """The --validate lines: what ran, measured against extrapolated with its parts, the ratio, peak memory."""
+    peak = f"{v.peak_memory_bytes / 2**30:.2f} GiB" if v.peak_memory_bytes is not None else "n/a on the CPU"
+    if v.whole_model:
+        what = (f"the whole transformer ({v.chained_blocks} blocks and the parts outside them, {v.residency}; "
+                f"S={v.pass_seq_len}: {v.pass_layout})")
+        parts = f"{v.chained_blocks} x {v.block_ms:.2f} ms + outside {v.outside_ms:.2f} ms"
+    else:
+        cycled = ("" if v.distinct_blocks == v.chained_blocks
+                  else f", {v.distinct_blocks} distinct blocks cycled: that many fit")
+        what = f"{v.chained_blocks} blocks chained ({v.residency}{cycled})"
+        parts = f"{v.chained_blocks} x {v.block_ms:.2f} ms"
+    console.print(f"  validated: {what}: measured {v.measured_ms:.1f} ms, extrapolated {v.extrapolated_ms:.1f} ms "
+                  f"({parts}), ratio {v.ratio:.3f} ({v.error_pct:+.1f}%), peak memory {peak}")
+    if v.streamed:
+        console.print(f"  offload stream: {v.streamed.summary()}")
+    if v.whole_model:
+        console.print(f"  validated: outside the blocks: {v.outside_source} (--validate model measures it in this "
+                      f"session unless --outside-ms states it)")
+
+
+def breakdown_table(run: BackendRun, ceilings: Ceilings) -> Table:
+    """One recipe's block by kind of work: ms, share and rate; the footnote names the ceilings."""
+    rate_note = (f"rates vs this device's measured ceilings: {ceilings.dtype} GEMM {ceilings.gemm_tflops:.3g} "
+                 f"TFLOP/s, copy {ceilings.copy_gbps:.3g} GB/s; ~ = bytes the ops' tensors read and wrote (cache "
+                 f"hits can beat the DRAM ceiling)")
+    table = Table(title=f"Where one block's time goes — attention backend: {run.backend}", caption=rate_note)
+    for col, justify in (("kind of work", "left"), ("ms / block", "right"), ("share", "right"), ("rate", "right")):
+        table.add_column(col, justify=justify)
+    for category, row in run.category_rows(ceilings).items():
+        table.add_row(category, f"{row['ms']:.2f}", f"{row['share_pct']:.1f}%", _fmt_rate(row))
+    table.add_row("[bold]block (timed)[/bold]", f"[bold]{run.block_ms:.2f}[/bold]", "100%", "", end_section=True)
+    return table
+
+
+def render(console: Console, report: dict[str, Any], runs: list[BackendRun], ceilings: Ceilings,
+           validation: Validation | None) -> None:
+    head = report["header"]
+    title = "[bold]dit-accel profile-block[/bold]"
+    if report["run_kind"] != "gpu":
+        title += "  [bold red]CPU SCALED-DOWN RUN: not representative of any GPU[/bold red]"
+    lines = [f"{k}: {v}" for k, v in head.items()]
+    console.print(Panel("\n".join(lines), title=title, expand=False))
+
+    for run in runs:
+        console.print(breakdown_table(run, ceilings))
+
+        modules = Table(title=f"By module ({run.backend})")
+        modules.add_column("module (NVTX range)")
+        modules.add_column("ms / block", justify="right")
+        modules.add_column("share", justify="right")
+        for label, row in run.module_rows().items():
+            modules.add_row(label, f"{row['ms']:.2f}", f"{row['share_pct']:.1f}%")
+        console.print(modules)
+
+    scaled = bool(report.get("scaled_down"))
+    mark = "*" if scaled else ""
+    caption = (f"attention error: each backend on the block's own q, k, v against a "
+               f"{report['attention_reference']} reference; block output: against the first backend")
+    if scaled:
+        caption += f"\n* {report['scaled_down_note']}"
+    whole = Table(title="Whole model, extrapolated from one block"
+                  + (" (* scaled-down: not GPU figures)" if scaled else ""), caption=caption)
+    whole.add_column("attention")
+    for col in ("block ms", "per pass", "per step", "per video", "speedup", "attention error", "block output vs first"):
+        whole.add_column(col, justify="right")
+    base = runs[0]
+    for run in runs:
+        e = run.extrapolation
+        err = run.output_vs_reference
+        whole.add_row(run.backend, f"{run.block_ms:.2f}{mark}", f"{e.pass_ms / 1e3:.2f} s{mark}",
+                      f"{e.step_ms / 1e3:.2f} s{mark}", f"{e.video_s / 60:.1f} min{mark}",
+                      f"{base.block_ms / run.block_ms:.2f}x",
+                      f"{100 * run.attention_rel_err:.3g}%" if run.attention_rel_err is not None else "—",
+                      f"rel L2 {100 * err['rel_l2']:.3g}%, cos {err['cosine']:.6f}" if err else "—",
+                      style="dim" if scaled else None)
+    console.print(whole)
+    for run in runs:
+        c = run.compile_stats
+        if c is not None:
+            console.print(f"  {run.backend}: torch.compile mode {c.mode}: first call {c.first_call_s:.1f} s (not in "
+                          f"the timings), {c.graphs} graph(s), {c.graph_breaks} graph break(s), "
+                          f"{c.graphs_after_first_call} recompile(s) after the first call")
+        if run.fp8_linears is not None:
+            console.print(f"  {run.backend}: FP8 linears (torchao): {run.fp8_linears['line']}")
+    fastest = min(runs, key=lambda r: r.block_ms)
+    levers = ", ".join(f"{row['kind']} {row['ms']:.2f} ms ({row['share_pct']:.0f}%)"
+                       for row in fastest.next_levers(ceilings))
+    console.print(f"  next levers beside attention ({fastest.backend}): {levers}")
+    for line in base.extrapolation.assumptions():
+        console.print(f"  assumes: {line}")
+    if not report.get("whole_video"):
+        console.print("  assumes: the denoising passes only; text encoding and VAE decode are not included "
+                      "(--stages measures them)")
+    if validation:
+        _render_validation(console, validation)
+    if report.get("whole_video"):
+        _render_stages(console, report, ceilings, mark)
+    for warning in report.get("warnings", []):
+        console.print(f"[yellow]warning: {warning}[/yellow]")
+
+
+def _fmt_s(seconds: float, mark: str) -> str:
+    """Seconds as a person reads them: 4.2 min, 12.34 s, 85.1 ms."""
+    if seconds >= 120:
+        return f"{seconds / 60:.1f} min{mark}"
+    return f"{seconds:.2f} s{mark}" if seconds >= 1 else f"{seconds * 1e3:.1f} ms{mark}"
+
+
+def _render_stages(console: Console, report: dict[str, Any], ceilings: Ceilings, mark: str) -> None:
+    """Each measured stage's breakdown by kind of work (its first run), then the whole-video table."""
+    for stage in report["stages"]:
+        runs = stage["runs"]
+        table = Table(title=f"{stage['title']}: {stage['model']} — {stage['workload']}",
+                      caption=f"{stage['config_source']}; {stage['dtype']}, synthetic weights; "
+                              f"{stage['attention_note']}")
+        table.add_column("kind of work")
+        for run in runs:
+            table.add_column(f"ms ({run['backend'] or 'its own attention'})", justify="right")
+            table.add_column("share", justify="right")
+        table.add_column(f"rate ({runs[0]['backend'] or 'its own attention'})", justify="right")
+        kinds = list(dict.fromkeys(kind for run in runs for kind in run["categories"]))
+        for kind in kinds:
+            cells = []
+            for run in runs:
+                row = run["categories"].get(kind)
+                cells += [f"{row['ms']:.2f}{mark}", f"{row['share_pct']:.1f}%"] if row else ["—", ""]
+            first = runs[0]["categories"].get(kind)
+            table.add_row(kind, *cells, _fmt_rate(first) if first else "")
+        total = []
+        for run in runs:
+            total += [f"[bold]{run['ms']:.2f}{mark}[/bold]", "100%"]
+        table.add_row("[bold]stage (timed)[/bold]", *total, "", end_section=True)
+        peaks = [f"{r['peak_memory_bytes'] / 2**30:.2f} GiB ({r['backend'] or 'its own attention'})"
+                 for r in runs if r["peak_memory_bytes"] is not None]
+        if peaks:
+            table.caption += f"; peak memory {', '.join(peaks)}"
+        console.print(table)
+        for note in stage["notes"]:
+            console.print(f"  {stage['title']}: {note}")
+        for run in runs[1:]:
+            err = run["output_vs_first"]
+            served = f"; {run['served_calls']} attention call(s) served" if run["served_calls"] is not None else ""
+            console.print(f"  {stage['title']} with {run['backend']}: {run['ms']:.2f} ms{mark} "
+                          f"({runs[0]['ms'] / run['ms']:.2f}x {runs[0]['backend']}), output vs {runs[0]['backend']}: "
+                          f"rel L2 {100 * err['rel_l2']:.3g}%, cos {err['cosine']:.6f}{served}")
+
+    whole = Table(title="Whole video: every stage" + (" (* scaled-down: not GPU figures)" if mark else ""))
+    whole.add_column("recipe")
+    for col in ("text encoding", "denoising", "VAE decode", "audio decode", "total"):
+        whole.add_column(col, justify="right")
+    for video in report["whole_video"]:
+        cells = [_fmt_s(video["stage_s"][key], mark) if video["stage_s"][key] is not None else "—"
+                 for key in ("text", "vae", "audio")]
+        whole.add_row(video["recipe"], cells[0], _fmt_s(video["denoising_s"], mark), cells[1], cells[2],
+                      f"[bold]{_fmt_s(video['total_s'], mark)}[/bold]")
+    console.print(whole)
+    for key, note in report["whole_video"][0]["stage_notes"].items():
+        console.print(f"  {STAGE_TITLES[key]}: {note}")
+    console.print("  denoising: steps x passes x (blocks x block + outside the blocks), as assumed above; "
+                  "the total counts a stage shown — as 0 s")
+
+
+def write_files(run_dir: Path, report: dict[str, Any], runs: list[BackendRun],
+                stages: Sequence[StageMeasurement] = ()) -> None:
+    """report.json; ops.csv (every kernel of the block's runs, then of the stages'; the stage column
+    says which); with --stages, whole_video.csv (a row per recipe); breakdown.png."""
+    write_json(run_dir / "report.json", report)
+    stage_rows = ({"backend": run.backend or "", **k.as_row(), "stage": stage.spec.key}
+                  for stage in stages for run in stage.runs for k in run.profile.kernels)
+    write_csv(run_dir / "ops.csv", [*({"backend": r.backend, **k.as_row(), "stage": "block"}
+                                      for r in runs for k in r.profile.kernels), *stage_rows])
+    if report.get("whole_video"):
+        write_csv(run_dir / "whole_video.csv", (
+            {"recipe": v["recipe"], "text_encoding_s": v["stage_s"]["text"], "denoising_s": v["denoising_s"],
+             "vae_decode_s": v["stage_s"]["vae"], "audio_decode_s": v["stage_s"]["audio"], "total_s": v["total_s"]}
+            for v in report["whole_video"]))
+    plot_breakdown(run_dir / "breakdown.png", report)
+
+
+def plot_breakdown(path: Path, report: dict[str, Any]) -> None:
+    """Stacked bars of each backend's block time by kind of work, and by module."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    scaled = bool(report.get("scaled_down"))
+    fig, axes = plt.subplots(2, 1, figsize=(11, 2 * (1.4 + 0.6 * len(runs))), squeeze=False)
+    for ax, key, title in ((axes[0][0], "categories", "by kind of work"), (axes[1][0], "modules", "by module")):
+        labels = list(dict.fromkeys(label for run in runs for label in run[key]))
+        cmap = plt.get_cmap("tab20")
+        for y, run in enumerate(runs):
+            left = 0.0
+            for i, label in enumerate(labels):
+                ms = run[key].get(label, {}).get("ms", 0.0)
+                ax.barh(y, ms, left=left, color=cmap(i % 20), label=label if y == 0 else None,
+                        alpha=0.45 if scaled else 1.0, hatch="//" if scaled else None)
+                left += ms
+        ax.set_yticks(range(len(runs)), [r["backend"] for r in runs])
+        ax.set_xlabel("ms per block" + ("*" if scaled else ""))
+        ax.set_title(f"{report['header']['model']} block, {title}" + (" (SCALED-DOWN CPU RUN*)" if scaled else ""),
+                     color="dimgray" if scaled else "black")
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    fig.tight_layout()
+    if scaled:
+        fig.text(0.01, -0.02, f"* {report['scaled_down_note']}", fontsize=8, color="dimgray", ha="left", va="top")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)

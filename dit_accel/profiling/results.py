@@ -1,0 +1,146 @@
+"""What a profiled region's measurements come to, as numbers: its rows by kind of work (ms, share, and
+the rate against this device's ceilings, `category_rows`) and by module (`range_rows`), a warning when
+its timed runs spread widely (`timing_noise`), and one recipe's profile of the block (`BackendRun`,
+with `CompileStats`). `report` assembles report.json from these; `render` draws them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..device import Ceilings
+from ..timing import TimingStats
+from .classify import MATMUL_CATEGORIES
+from .extrapolate import Extrapolation
+from .profiler import BlockProfile
+
+# The timed block minus the work the profiler saw: launch gaps on a GPU; Python and framework
+# overhead between aten ops on the CPU.
+GAPS_LABEL = {"cuda": "gaps between kernels", "cpu": "outside aten ops"}
+
+COMPILED_RANGE_NOTE = "compiled graph (kernels fused across modules: not attributed to them)"
+
+# Timed runs this spread out make the median a guess: the report and the terminal say so.
+NOISY_MAX_OVER_MIN = 1.3  # slowest run / fastest run
+NOISY_CV_PCT = 10.0  # standard deviation / mean of the runs, percent
+
+
+def timing_noise(timing: TimingStats, label: str) -> str | None:
+    """A warning when the timed runs spread widely (max/min or CV past the thresholds), else None."""
+    ratio, cv = timing.max_over_min, timing.cv_pct
+    if not ((ratio is not None and ratio > NOISY_MAX_OVER_MIN) or (cv is not None and cv > NOISY_CV_PCT)):
+        return None
+    spread = ", ".join(([f"max/min {ratio:.2f}"] if ratio is not None else [])
+                       + ([f"CV {cv:.0f}%"] if cv is not None else []))
+    more = max(30, 3 * timing.runs)
+    return (f"{label}: the {timing.runs} timed runs spread widely ({timing.min_ms:.2f} to {timing.max_ms:.2f} ms, "
+            f"{spread}): the median {timing.median_ms:.2f} ms is uncertain; "
+            f"rerun with --runs {more} on a quieter machine")
+
+
+def profiled_to_timed(profile: BlockProfile, timed_ms: float) -> float:
+    """Factor from profiled time to timed time. Profiled times can add up to more than the timed
+    region (profiler overhead on the CPU): they are scaled down so the rows add up to it; when they
+    add up to less (a GPU), the rest is shown as gaps."""
+    kernel_total_ms = profile.kernel_time_us / 1e3
+    return min(1.0, timed_ms / kernel_total_ms) if kernel_total_ms else 0.0
+
+
+def category_rows(profile: BlockProfile, timed_ms: float, work_flops: dict[str, float],
+                  ceilings: Ceilings) -> dict[str, dict[str, Any]]:
+    """Per kind of work of a profiled region (a block, a pipeline stage): ms per run, share of the
+    timed run, and the rate against this device's ceilings: TFLOP/s for matmul kinds whose FLOPs
+    `work_flops` gives, GB/s from the ops' bytes for the others; the rest of the timed run is gaps."""
+    kernel_total_ms = profile.kernel_time_us / 1e3
+    scale = profiled_to_timed(profile, timed_ms)
+    rows: dict[str, dict[str, Any]] = {}
+    for category, sums in profile.by_category().items():
+        kernel_ms = scale * sums["time_us"] / 1e3
+        row: dict[str, Any] = {"ms": kernel_ms, "share_pct": 100 * kernel_ms / timed_ms if timed_ms else 0.0}
+        if category in MATMUL_CATEGORIES:
+            flops = work_flops.get(category)
+            if flops:
+                tflops = flops / (kernel_ms * 1e-3) / 1e12 if kernel_ms else 0.0
+                row.update(flops=flops, tflops=tflops, pct_of_ceiling=100 * tflops / ceilings.gemm_tflops)
+        else:
+            gbps = sums["bytes_est"] / (kernel_ms * 1e-3) / 1e9 if kernel_ms else 0.0
+            row.update(bytes_est=sums["bytes_est"], gbps_est=gbps, pct_of_ceiling=100 * gbps / ceilings.copy_gbps)
+        rows[category] = row
+    gaps_ms = timed_ms - kernel_total_ms
+    if gaps_ms > 0:
+        rows[GAPS_LABEL[profile.device_kind]] = {"ms": gaps_ms, "share_pct": 100 * gaps_ms / timed_ms}
+    return rows
+
+
+def range_rows(profile: BlockProfile, timed_ms: float, one_range: str | None = None) -> dict[str, dict[str, float]]:
+    """Per named range: ms per run and share of the timed run (all of it under `one_range`, for a
+    compiled graph, whose kernels no range holds)."""
+    scale = profiled_to_timed(profile, timed_ms)
+    ranges = profile.by_range()
+    if one_range is not None:
+        ranges = {one_range: {"time_us": sum(r["time_us"] for r in ranges.values())}}
+    return {label: {"ms": scale * s["time_us"] / 1e3, "share_pct": 100 * scale * s["time_us"] / 1e3 / timed_ms}
+            for label, s in ranges.items()}
+
+
+@dataclass
+class CompileStats:
+    """torch.compile of one recipe's block: what it cost, and whether the graph held."""
+
+    mode: str
+    first_call_s: float  # the first call after compiling: tracing, inductor, autotuning, the run itself
+    graph_breaks: int  # while tracing the block; 0 means one graph
+    graphs: int  # graphs compiled by that first call
+    graphs_after_first_call: int = 0  # recompiles during warm-up, timed and profiled runs
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class BackendRun:
+    """One recipe's profile of the block (its attention backend and options) and what follows from it."""
+
+    backend: str  # the recipe's label, e.g. "fp8+rope+fp8-linear+compile"
+    profile: BlockProfile
+    extrapolation: Extrapolation
+    attention_flops: float
+    linear_flops: float
+    output_vs_reference: dict[str, float] | None = None  # rel_l2 / cosine against the first backend
+    attention_rel_err: float | None = None  # this backend on the block's own q, k, v vs a reference
+    compile_stats: CompileStats | None = None  # compiled recipes
+    fp8_linears: dict[str, Any] | None = None  # FP8-linear recipes: which linears went FP8, which stayed
+
+    @property
+    def block_ms(self) -> float:
+        return self.profile.timing.median_ms
+
+    def category_rows(self, ceilings: Ceilings) -> dict[str, dict[str, Any]]:
+        """Per category: time per block, share of the block, and the achieved rate against a ceiling."""
+        work_flops = {"attention": self.attention_flops, "gemm": self.linear_flops}
+        return category_rows(self.profile, self.block_ms, work_flops, ceilings)
+
+    def next_levers(self, ceilings: Ceilings, count: int = 4) -> list[dict[str, Any]]:
+        """Where the time left beside attention goes, largest first: what to speed up next."""
+        rows = [{"kind": category, **row} for category, row in self.category_rows(ceilings).items()
+                if category != "attention" and category not in GAPS_LABEL.values()]
+        return sorted(rows, key=lambda row: -row["ms"])[:count]
+
+    def module_rows(self) -> dict[str, dict[str, float]]:
+        return range_rows(self.profile, self.block_ms, COMPILED_RANGE_NOTE if self.compile_stats else None)
+
+    def as_dict(self, ceilings: Ceilings) -> dict[str, Any]:
+        p = self.profile
+        return {
+            "backend": self.backend, "block_ms": self.block_ms, "timing": p.timing.as_dict(),
+            "timing_noise": timing_noise(p.timing, self.backend),
+            "kernel_time_ms": p.kernel_time_us / 1e3, "profiled_runs": p.profiled_runs,
+            "peak_memory_bytes": p.peak_memory_bytes, "weights_bytes": p.weights_bytes,
+            "attention_flops": self.attention_flops, "linear_flops": self.linear_flops,
+            "categories": self.category_rows(ceilings), "modules": self.module_rows(),
+            "top_kernels": [k.as_row() for k in p.kernels[:20]],
+            "extrapolation": self.extrapolation.as_dict(), "output_vs_reference": self.output_vs_reference,
+            "attention_rel_err": self.attention_rel_err, "next_levers": self.next_levers(ceilings),
+            "compile": self.compile_stats.as_dict() if self.compile_stats else None,
+            "fp8_linears": self.fp8_linears,
+            "trace": str(p.trace_path) if p.trace_path else None,
+        }
