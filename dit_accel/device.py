@@ -6,10 +6,12 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from .errors import UserError
+from .patching.fp8_linear import MIN_CAPABILITY as FP8_MIN_CAPABILITY
 from .timing import time_region
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -64,7 +66,8 @@ class DeviceInfo:
     def of(cls, device: torch.device) -> "DeviceInfo":
         if device.type == "cuda":
             props = torch.cuda.get_device_properties(device)
-            return cls(props.name, "cuda", f"{props.major}.{props.minor}", props.total_memory / 2**30, torch.__version__)
+            return cls(props.name, "cuda", f"{props.major}.{props.minor}", props.total_memory / 2**30,
+                       torch.__version__)
         return cls(f"CPU ({os.cpu_count()} threads)", "cpu", None, None, torch.__version__)
 
     @property
@@ -91,12 +94,18 @@ def apply_memory_budget(device: torch.device, budget_bytes: int) -> None:
 
 # --- ceilings -----------------------------------------------------------------------------------
 
+FP8 = "fp8"  # the precision of work on e4m3 operands; other work is in the ceilings' `dtype`
+
+
 @dataclass(frozen=True)
 class Ceilings:
     """What this device reaches on large, simple work, measured here (not datasheet values).
 
     gemm_tflops: matrix product in `dtype` (the dtype the block runs in), TFLOP/s.  copy_gbps:
-    device-to-device copy, counting bytes read plus bytes written, GB/s.
+    device-to-device copy, counting bytes read plus bytes written, GB/s.  fp8_gemm_tflops: the
+    same GEMM on e4m3 operands with per-row scales, as torchao's FP8 linears run it (`_fp8_gemm`),
+    TFLOP/s; None where it was not measured, and `fp8_gemm_unavailable` says why (no CUDA GPU, no
+    FP8 tensor cores, or `torch._scaled_mm` refused).
     """
 
     dtype: str
@@ -104,6 +113,15 @@ class Ceilings:
     copy_gbps: float
     gemm_shape: tuple[int, int, int]
     copy_bytes: int
+    fp8_gemm_tflops: float | None = None
+    fp8_gemm_unavailable: str | None = None
+
+    def gemm_ceiling(self, precision: str) -> tuple[str, float | None]:
+        """(name, TFLOP/s) of the ceiling matmul work in `precision` is rated against: `FP8` work against
+        the FP8 GEMM (None where there is none), work in `dtype` against the GEMM in that dtype."""
+        if precision == FP8:
+            return "FP8 GEMM", self.fp8_gemm_tflops
+        return f"{self.dtype} GEMM", self.gemm_tflops
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -115,34 +133,70 @@ def _cache_path() -> Path:
 
 
 # Bumped whenever the measurement changes, so values measured the old way are not reused.
-_CEILINGS_METHOD = 2  # 2: fastest of the runs, 2048^3 GEMM on the CPU
+_CEILINGS_METHOD = 3  # 2: fastest of the runs, 2048^3 GEMM on the CPU; 3: the FP8 GEMM on sm_89+
+
+# Per device type: (the GEMMs' n of n x n x n, elements copied). On a GPU: 2^29 elements (1 GiB in bf16)
+# copied, far past any L2; on a CPU: a few seconds' worth.
+CEILING_SIZES = {"cuda": (8192, 2**30), "cpu": (2048, 2**26)}
 
 
 def _cache_key(info: DeviceInfo, dtype: torch.dtype) -> str:
     return f"{info.name}|{info.capability}|torch {info.torch_version}|{dtype}|method {_CEILINGS_METHOD}"
 
 
-def measure_ceilings(device: torch.device, dtype: torch.dtype) -> Ceilings:
-    """Time one large GEMM and one large copy on `device` (a few seconds).
+def fp8_gemm_unavailable_reason(device: torch.device) -> str | None:
+    """Why `device` has no FP8 GEMM ceiling to measure, in words, or None when it has FP8 tensor cores."""
+    need = f"FP8 GEMMs need a CUDA GPU of compute capability {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}+"
+    if device.type != "cuda":
+        return f"no CUDA GPU: {need}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < FP8_MIN_CAPABILITY:
+        return f"{torch.cuda.get_device_name(device)} is sm_{major}{minor}: {need}"
+    return None
 
-    A ceiling is what the device can do, so each is the fastest of its runs: other work on the
-    machine can only slow a run down.
-    """
-    # On a GPU: 2^29 elements (1 GiB in bf16) copied, far past any L2; on a CPU: a few seconds' worth.
-    n, copy_elems = (8192, 2**30) if device.type == "cuda" else (2048, 2**26)
+
+def _fp8_gemm(a: torch.Tensor, weight: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """The e4m3 GEMM `a @ weight.t()` as torchao's per-row FP8 linears run it: `torch._scaled_mm` of the
+    row-major activation `a` [M, K] and the weight [N, K] passed transposed (column-major [K, N]), one
+    float32 scale per activation row [M, 1] and per output column [1, N], bf16 out, fast accumulation."""
+    scale_a = torch.ones(a.shape[0], 1, device=a.device)
+    scale_b = torch.ones(1, weight.shape[0], device=a.device)
+    return lambda: torch._scaled_mm(a, weight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16,
+                                    use_fast_accum=True)
+
+
+def _fastest_tflops(gemm: Callable[[], torch.Tensor], n: int, device: torch.device) -> float:
+    """TFLOP/s of an n x n x n GEMM at its fastest run: other work on the machine can only slow a run down."""
+    timing = time_region(gemm, device=device, warmup=3, runs=10)
+    return 2 * n**3 / (timing.min_ms * 1e-3) / 1e12
+
+
+def measure_ceilings(device: torch.device, dtype: torch.dtype) -> Ceilings:
+    """Time one large GEMM in `dtype`, the same GEMM in FP8 where the device has FP8 tensor cores, and
+    one large copy on `device` (a few seconds). Each is the fastest of its runs."""
+    n, copy_elems = CEILING_SIZES[device.type]
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    gemm = time_region(lambda: a @ b, device=device, warmup=3, runs=10)
+    gemm_tflops = _fastest_tflops(lambda: a @ b, n, device)
+    fp8_tflops, fp8_unavailable = None, fp8_gemm_unavailable_reason(device)
+    if fp8_unavailable is None:
+        try:
+            a8, weight8 = (torch.randn(n, n, device=device).to(torch.float8_e4m3fn) for _ in range(2))
+            fp8_tflops = _fastest_tflops(_fp8_gemm(a8, weight8), n, device)
+        except RuntimeError as exc:  # a torch build without per-row scaled FP8 GEMMs for this GPU
+            fp8_unavailable = f"torch._scaled_mm with per-row scales failed here: {str(exc).splitlines()[0]}"
     src = torch.randn(copy_elems // 2, device=device, dtype=dtype)
     dst = torch.empty_like(src)
     copy = time_region(lambda: dst.copy_(src), device=device, warmup=3, runs=10)
     copy_bytes = 2 * src.numel() * src.element_size()
     return Ceilings(
         dtype=str(dtype).replace("torch.", ""),
-        gemm_tflops=2 * n**3 / (gemm.min_ms * 1e-3) / 1e12,
+        gemm_tflops=gemm_tflops,
         copy_gbps=copy_bytes / (copy.min_ms * 1e-3) / 1e9,
         gemm_shape=(n, n, n),
         copy_bytes=copy_bytes,
+        fp8_gemm_tflops=fp8_tflops,
+        fp8_gemm_unavailable=fp8_unavailable,
     )
 
 

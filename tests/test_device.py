@@ -6,12 +6,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from dit_accel import device
 from dit_accel.device import device_ceilings, parse_bytes
 from dit_accel.errors import UserError
 
 
-@pytest.mark.parametrize("text, expected", [("16GiB", 16 * 2**30), ("800MB", 800 * 10**6), ("1.5 GiB", int(1.5 * 2**30)),
-                                             ("512", 512)])
+@pytest.mark.parametrize("text, expected", [("16GiB", 16 * 2**30), ("800MB", 800 * 10**6),
+                                            ("1.5 GiB", int(1.5 * 2**30)), ("512", 512)])
 def test_sizes(text, expected):
     assert parse_bytes(text) == expected
 
@@ -34,3 +35,46 @@ def test_ceilings_are_measured_once_then_read_from_the_cache():
     path.write_text(json.dumps(cache))
     remeasured, cached = device_ceilings(torch.device("cpu"), torch.float32)
     assert not cached and remeasured.gemm_tflops > 0 and remeasured.dtype == "float32"
+
+
+def test_the_cpu_has_no_fp8_ceiling_and_says_why():
+    ceilings, _ = device_ceilings(torch.device("cpu"), torch.float32)
+    assert ceilings.fp8_gemm_tflops is None
+    assert ceilings.fp8_gemm_unavailable == "no CUDA GPU: FP8 GEMMs need a CUDA GPU of compute capability 8.9+"
+    assert ceilings.gemm_ceiling("fp8") == ("FP8 GEMM", None)
+    assert ceilings.gemm_ceiling("float32") == ("float32 GEMM", ceilings.gemm_tflops)
+
+
+@pytest.mark.parametrize("capability, reason", [((8, 0), "NVIDIA A100 is sm_80: FP8 GEMMs need a CUDA GPU of "
+                                                         "compute capability 8.9+"),
+                                                ((8, 9), None), ((9, 0), None), ((12, 0), None)])
+def test_fp8_ceilings_are_measured_on_sm89_and_later(monkeypatch, capability, reason):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    assert device.fp8_gemm_unavailable_reason(torch.device("cuda", 0)) == reason
+
+
+def test_the_fp8_gemm_is_torchaos_per_row_layout():
+    """Runs on the CPU (torch._scaled_mm has a CPU kernel): e4m3 operands, the weight passed transposed."""
+    a, weight = (torch.randn(64, 64).to(torch.float8_e4m3fn) for _ in range(2))
+    out = device._fp8_gemm(a, weight)()
+    assert out.dtype == torch.bfloat16 and out.shape == (64, 64)
+    torch.testing.assert_close(out.float(), a.float() @ weight.float().t(), rtol=2e-2, atol=0.5)
+
+
+def test_where_there_are_fp8_tensor_cores_the_fp8_gemm_is_measured(monkeypatch):
+    """The GPU's path, on the CPU: a device with FP8 tensor cores, small GEMMs."""
+    monkeypatch.setattr(device, "fp8_gemm_unavailable_reason", lambda d: None)
+    monkeypatch.setitem(device.CEILING_SIZES, "cpu", (128, 2**16))
+    ceilings = device.measure_ceilings(torch.device("cpu"), torch.float32)
+    assert ceilings.fp8_gemm_tflops > 0 and ceilings.fp8_gemm_unavailable is None
+    assert ceilings.gemm_ceiling("fp8") == ("FP8 GEMM", ceilings.fp8_gemm_tflops)
+
+    def refused(a, weight):
+        raise RuntimeError("Invalid scaling configuration\nmore")
+
+    monkeypatch.setattr(device, "_fp8_gemm", refused)
+    ceilings = device.measure_ceilings(torch.device("cpu"), torch.float32)
+    assert ceilings.fp8_gemm_tflops is None
+    assert ceilings.fp8_gemm_unavailable == ("torch._scaled_mm with per-row scales failed here: Invalid scaling "
+                                             "configuration")

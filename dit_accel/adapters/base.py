@@ -206,13 +206,10 @@ class BlockAdapter(ABC):
         """Rows of the prompt the text encoder runs on."""
 
     # --- cost model ------------------------------------------------------------------------------
-    def linear_flops(self, block: nn.Module, workload: Workload) -> float:
-        """2 * rows * in * out for every nn.Linear of the block, with the rows each one sees."""
-        total = 0.0
-        for name, module in block.named_modules():
-            if isinstance(module, nn.Linear):
-                total += 2.0 * self.linear_rows(name, workload) * module.in_features * module.out_features
-        return total
+    def flops_per_linear(self, block: nn.Module, workload: Workload) -> dict[str, float]:
+        """Each nn.Linear of the block by name: 2 * rows * in * out FLOPs, with the rows it sees."""
+        return {name: 2.0 * self.linear_rows(name, workload) * module.in_features * module.out_features
+                for name, module in block.named_modules() if isinstance(module, nn.Linear)}
 
     def linear_rows(self, linear_name: str, workload: Workload) -> int:
         """How many rows pass through linear layer `linear_name` (default: every row of the batch)."""

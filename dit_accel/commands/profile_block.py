@@ -231,7 +231,8 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
     try:
         with progress as shown, staged_run_dir(final_dir) as run_dir:
             # Measured (once per device) before the budget applies: the measurement itself takes ~4 GiB.
-            with shown.stage("device ceilings (GEMM and copy; measured once per device, then cached)"):
+            with shown.stage("device ceilings (GEMM, FP8 GEMM where the GPU has one, and copy; measured once per "
+                             "device, then cached)"):
                 ceilings, ceilings_cached = device_ceilings(device, dtype, refresh=refresh_ceilings)
             if memory_budget:
                 apply_memory_budget(device, memory_budget.nbytes)

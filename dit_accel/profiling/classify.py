@@ -65,6 +65,15 @@ Names that still go to "other", each for a reason:
   the name holds no op; ``poi`` ones are still elementwise);
 * kernels whose name matches no rule at all (user kernels with other names, vendor kernels not
   listed here), e.g. ``my_mystery_kernel``.
+
+Apart from its kind, `is_fp8(name)` says whether a kernel computes on FP8 operands, so that its time is
+rated against the FP8 GEMM ceiling, not the block dtype's: cuBLAS and CUTLASS name their operand types
+(``sm90_xmma_gemm_e4m3bf16_e4m3f32_...``, ``cutlass3x_sm90_tensorop_gemm_e4m3_e4m3_...``,
+``cutlass::float_e4m3_t`` in a template's arguments, as FlashAttention-3's FP8 kernels carry it),
+cuBLASLt's nvjet kernels spell e4m3 operands ``qq`` (``nvjet_sm90_qqtst_...``; bf16 ones are
+``nvjet_sm90_tst_...``), torch's FP8 GEMM op is ``_scaled_mm`` (the CPU's ``aten::_scaled_mm``,
+inductor's ``triton_tem_fused__scaled_mm_...``), and our attention kernels are ``Fp8AttentionSm90`` and
+``Fp8AttentionMmaSync``.
 """
 from __future__ import annotations
 
@@ -96,10 +105,13 @@ _NAME_RULES: tuple[tuple[str, str], ...] = (
     ("rope", r"rotary|rope"),
     ("gather-index", r"index_?select|indexselect|gather|scatter|index_?put|index_?copy|indexfunc|aten::index$"),
     ("copy", r"copy|memcpy|memset|catarray|aten::(?:cat|to|_to_copy|contiguous|clone|fill_|zero_)$"),
-    ("modulation-elementwise", r"elementwise|functor|silu|gelu|swiglu|triton_poi|aten::(?:mul|add|sub|div|neg|silu|gelu|"
-                               r"sigmoid|tanh|exp|chunk|rsub|pow|mean|rsqrt|where|lerp)_?$"),
+    ("modulation-elementwise", r"elementwise|functor|silu|gelu|swiglu|triton_poi|aten::(?:mul|add|sub|div|neg|silu|"
+                               r"gelu|sigmoid|tanh|exp|chunk|rsub|pow|mean|rsqrt|where|lerp)_?$"),
 )
 _COMPILED = tuple((category, re.compile(pattern, re.IGNORECASE)) for category, pattern in _NAME_RULES)
+# Kernels on FP8 operands (see the module docstring); "f8" only as a whole `_`-separated part or a pair.
+_FP8_NAME = re.compile(r"e4m3|e5m2|float8|(?:^|_)f8(?:f8|_|$)|nvjet_(?:sm\d+_)?qq|scaled_mm|fp8_?attention",
+                       re.IGNORECASE)
 
 # --- inductor-generated kernels -------------------------------------------------------------------
 # triton_{kind}_fused_{ops}_{n} (GPU; kind = first 3 letters of the triton_heuristics decorator:
@@ -266,6 +278,11 @@ def classify_name(name: str) -> str:
         if pattern.search(name):
             return category
     return "other"
+
+
+def is_fp8(name: str) -> bool:
+    """Whether the kernel (or aten op) named `name` computes on FP8 operands."""
+    return _FP8_NAME.search(name) is not None
 
 
 def classify(name: str, range_label: str | None = None) -> str:

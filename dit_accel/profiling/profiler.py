@@ -20,7 +20,7 @@ from torch.autograd import DeviceType
 from ..adapters import BlockAdapter
 from ..loading.block import param_bytes
 from ..timing import TimingStats, time_region
-from .classify import CATEGORIES, classify
+from .classify import CATEGORIES, classify, is_fp8
 from .op_bytes import count_op_bytes
 from .progress import NO_PROGRESS, SessionProgress
 from .ranges import instrument, range_label
@@ -75,10 +75,11 @@ class KernelRecord:
     calls: float
     time_us: float
     bytes_est: float  # bytes its launching ops read and wrote (their tensors), per block run
+    fp8: bool = False  # computes on FP8 operands (`classify.is_fp8`)
 
     def as_row(self) -> dict[str, Any]:
         return {"category": self.category, "range": self.range, "kernel": self.name, "calls_per_block": self.calls,
-                "time_us_per_block": self.time_us, "bytes_est_per_block": self.bytes_est}
+                "time_us_per_block": self.time_us, "bytes_est_per_block": self.bytes_est, "fp8": self.fp8}
 
 
 @dataclass
@@ -96,11 +97,14 @@ class BlockProfile:
         return sum(k.time_us for k in self.kernels)
 
     def by(self, key: Callable[[KernelRecord], str]) -> dict[str, dict[str, float]]:
-        """Sum time and bytes over records grouped by `key` (category or range)."""
-        out: dict[str, dict[str, float]] = defaultdict(lambda: {"time_us": 0.0, "bytes_est": 0.0, "calls": 0.0})
+        """Sum time (all of it, and that of FP8 kernels), bytes and calls over records grouped by `key`
+        (category or range)."""
+        out: dict[str, dict[str, float]] = defaultdict(
+            lambda: {"time_us": 0.0, "fp8_time_us": 0.0, "bytes_est": 0.0, "calls": 0.0})
         for k in self.kernels:
             row = out[key(k)]
             row["time_us"] += k.time_us
+            row["fp8_time_us"] += k.time_us if k.fp8 else 0.0
             row["bytes_est"] += k.bytes_est
             row["calls"] += k.calls
         return dict(out)
@@ -137,7 +141,8 @@ def _timed_work(events, device_kind: str):
     """
     if device_kind != "cuda":
         for event in events:
-            if event.device_type == DeviceType.CPU and event.name.startswith("aten::") and event.self_cpu_time_total > 0:
+            if event.device_type == DeviceType.CPU and event.name.startswith("aten::") \
+                    and event.self_cpu_time_total > 0:
                 yield event.name, event.self_cpu_time_total, event
         return
     launches = {e.id: e for e in events if e.device_type == DeviceType.CPU and _RUNTIME_CALL.match(e.name)}
@@ -189,7 +194,8 @@ def _collect(prof, runs: float, device_kind: str, body_label: str,
             if owner_us[owner_key] > 0:
                 kernel_bytes[kernel_key] += op_bytes.get(owner_key, 0.0) * us / owner_us[owner_key]
     return sorted(
-        (KernelRecord(name, classify(name, label), label, calls / runs, us / runs, kernel_bytes[(name, label)])
+        (KernelRecord(name, classify(name, label), label, calls / runs, us / runs, kernel_bytes[(name, label)],
+                      is_fp8(name))
          for (name, label), (calls, us) in acc.items()),
         key=lambda k: -k.time_us,
     )

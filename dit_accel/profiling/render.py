@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from ..adapters.stages import STAGE_TITLES
-from ..device import Ceilings
+from ..device import FP8, Ceilings
 from ..report_io import write_csv, write_json
 from .extrapolate import Validation
 from .results import BackendRun
@@ -19,8 +19,12 @@ from .stages import StageMeasurement
 
 
 def _fmt_rate(row: dict[str, Any]) -> str:
+    """A row's rate: TFLOP/s (with its percent of the ceiling where there is one) or ~GB/s, or nothing."""
     if "tflops" in row:
-        return f"{row['tflops']:.3g} TFLOP/s ({row['pct_of_ceiling']:.0f}%)"
+        if row["tflops"] is None:  # FLOPs but no time: no kernel of that precision was recognized
+            return ""
+        pct = row["pct_of_ceiling"]
+        return f"{row['tflops']:.3g} TFLOP/s" + (f" ({pct:.0f}%)" if pct is not None else "")
     if row.get("bytes_est"):  # ops outside aten (our Triton prep, CuTe DSL kernels) have no byte count
         if row["pct_of_ceiling"] > 100:  # the ops' tensors were served from cache, not memory
             return f"~{row['gbps_est']:.3g} GB/s (above the copy ceiling: cache-resident)"
@@ -49,16 +53,34 @@ def _render_validation(console: Console, v: Validation) -> None:
                       f"session unless --outside-ms states it)")
 
 
+def ceilings_note(ceilings: Ceilings, *, rates_fp8: bool) -> str:
+    """The footnote under a table of rates: each measured ceiling by name and value, and, where the table
+    rates FP8 work but the device has no FP8 GEMM ceiling, why its FP8 rates have no percentage."""
+    named = [f"{ceilings.dtype} GEMM {ceilings.gemm_tflops:.3g} TFLOP/s"]
+    if ceilings.fp8_gemm_tflops is not None:
+        named.append(f"FP8 GEMM {ceilings.fp8_gemm_tflops:.3g} TFLOP/s")
+    named.append(f"copy {ceilings.copy_gbps:.3g} GB/s")
+    note = f"rates vs this device's measured ceilings: {', '.join(named)}"
+    if rates_fp8 and ceilings.fp8_gemm_tflops is None:
+        note += f"; FP8 rates without a percentage: no FP8 GEMM ceiling ({ceilings.fp8_gemm_unavailable})"
+    return note + "; ~ = bytes the ops' tensors read and wrote (cache hits can beat the DRAM ceiling)"
+
+
 def breakdown_table(run: BackendRun, ceilings: Ceilings) -> Table:
-    """One recipe's block by kind of work: ms, share and rate; the footnote names the ceilings."""
-    rate_note = (f"rates vs this device's measured ceilings: {ceilings.dtype} GEMM {ceilings.gemm_tflops:.3g} "
-                 f"TFLOP/s, copy {ceilings.copy_gbps:.3g} GB/s; ~ = bytes the ops' tensors read and wrote (cache "
-                 f"hits can beat the DRAM ceiling)")
-    table = Table(title=f"Where one block's time goes — attention backend: {run.backend}", caption=rate_note)
+    """One recipe's block by kind of work: ms, share and rate, a row of FP8 work marked so, a row of work
+    in two precisions followed by a row for each; the footnote names the ceilings."""
+    rows = run.category_rows(ceilings)
+    rates_fp8 = any(row.get("precision") == FP8 or FP8 in row.get("by_precision", {}) for row in rows.values())
+    table = Table(title=f"Where one block's time goes — attention backend: {run.backend}",
+                  caption=ceilings_note(ceilings, rates_fp8=rates_fp8))
     for col, justify in (("kind of work", "left"), ("ms / block", "right"), ("share", "right"), ("rate", "right")):
         table.add_column(col, justify=justify)
-    for category, row in run.category_rows(ceilings).items():
-        table.add_row(category, f"{row['ms']:.2f}", f"{row['share_pct']:.1f}%", _fmt_rate(row))
+    for category, row in rows.items():
+        label = f"{category} ({FP8})" if row.get("precision") == FP8 else category
+        table.add_row(label, f"{row['ms']:.2f}", f"{row['share_pct']:.1f}%", _fmt_rate(row))
+        for precision, part in row.get("by_precision", {}).items():
+            table.add_row(f"  of which {precision}", f"{part['ms']:.2f}", f"{part['share_pct']:.1f}%",
+                          _fmt_rate(part))
     table.add_row("[bold]block (timed)[/bold]", f"[bold]{run.block_ms:.2f}[/bold]", "100%", "", end_section=True)
     return table
 

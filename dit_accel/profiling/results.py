@@ -1,13 +1,21 @@
 """What a profiled region's measurements come to, as numbers: its rows by kind of work (ms, share, and
 the rate against this device's ceilings, `category_rows`) and by module (`range_rows`), a warning when
 its timed runs spread widely (`timing_noise`), and one recipe's profile of the block (`BackendRun`,
-with `CompileStats`). `report` assembles report.json from these; `render` draws them."""
+with `CompileStats`). `report` assembles report.json from these; `render` draws them.
+
+A matmul kind's rate is its FLOPs over its time against the GEMM ceiling of the precision it ran in:
+work on FP8 operands against the FP8 GEMM (`device.FP8`), the rest against the GEMM in the block's dtype.
+Which FLOPs are FP8 comes from the model where it knows (the FP8 linears' share of the GEMM FLOPs);
+elsewhere a kind's FLOPs are all FP8 when FP8 kernels (`classify.is_fp8`) ran in it, as our FP8
+attention does. A kind with FLOPs in both precisions gets a row per precision under it (`by_precision`),
+its FP8 row timed by its FP8 kernels, the other by the rest.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from ..device import Ceilings
+from ..device import FP8, Ceilings
 from ..timing import TimingStats
 from .classify import MATMUL_CATEGORIES
 from .extrapolate import Extrapolation
@@ -22,6 +30,8 @@ COMPILED_RANGE_NOTE = "compiled graph (kernels fused across modules: not attribu
 # Timed runs this spread out make the median a guess: the report and the terminal say so.
 NOISY_MAX_OVER_MIN = 1.3  # slowest run / fastest run
 NOISY_CV_PCT = 10.0  # standard deviation / mean of the runs, percent
+
+MIXED = "mixed"  # the precision of a row whose FLOPs are in two precisions (its rows by precision are under it)
 
 
 def timing_noise(timing: TimingStats, label: str) -> str | None:
@@ -45,11 +55,41 @@ def profiled_to_timed(profile: BlockProfile, timed_ms: float) -> float:
     return min(1.0, timed_ms / kernel_total_ms) if kernel_total_ms else 0.0
 
 
-def category_rows(profile: BlockProfile, timed_ms: float, work_flops: dict[str, float],
-                  ceilings: Ceilings) -> dict[str, dict[str, Any]]:
+def _matmul_rate(flops: float, ms: float, precision: str, ceilings: Ceilings) -> dict[str, Any]:
+    """`flops` done in `ms` in `precision`: TFLOP/s (None without time) and its percent of that precision's
+    GEMM ceiling (None where the device has none), with the ceiling's name."""
+    ceiling, ceiling_tflops = ceilings.gemm_ceiling(precision)
+    tflops = flops / (ms * 1e-3) / 1e12 if ms else None
+    pct = 100 * tflops / ceiling_tflops if tflops is not None and ceiling_tflops else None
+    return {"precision": precision, "flops": flops, "tflops": tflops, "pct_of_ceiling": pct, "ceiling": ceiling}
+
+
+def _matmul_rows(ms: float, fp8_ms: float, flops: float, fp8_flops: float | None, timed_ms: float,
+                 ceilings: Ceilings) -> dict[str, Any]:
+    """The rate fields of a matmul kind's row: `ms` of it, `fp8_ms` of that in FP8 kernels; `fp8_flops` of its
+    `flops` on FP8 operands (None: all of them if FP8 kernels ran, else none)."""
+    if fp8_flops is None:
+        fp8_flops = flops if fp8_ms else 0.0
+    parts = {precision: (part_ms, part_flops) for precision, part_ms, part_flops in
+             ((FP8, fp8_ms, fp8_flops), (ceilings.dtype, ms - fp8_ms, flops - fp8_flops))
+             if part_flops > 1e-9 * flops}  # less is the rounding of a difference, no work
+    if len(parts) == 1:
+        (precision,) = parts
+        return _matmul_rate(flops, ms, precision, ceilings)
+    return {"precision": MIXED, "flops": flops, "tflops": flops / (ms * 1e-3) / 1e12 if ms else None,
+            "pct_of_ceiling": None, "ceiling": None,
+            "by_precision": {precision: {"ms": part_ms, "share_pct": 100 * part_ms / timed_ms if timed_ms else 0.0,
+                                         **_matmul_rate(part_flops, part_ms, precision, ceilings)}
+                             for precision, (part_ms, part_flops) in parts.items()}}
+
+
+def category_rows(profile: BlockProfile, timed_ms: float, work_flops: dict[str, float], ceilings: Ceilings,
+                  fp8_flops: dict[str, float] | None = None) -> dict[str, dict[str, Any]]:
     """Per kind of work of a profiled region (a block, a pipeline stage): ms per run, share of the
     timed run, and the rate against this device's ceilings: TFLOP/s for matmul kinds whose FLOPs
-    `work_flops` gives, GB/s from the ops' bytes for the others; the rest of the timed run is gaps."""
+    `work_flops` gives (`fp8_flops`: how many of a kind's FLOPs are on FP8 operands, where the model
+    knows; see the module docstring), GB/s from the ops' bytes for the others; the rest of the timed
+    run is gaps."""
     kernel_total_ms = profile.kernel_time_us / 1e3
     scale = profiled_to_timed(profile, timed_ms)
     rows: dict[str, dict[str, Any]] = {}
@@ -59,11 +99,12 @@ def category_rows(profile: BlockProfile, timed_ms: float, work_flops: dict[str, 
         if category in MATMUL_CATEGORIES:
             flops = work_flops.get(category)
             if flops:
-                tflops = flops / (kernel_ms * 1e-3) / 1e12 if kernel_ms else 0.0
-                row.update(flops=flops, tflops=tflops, pct_of_ceiling=100 * tflops / ceilings.gemm_tflops)
+                row.update(_matmul_rows(kernel_ms, scale * sums["fp8_time_us"] / 1e3, flops,
+                                        (fp8_flops or {}).get(category), timed_ms, ceilings))
         else:
             gbps = sums["bytes_est"] / (kernel_ms * 1e-3) / 1e9 if kernel_ms else 0.0
-            row.update(bytes_est=sums["bytes_est"], gbps_est=gbps, pct_of_ceiling=100 * gbps / ceilings.copy_gbps)
+            row.update(bytes_est=sums["bytes_est"], gbps_est=gbps, pct_of_ceiling=100 * gbps / ceilings.copy_gbps,
+                       ceiling="copy")
         rows[category] = row
     gaps_ms = timed_ms - kernel_total_ms
     if gaps_ms > 0:
@@ -109,6 +150,7 @@ class BackendRun:
     attention_rel_err: float | None = None  # this backend on the block's own q, k, v vs a reference
     compile_stats: CompileStats | None = None  # compiled recipes
     fp8_linears: dict[str, Any] | None = None  # FP8-linear recipes: which linears went FP8, which stayed
+    fp8_linear_flops: float = 0.0  # of linear_flops, those of the linears that went FP8
 
     @property
     def block_ms(self) -> float:
@@ -117,7 +159,8 @@ class BackendRun:
     def category_rows(self, ceilings: Ceilings) -> dict[str, dict[str, Any]]:
         """Per category: time per block, share of the block, and the achieved rate against a ceiling."""
         work_flops = {"attention": self.attention_flops, "gemm": self.linear_flops}
-        return category_rows(self.profile, self.block_ms, work_flops, ceilings)
+        return category_rows(self.profile, self.block_ms, work_flops, ceilings,
+                             fp8_flops={"gemm": self.fp8_linear_flops})
 
     def next_levers(self, ceilings: Ceilings, count: int = 4) -> list[dict[str, Any]]:
         """Where the time left beside attention goes, largest first: what to speed up next."""
@@ -136,6 +179,7 @@ class BackendRun:
             "kernel_time_ms": p.kernel_time_us / 1e3, "profiled_runs": p.profiled_runs,
             "peak_memory_bytes": p.peak_memory_bytes, "weights_bytes": p.weights_bytes,
             "attention_flops": self.attention_flops, "linear_flops": self.linear_flops,
+            "fp8_linear_flops": self.fp8_linear_flops,
             "categories": self.category_rows(ceilings), "modules": self.module_rows(),
             "top_kernels": [k.as_row() for k in p.kernels[:20]],
             "extrapolation": self.extrapolation.as_dict(), "output_vs_reference": self.output_vs_reference,

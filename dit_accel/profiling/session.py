@@ -118,7 +118,8 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
     inputs = s.adapter.make_inputs(s.workload, s.device, s.dtype, generator)
 
     attention_flops = sum(call.flops for call in s.adapter.attention_calls(s.workload))
-    linear_flops = s.adapter.linear_flops(loaded.block, s.workload)
+    flops_per_linear = s.adapter.flops_per_linear(loaded.block, s.workload)
+    linear_flops = sum(flops_per_linear.values())
     if outside is not None:
         outside_ms, outside_source = outside.median_ms, outside.source
     elif s.outside_ms is not None:
@@ -156,9 +157,10 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
         (steps, steps_source), (passes, passes_source) = s.denoising_steps(), s.passes_per_step()
         extrapolation = Extrapolation(s.adapter.num_blocks, profile.timing.median_ms, outside_ms,
                                       outside_source, steps, passes, passes_source, steps_source)
+        fp8_names = [linear["name"] for linear in linear_summary["quantized"]] if linear_summary else []
         runs.append(BackendRun(recipe.label, profile, extrapolation, attention_flops, linear_flops, error,
-                               compile_stats=compile_stats,
-                               fp8_linears=linear_summary))
+                               compile_stats=compile_stats, fp8_linears=linear_summary,
+                               fp8_linear_flops=sum(flops_per_linear[name] for name in fp8_names)))
 
     backends = list(dict.fromkeys(recipe.backend for recipe in s.recipes))
     with progress.stage(f"attention error on the block's own q/k/v ({len(backends)} backend(s))"):

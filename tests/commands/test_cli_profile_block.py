@@ -45,6 +45,25 @@ def test_default_run_on_cpu_is_scaled_down_and_labelled(tmp_path):
     assert len(ops) > 5
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's ceilings")
+def test_rates_name_the_ceilings_they_are_against(tmp_path):
+    out = tmp_path / "run"
+    result = run_cli("profile-block", *FAST, "--quiet", "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    ceilings = report["ceilings"]
+    assert ceilings["fp8_gemm_tflops"] is None and "no CUDA GPU" in ceilings["fp8_gemm_unavailable"]
+    footnote = (f"rates vs this device's measured ceilings: float32 GEMM {ceilings['gemm_tflops']:.3g} TFLOP/s, "
+                f"copy {ceilings['copy_gbps']:.3g} GB/s; ~ = bytes")
+    assert footnote in " ".join(result.output.split())
+    categories = report["runs"][0]["categories"]
+    for kind in ("gemm", "attention"):  # float32 work against the float32 GEMM, no FP8 anywhere
+        assert (categories[kind]["precision"], categories[kind]["ceiling"]) == ("float32", "float32 GEMM")
+    assert categories["norm"]["ceiling"] == "copy"
+    assert report["runs"][0]["fp8_linear_flops"] == 0.0
+    assert "fp8" in (out / "ops.csv").read_text().splitlines()[0].split(",")
+
+
 def test_compare_attention_backends_side_by_side(tmp_path):
     out = tmp_path / "cmp"
     device = [] if torch.cuda.is_available() else ["--device", "cpu"]
@@ -132,7 +151,8 @@ def test_bad_input_gives_one_line_and_no_partial_output(tiny_h3_copy, tmp_path, 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_memory_budget_needs_a_gpu(tmp_path):
-    result = CliRunner().invoke(main, ["profile-block", *FAST, "--memory-budget", "16GiB", "--out", str(tmp_path / "r")])
+    result = CliRunner().invoke(main, ["profile-block", *FAST, "--memory-budget", "16GiB",
+                                       "--out", str(tmp_path / "r")])
     assert result.exit_code == 2
     assert "applies to CUDA devices only" in result.output
 

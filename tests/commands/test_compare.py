@@ -57,6 +57,36 @@ def test_backend_picks_a_run_of_a_compare_attn_report(two_runs, tmp_path):
     assert result.exit_code == 2 and "has no run with attention 'fa4'; it has native, math" in result.output
 
 
+def _saved(tmp_path, name, report):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "report.json").write_text(json.dumps(report))
+    return folder
+
+
+def test_reports_from_before_the_precisions_and_with_an_fp8_split_compare(two_runs, tmp_path):
+    """A report written before rows had precisions and ceilings by name, against one whose GEMM row is split
+    into FP8 and bf16 work (an FP8-linear recipe on a GPU): compare reads the rows' ms, which both have."""
+    old, new = (json.loads((folder / "report.json").read_text()) for folder in two_runs)
+    for run in old["runs"]:
+        run.pop("fp8_linear_flops")
+        for row in run["categories"].values():
+            for key in ("precision", "ceiling"):
+                row.pop(key, None)
+    for key in ("fp8_gemm_tflops", "fp8_gemm_unavailable"):
+        old["ceilings"].pop(key)
+    gemm = new["runs"][0]["categories"]["gemm"]
+    gemm.update(precision="mixed", ceiling=None, pct_of_ceiling=None, by_precision={
+        "fp8": {"ms": 0.75 * gemm["ms"], "share_pct": 1.0, "precision": "fp8", "flops": 1.0, "tflops": 1.0,
+                "pct_of_ceiling": 65.0, "ceiling": "FP8 GEMM"},
+        "bfloat16": {"ms": 0.25 * gemm["ms"], "share_pct": 1.0, "precision": "bfloat16", "flops": 1.0,
+                     "tflops": 1.0, "pct_of_ceiling": 63.0, "ceiling": "bfloat16 GEMM"}})
+    result = compare(_saved(tmp_path, "old", old), _saved(tmp_path, "new", new))
+    assert result.exit_code == 0, result.output
+    assert f"{old['runs'][0]['categories']['gemm']['ms']:.2f}" in result.output
+    assert f"{gemm['ms']:.2f}" in result.output
+
+
 def _damaged(tmp_path, how):
     folder = tmp_path / how.replace(" ", "-")
     if how == "missing folder":
@@ -86,5 +116,6 @@ def test_a_folder_that_is_not_a_run_is_one_line(two_runs, tmp_path, how, message
 
 def test_compare_module_imports_no_torch():
     code = "import sys, dit_accel.commands.compare; print('torch' in sys.modules or 'diffusers' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
 

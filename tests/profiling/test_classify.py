@@ -1,7 +1,7 @@
 """Kernel classification on real kernel names seen in H3 block profiles (torch 2.x, cuDNN 9, CUTLASS)."""
 import pytest
 
-from dit_accel.profiling.classify import ATTENTION_RANGE, CATEGORIES, classify, classify_name, fused_kinds
+from dit_accel.profiling.classify import ATTENTION_RANGE, CATEGORIES, classify, classify_name, fused_kinds, is_fp8
 
 REAL_KERNELS = [
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x128x128_4x1x1_kernel0_0", "attention"),
@@ -235,6 +235,22 @@ def test_fp8_gemms_are_gemms_not_quantization(name):
     assert classify_name(name) == "gemm"
     assert classify(name) == "gemm"
     assert fused_kinds(name) == ("gemm",)
+
+
+@pytest.mark.parametrize("name", FP8_GEMMS + [
+    "nvjet_sm90_qqtst_128x128_128x6_1x2_h_bz_ovscale_TNT",  # torchao's per-row FP8 linears on the H200
+    "triton_tem_fused__scaled_mm_3",  # a max-autotune FP8 GEMM
+    "kernel_cutlass_kernel_dit_accelkernelsfp8_attentionkernel_sm90Fp8AttentionSm90_object_at_",
+    # v1: the sm90 kernel's name with v1's module and class (CuTe DSL names a kernel after both)
+    "kernel_cutlass_kernel_dit_accelkernelsfp8_attentionkernel_mma_syncFp8AttentionMmaSync_object_at_",
+])
+def test_fp8_kernels_are_told_from_the_block_dtypes(name):
+    assert is_fp8(name)
+
+
+@pytest.mark.parametrize("name", [name for name, _ in REAL_KERNELS if "Fp8Attention" not in name])
+def test_kernels_in_the_block_dtype_are_not_fp8(name):
+    assert not is_fp8(name)
 
 
 def test_quantize_kernels_with_gemm_library_namespaces_stay_quantize():
