@@ -1,12 +1,13 @@
 """Attention backends side by side on the same tensors: time, TFLOP/s, and error against a reference.
 
-Per shape, one set of fresh q/k/v is shared by every backend: N(0,1), with 0.1% of entries scaled
-50x, with flat softmax rows, or the q/k/v a MiniMax-H3 block feeds its attention (`INPUT_KINDS`). Each row
-holds the median of `runs` timed calls after `warmup` calls (CUDA events on a GPU), `tflops` = 4*B*H*Sq*Skv*D / median time, and `rel_rms_err` = ||out - ref|| / ||ref|| against a
-reference computed in float64, or in float32 on a GPU when the score count B*H*Sq*Skv exceeds
-`reference.FP64_REFERENCE_MAX_SCORES` (the `reference` field says which). Backends with separate phases (cuDNN
-FP8's quantization, our kernel's prep) get two more rows, "prep alone" and "kernel alone"; the
-"end to end" row always includes the prep.
+Per shape, one set of fresh q/k/v is shared by every backend: N(0,1), with 0.1% of entries scaled 50x, with
+flat softmax rows, or the q/k/v a MiniMax-H3 block feeds its attention (`INPUT_KINDS`). Each row holds the
+median of `runs` timed calls after `warmup` calls, every backend timed in the same interleaved rounds
+(`timing.time_interleaved`; CUDA events on a GPU); `tflops` = 4*B*H*Sq*Skv*D / median time, and
+`rel_rms_err` = ||out - ref|| / ||ref|| against a reference computed in float64, or in float32 on a GPU when the
+score count B*H*Sq*Skv exceeds `reference.FP64_REFERENCE_MAX_SCORES` (the `reference` field says which).
+Backends with separate phases (cuDNN FP8's quantization, our kernel's prep) get two more rows, "prep alone" and
+"kernel alone"; the "end to end" row always includes the prep.
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import re
 import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from ..errors import UserError
-from ..timing import time_region
+from ..timing import time_interleaved
 from .backends import AttentionBackend, BackendCannotServe
 from .reference import random_qkv, reference_attention, reference_dtype, rel_rms_err
 
@@ -147,37 +149,38 @@ def _poison_next_allocation(like: torch.Tensor) -> None:
     torch.full_like(like, float("nan"))
 
 
-def _measure_backend(backend: AttentionBackend, shape: AttentionShape, q, k, v, reference: torch.Tensor | None,
-                     reference_name: str | None, *, device: torch.device, warmup: int, runs: int) -> list[BenchRow]:
-    """The end-to-end row (with its error), plus prep-alone and kernel-alone rows for two-phase backends;
-    with no reference, the end-to-end row alone, without an error."""
+def _failure(exc: Exception) -> str:
+    """A row's status for a backend that raised: it cannot serve the shape, ran out of memory, or failed."""
+    if isinstance(exc, BackendCannotServe):
+        return f"cannot serve: {exc}"
+    if isinstance(exc, torch.OutOfMemoryError):
+        torch.cuda.empty_cache()
+        return "out of memory"
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return f"failed: {type(exc).__name__}: {first_line}"
 
-    def row(timed: str, fn, *, error_here: float | None = None, counts_flops: bool = True) -> BenchRow:
-        stats = time_region(fn, device=device, warmup=warmup, runs=runs)
-        return BenchRow(backend.name, timed, shape.label, "ok", stats.median_ms, stats.min_ms, stats.runs,
-                        tflops=shape.flops / (stats.median_ms * 1e-3) / 1e12 if counts_flops else None,
-                        rel_rms_err=error_here, reference=reference_name if error_here is not None else None)
 
-    if reference is None:
-        return [row(END_TO_END, lambda: backend.run(q, k, v))]
-    _poison_next_allocation(q)
-    out = backend.run(q, k, v)
-    error = rel_rms_err(out, reference)
-    del out
-    rows = [row(END_TO_END, lambda: backend.run(q, k, v), error_here=error)]
-    if backend.phases is not None:
+def _cases(backend: AttentionBackend, q, k, v, *, phases: bool) -> dict[str, Callable[[], object]]:
+    """What to time of a backend, by row: end to end, and with `phases` for a two-phase backend its prep
+    alone and its kernel alone (on inputs prepared once, here)."""
+    cases = {END_TO_END: lambda: backend.run(q, k, v)}
+    if phases and backend.phases is not None:
         prepared = backend.phases.prepare(q, k, v)
-        rows.append(row(PREP_ALONE, lambda: backend.phases.prepare(q, k, v), counts_flops=False))
-        rows.append(row(KERNEL_ALONE, lambda: backend.phases.kernel(prepared)))
-    return rows
+        cases[PREP_ALONE] = lambda: backend.phases.prepare(q, k, v)
+        cases[KERNEL_ALONE] = lambda: backend.phases.kernel(prepared)
+    return cases
 
 
 def bench_shape(shape: AttentionShape, backends: list[AttentionBackend], *, dtype: torch.dtype, device: torch.device,
                 warmup: int, runs: int, seed: int, inputs: str = "normal", timing_only: bool = False) -> list[BenchRow]:
-    """Every backend on one fresh set of inputs of `shape`; unavailable ones become rows saying why.
+    """Every backend on one fresh set of inputs of `shape`; unavailable ones, and ones that raise, become rows
+    saying why.
 
-    timing_only: end-to-end times alone (no reference, no error, no phase rows), as the crossover
-    measurement wants them."""
+    Each backend first runs once on outputs poisoned with NaN, for its error against the reference; then every
+    backend's rows (end to end, and for two-phase backends prep alone and kernel alone) are timed together in
+    `runs` interleaved rounds after `warmup` calls of each (`timing.time_interleaved`), so the GPU's clock
+    ramp and its L2 fall on every backend alike, not on the first ones listed. timing_only: end-to-end times
+    alone (no reference, no error, no phase rows), as the crossover measurement wants them."""
     generator = torch.Generator(device=device).manual_seed(seed)
     q, k, v = make_inputs(shape, dtype=dtype, device=device, generator=generator, inputs=inputs)
     reference = reference_name = None
@@ -186,29 +189,49 @@ def bench_shape(shape: AttentionShape, backends: list[AttentionBackend], *, dtyp
         reference = reference_attention(q, k, v, dtype=ref_dtype)
         reference_name = str(ref_dtype).removeprefix("torch.").replace("float", "fp")
 
-    rows: list[BenchRow] = []
+    status: dict[str, str] = {}  # backend -> why it has no timed rows
+    errors: dict[str, float] = {}
+    cases: dict[tuple[str, str], Callable[[], object]] = {}  # (backend, timed) -> the call
     for backend in backends:
         reason = backend.unavailable_reason(device)
         if reason is not None:
-            rows.append(BenchRow(backend.name, END_TO_END, shape.label, f"unavailable: {reason}"))
+            status[backend.name] = f"unavailable: {reason}"
             continue
         try:
-            rows += _measure_backend(backend, shape, q, k, v, reference, reference_name, device=device, warmup=warmup, runs=runs)
-        except BackendCannotServe as exc:
-            rows.append(BenchRow(backend.name, END_TO_END, shape.label, f"cannot serve: {exc}"))
-        except torch.OutOfMemoryError:
-            rows.append(BenchRow(backend.name, END_TO_END, shape.label, "out of memory"))
-            torch.cuda.empty_cache()
-        except Exception as exc:  # a third-party backend failing (compile, graph build) must not sink the others
-            first_line = (str(exc).strip().splitlines() or [""])[0]
-            rows.append(BenchRow(backend.name, END_TO_END, shape.label, f"failed: {type(exc).__name__}: {first_line}"))
+            if reference is not None:
+                _poison_next_allocation(q)
+                errors[backend.name] = rel_rms_err(backend.run(q, k, v), reference)
+            for timed, call in _cases(backend, q, k, v, phases=not timing_only).items():
+                cases[(backend.name, timed)] = call
+        except Exception as exc:  # noqa: BLE001 (a third-party backend failing must not sink the others)
+            status[backend.name] = _failure(exc)
+
+    failed: dict[tuple[str, str], str] = {}
+    stats = time_interleaved(cases, device=device, warmup=warmup, rounds=runs,
+                             on_error=lambda case, exc: failed.setdefault(case, _failure(exc)))
+    rows: list[BenchRow] = []
+    for backend in backends:
+        if backend.name in status:
+            rows.append(BenchRow(backend.name, END_TO_END, shape.label, status[backend.name]))
+        for (name, timed), call in cases.items():
+            if name != backend.name:
+                continue
+            if (name, timed) in failed:
+                rows.append(BenchRow(name, timed, shape.label, failed[(name, timed)]))
+                continue
+            t = stats[(name, timed)]
+            error = errors.get(name) if timed == END_TO_END else None
+            rows.append(BenchRow(name, timed, shape.label, "ok", t.median_ms, t.min_ms, t.runs,
+                                 tflops=shape.flops / (t.median_ms * 1e-3) / 1e12 if timed != PREP_ALONE else None,
+                                 rel_rms_err=error, reference=reference_name if error is not None else None))
     _fill_speedups(rows)
     return rows
 
 
 def _fill_speedups(rows: list[BenchRow]) -> None:
     """speedup_vs_baseline of every timed row that has TFLOP/s, where the baseline ran at that shape."""
-    baseline = {r.shape: r.median_ms for r in rows if r.backend == BASELINE_BACKEND and r.timed == END_TO_END and r.status == "ok"}
+    baseline = {r.shape: r.median_ms for r in rows
+                if r.backend == BASELINE_BACKEND and r.timed == END_TO_END and r.status == "ok"}
     for r in rows:
         if r.tflops is not None and r.shape in baseline:
             r.speedup_vs_baseline = baseline[r.shape] / r.median_ms
@@ -227,7 +250,8 @@ def plot_tflops(rows: list[BenchRow], path: Path, title: str) -> None:
     axes = figure.subplots()
     width = 0.8 / max(1, len(variants))
     for i, variant in enumerate(variants):
-        heights = [next((r.tflops for r in timed_rows if r.shape == s and _variant_label(r) == variant), math.nan) for s in shapes]
+        heights = [next((r.tflops for r in timed_rows if r.shape == s and _variant_label(r) == variant), math.nan)
+                   for s in shapes]
         axes.bar([x + i * width for x in range(len(shapes))], heights, width, label=variant)
     axes.set_xticks([x + width * (len(variants) - 1) / 2 for x in range(len(shapes))], shapes)
     axes.set_ylabel("TFLOP/s (4·B·H·Sq·Skv·D / median time)")

@@ -18,10 +18,10 @@ if TYPE_CHECKING:  # torch loads when the command runs, not for --help (see cli.
 
 GPU_SKIPPED_BY_DEFAULT = ("math",)  # materializes B*H*S*S scores: out of memory at video lengths
 # For --help without importing torch, as text: `attention.bench`'s GPU_DEFAULT_SHAPE and CPU_DEFAULT_SHAPE,
-# and the keys of its INPUT_KINDS (tests/test_cli_errors.py checks them against the library's).
+# and the keys of its INPUT_KINDS (tests/commands/test_cli_errors.py checks them against the library's).
 HELP_GPU_DEFAULT_SHAPE, HELP_CPU_DEFAULT_SHAPE = "1x56x30272x128", "1x2x256x64"
 INPUT_CHOICES = ("normal", "outliers", "flat", "block")
-# `attention.crossover`'s GPU grid and DEFAULT_BACKENDS, as text (tests/test_crossover.py checks them).
+# `attention.crossover`'s GPU grid and DEFAULT_BACKENDS, as text (tests/attention/test_crossover.py checks them).
 HELP_CROSSOVER_GRID = "128,129,1024,4096,8192,30272 x 128,129,512,777,1024,2048,4096,8192,30272 x 64,128"
 HELP_CROSSOVER_BACKENDS = ("fp8", "native", "cudnn", "flash")
 
@@ -29,35 +29,45 @@ HELP_CROSSOVER_BACKENDS = ("fp8", "native", "cudnn", "flash")
 @click.command("bench-attention")
 @click.option("--shapes", "shapes_text", default=None, metavar="BxHxSxD[,...]",
               help=f"Comma-separated shapes, BxHxSxD (self-attention) or BxHxSqxSkvxD. "
-                   f"[default: {HELP_GPU_DEFAULT_SHAPE} (MiniMax-H3) on a GPU, {HELP_CPU_DEFAULT_SHAPE} on the CPU]")
-@click.option("--backends", "choices", type=RecipeParam(many=True, allow_options=False), default=None, metavar="NAME[,...]",
+                   f"[default: {HELP_GPU_DEFAULT_SHAPE} (MiniMax-H3) on a GPU, {HELP_CPU_DEFAULT_SHAPE} on the "
+                   f"CPU]")
+@click.option("--backends", "choices", type=RecipeParam(many=True, allow_options=False), default=None,
+              metavar="NAME[,...]",
               help=f"Comma-separated, from: {', '.join(ATTENTION_BACKENDS)}. [default: all; on a GPU all but "
                    f"{', '.join(GPU_SKIPPED_BY_DEFAULT)}] Unavailable ones are listed with the reason.")
 @click.option("--dtype", type=DtypeChoice(("bf16", "fp16")), default="bf16", show_default=True,
               help="Input and output dtype.")
 @click.option("--inputs", type=click.Choice(INPUT_CHOICES), default="normal", show_default=True,
               help="normal: N(0,1); outliers: 0.1% of the entries scaled 50x (FP8's hard case); flat: q x 0.05, "
-                   "flat softmax rows; block: the q/k/v a MiniMax-H3 block feeds its attention (shapes Bx56xSx128).")
+                   "flat softmax rows; block: the q/k/v a MiniMax-H3 block feeds its attention (shapes "
+                   "Bx56xSx128).")
 @click.option("--outliers", is_flag=True, help="The same as --inputs outliers.")
-@click.option("--warmup", type=AtLeast(1), default=3, show_default=True, help="Untimed calls first.")
-@click.option("--runs", type=AtLeast(10), default=10, show_default=True, help="Timed calls; the median is reported.")
+@click.option("--warmup", type=AtLeast(1), default=3, show_default=True, help="Untimed calls of each first.")
+@click.option("--runs", type=AtLeast(10), default=10, show_default=True,
+              help="Rounds: in each, every backend runs once untimed and once timed, in turn; the median is "
+                   "reported.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
-@click.option("--device", "device_name", default=None, help="cuda, cuda:1 or cpu. [default: the GPU if there is one]")
+@click.option("--device", "device_name", default=None,
+              help="cuda, cuda:1 or cpu. [default: the GPU if there is one]")
 @click.option("--crossover", is_flag=True,
               help=f"Measure where the routed backends (fp8) lose to diffusers' backends over a grid of shapes "
                    f"(B1 H56, Sq x Skv x D: {HELP_CROSSOVER_GRID}) and write the crossover data file the router "
-                   f"reads. [default backends: {','.join(HELP_CROSSOVER_BACKENDS)}]")
+                   f"reads (copy it into dit_accel/attention/crossover_data/, or point DIT_ACCEL_CROSSOVER at "
+                   f"it). Needs a GPU. [default backends: {','.join(HELP_CROSSOVER_BACKENDS)}]")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for report.json, results.csv and tflops.png (with --crossover: the crossover data "
                    "file instead of the plot). [default: outputs/bench-attention_<shape>_<time>/]")
 def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, device_name, crossover,
                     out_dir) -> None:
-    """Time every attention backend on the same random q/k/v, with TFLOP/s and error against an fp64 reference.
+    """Time every attention backend on the same q/k/v, with TFLOP/s and error against an fp64 reference.
 
-    Our FP8 kernel and cuDNN FP8 are timed end to end (prep included) and also as prep alone and kernel
-    alone. The routing table says which backend the router picks at each shape, from the device's
-    crossover data. On a machine without a GPU this is a scaled-down CPU run: it checks the tool, its
-    numbers say nothing about GPU speed.
+    The backends are timed together in interleaved rounds, so the GPU's clock ramp falls on none in
+    particular. The reference is fp32 on a GPU past 2^30 scores (the table says which). The FP8 backends
+    (ours, cuDNN FP8, FA3 FP8) are timed end to end (their prep or quantization included) and also as
+    prep alone and kernel alone. The routing table says which backend the router picks at each shape,
+    from the device's crossover data (DIT_ACCEL_CROSSOVER=off ignores it, =PATH reads that file). On a
+    machine without a GPU this is a scaled-down CPU run: it checks the tool, its numbers say nothing
+    about GPU speed.
     """
     from ..device import pick_device
 
@@ -74,7 +84,8 @@ def bench_attention(shapes_text, choices, dtype, inputs, outliers, warmup, runs,
 
 def _bench(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, device, out_dir) -> None:
     from ..attention.backends import BACKENDS, get_backend
-    from ..attention.bench import BASELINE_BACKEND, CPU_DEFAULT_SHAPE, GPU_DEFAULT_SHAPE, bench_shape, parse_shapes, plot_tflops
+    from ..attention.bench import (BASELINE_BACKEND, CPU_DEFAULT_SHAPE, GPU_DEFAULT_SHAPE, bench_shape, parse_shapes,
+                                   plot_tflops)
     from ..attention.crossover import crossover_for
     from ..device import DeviceInfo
     from ..report_io import command_line, provenance, write_csv, write_json
@@ -114,8 +125,9 @@ def _bench(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, de
             "provenance": provenance(seed=seed, device=device),
             "device": device_info.as_dict(),
             "cpu_run_not_representative": is_cpu_run,
-            "settings": {"shapes": [s.label for s in shapes], "backends": [b.name for b in backends], "dtype": dtype_name,
-                         "inputs": inputs, "outliers": inputs == "outliers", "warmup": warmup, "runs": runs, "seed": seed,
+            "settings": {"shapes": [s.label for s in shapes], "backends": [b.name for b in backends],
+                         "dtype": dtype_name, "inputs": inputs, "outliers": inputs == "outliers", "warmup": warmup,
+                         "runs": runs, "timing": "interleaved rounds", "seed": seed,
                          "baseline_backend": BASELINE_BACKEND},
             "rows": [r.as_dict() for r in rows],
             "crossover": {"source": crossover_note, "routing": routing},

@@ -166,7 +166,15 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
               help="Run folder (default outputs/generate_<pipeline>_<time>/).")
 def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, height, width, steps, seed, guidance,
              device_name, dtype, warmup, offload, ulysses, out):
-    """Run a whole diffusers pipeline from a local folder: stage timings, the video (MP4), report.json."""
+    """Run a whole diffusers pipeline from a local folder: stage timings, the video (MP4), report.json.
+
+    --compare runs both attentions with the same seed and reports PSNR/SSIM per frame and the speed-ups of
+    the median step, of all the steps and of the whole call. MiniMax-H3's modular pipeline: --steps N runs N
+    denoising steps, --guidance is refused (it is guidance-distilled), and its video is 5 to 15 s (frames
+    17n + 5, at least 124; height and width multiples of 32); it also writes audio.wav and muxes the sound
+    into video.mp4. --offload stream needs a CUDA GPU; under --ulysses the measured crossover does not
+    route calls.
+    """
     import torch
 
     from ..device import pick_device

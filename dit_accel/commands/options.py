@@ -5,7 +5,7 @@ one line, exit status 2 (see `cli._Group`).
 This module imports neither torch nor the attention registry: every command's --help reads it, and
 `dit-accel CMD --help` must not pay for torch. Values are converted (and torch imported) when a
 command runs; the --help text of the attention names is kept here as text
-(`tests/test_cli_errors.py` checks it against `patching.recipe.vocabulary_help()`).
+(`tests/commands/test_cli_errors.py` checks it against `patching.recipe.vocabulary_help()`).
 """
 from __future__ import annotations
 

@@ -52,7 +52,8 @@ def test_reference_dtype_is_fp32_only_for_big_gpu_shapes():
 def test_outliers_scale_one_entry_in_a_thousand():
     shape = AttentionShape.parse("1x2x500x100")
     q_plain, q_outliers = (bench.make_inputs(shape, dtype=torch.float32, device=CPU, inputs=inputs,
-                                             generator=torch.Generator().manual_seed(0))[0] for inputs in ("normal", "outliers"))
+                                             generator=torch.Generator().manual_seed(0))[0]
+                           for inputs in ("normal", "outliers"))
     scaled = q_outliers != q_plain
     assert scaled.sum().item() == 100  # 1e-3 of 2*500*100 entries
     torch.testing.assert_close(q_outliers[scaled], 50 * q_plain[scaled])
@@ -60,7 +61,8 @@ def test_outliers_scale_one_entry_in_a_thousand():
 
 def test_rows_for_available_unavailable_unservable_and_two_phase_backends():
     def sdpa(q, k, v, scale=None):
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale).transpose(1, 2)
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              scale=scale).transpose(1, 2)
 
     def refuses(q, k, v, scale=None):
         raise BackendCannotServe("head dim 64 not served")
@@ -69,10 +71,12 @@ def test_rows_for_available_unavailable_unservable_and_two_phase_backends():
         raise RuntimeError("graph build failed\nlong details")
 
     two_phase = AttentionBackend("halves", "", lambda q, k, v, scale=None: sdpa(q, k, v, scale).half().float(),
-                                 lambda d: None, phases=TwoPhases(lambda q, k, v, scale=None: (q.half(), k.half(), v.half()),
-                                                                  lambda p: sdpa(*(t.float() for t in p)).half().float()))
+                                 lambda d: None,
+                                 phases=TwoPhases(lambda q, k, v, scale=None: (q.half(), k.half(), v.half()),
+                                                  lambda p: sdpa(*(t.float() for t in p)).half().float()))
     candidates = [backends.BACKENDS["math"], backends.BACKENDS["fa4"],
-                  AttentionBackend("picky", "", refuses, lambda d: None), AttentionBackend("broken", "", crashes, lambda d: None),
+                  AttentionBackend("picky", "", refuses, lambda d: None),
+                  AttentionBackend("broken", "", crashes, lambda d: None),
                   two_phase,
                   AttentionBackend("cudnn", "stand-in baseline", sdpa, lambda d: None)]
     rows = bench_shape(AttentionShape.parse("1x2x64x32x64"), candidates, dtype=torch.float32, device=CPU,
@@ -88,7 +92,8 @@ def test_rows_for_available_unavailable_unservable_and_two_phase_backends():
     kernel_alone = by_key["halves", "kernel alone"]
     assert kernel_alone.tflops > 0 and kernel_alone.rel_rms_err is None
     assert by_key["cudnn", "end to end"].speedup_vs_baseline == 1.0
-    assert kernel_alone.speedup_vs_baseline == pytest.approx(by_key["cudnn", "end to end"].median_ms / kernel_alone.median_ms)
+    baseline_ms = by_key["cudnn", "end to end"].median_ms
+    assert kernel_alone.speedup_vs_baseline == pytest.approx(baseline_ms / kernel_alone.median_ms)
     assert all(r.runs == 10 for r in rows if r.status == "ok")
 
 
@@ -103,7 +108,8 @@ def test_cpu_run_through_the_cli_writes_report_csv_and_plot(tmp_path):
     assert report["cpu_run_not_representative"] is True and report["device"]["kind"] == "cpu"
     assert report["settings"]["shapes"] == ["1x2x128x32", "1x1x64x96x32"] and report["settings"]["outliers"] is True
     ok_rows = [r for r in report["rows"] if r["status"] == "ok"]
-    assert {(r["backend"], r["shape"]) for r in ok_rows} == {(b, s) for b in ("math", "native") for s in ("1x2x128x32", "1x1x64x96x32")}
+    assert {(r["backend"], r["shape"]) for r in ok_rows} == {(b, s) for b in ("math", "native")
+                                                             for s in ("1x2x128x32", "1x1x64x96x32")}
     assert all(r["rel_rms_err"] < 0.02 and r["reference"] == "fp64" and r["tflops"] > 0 for r in ok_rows)
     with (out / "results.csv").open() as f:
         assert len(list(csv.DictReader(f))) == len(report["rows"]) == 6
@@ -111,7 +117,8 @@ def test_cpu_run_through_the_cli_writes_report_csv_and_plot(tmp_path):
 
 
 def test_cpu_default_is_the_scaled_down_shape(tmp_path):
-    result = CliRunner().invoke(main, ["bench-attention", "--device", "cpu", "--backends", "math", "--out", str(tmp_path / "run")])
+    result = CliRunner().invoke(main, ["bench-attention", "--device", "cpu", "--backends", "math",
+                                       "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "run" / "report.json").read_text())["settings"]["shapes"] == [bench.CPU_DEFAULT_SHAPE]
 
@@ -196,7 +203,8 @@ def test_only_unavailable_backends_is_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "outputs" / "run"
     result = CliRunner().invoke(main, ["bench-attention", "--device", "cpu", "--backends", "fp8", "--out", str(out)])
     assert result.exit_code == 2, result.output
-    assert result.output.startswith("error: no backend asked for can run on cpu (fp8: ") and result.output.count("\n") == 1
+    assert result.output.startswith("error: no backend asked for can run on cpu (fp8: ")
+    assert result.output.count("\n") == 1
     assert not out.parent.exists() or not any(out.parent.iterdir())
 
 
@@ -205,3 +213,21 @@ def test_outliers_flag_with_another_input_kind_is_refused(tmp_path):
                                        "--outliers", "--out", str(tmp_path / "run")])
     assert result.exit_code == 2 and result.output.startswith("error: --outliers is --inputs outliers")
     assert not (tmp_path / "run").exists()
+
+
+def test_backends_are_timed_in_interleaved_rounds():
+    """Each backend runs once for its error, then once per warm-up call, then round after round of an untimed
+    and a timed call of every backend in turn: no backend gets all its runs first."""
+    calls = []
+
+    def recording(name):
+        def run(q, k, v, scale=None):
+            calls.append(name)
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  scale=scale).transpose(1, 2)
+        return AttentionBackend(name, "", run, lambda d: None)
+
+    rows = bench_shape(AttentionShape.parse("1x2x64x32"), [recording("a"), recording("b")], dtype=torch.float32,
+                       device=CPU, warmup=1, runs=3, seed=0)
+    assert [r.runs for r in rows] == [3, 3]
+    assert calls == ["a", "b"] + ["a", "b"] + ["a", "a", "b", "b"] * 3

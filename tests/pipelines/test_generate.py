@@ -251,7 +251,7 @@ def test_make_tiny_pipeline_refuses_a_non_empty_folder(tmp_path):
 def test_generate_on_the_gpu_in_bf16_and_fp8(tiny_wan, tmp_path, monkeypatch):
     """On an sm_89+ GPU: the tiny pipeline in bf16 against fp8 attention (the real kernel)."""
     # The kernel itself is under test: routing by the measured crossover would send these tiny calls to
-    # diffusers' default (tests/test_crossover.py covers that).
+    # diffusers' default (tests/attention/test_crossover.py covers that).
     monkeypatch.setenv("DIT_ACCEL_CROSSOVER", "off")
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("the FP8 kernel needs sm_89 or newer")

@@ -172,7 +172,7 @@ def test_the_wav_holds_the_channels_interleaved_as_16_bit_samples(tmp_path):
 def test_generate_h3_on_the_gpu_in_bf16_and_fp8(tiny_h3, tmp_path, monkeypatch):
     """On an sm_89+ GPU: the tiny H3 pipeline in bf16 against fp8 attention (the real kernel), every call served."""
     # The kernel itself is under test: routing by the measured crossover would send these tiny calls to
-    # diffusers' default (tests/test_crossover.py covers that).
+    # diffusers' default (tests/attention/test_crossover.py covers that).
     monkeypatch.setenv("DIT_ACCEL_CROSSOVER", "off")
     import torch
 
