@@ -63,8 +63,9 @@ def _nvidia_smi(index: int) -> dict[str, str] | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(_NVIDIA_SMI_FIELDS)}", "--format=csv,noheader,nounits",
-                              "-i", str(index)], capture_output=True, text=True, timeout=10, check=True).stdout
+        query = ["nvidia-smi", f"--query-gpu={','.join(_NVIDIA_SMI_FIELDS)}", "--format=csv,noheader,nounits",
+                 "-i", str(index)]
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     values = [v.strip() for v in out.strip().splitlines()[0].split(",")] if out.strip() else []

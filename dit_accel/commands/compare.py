@@ -19,7 +19,8 @@ from ..report_io import console
 REPORT_NAME = "report.json"
 RUN_KEYS = ("backend", "block_ms", "categories", "modules", "extrapolation")  # what a profile-block run has
 # Workload and set-up facts that make two runs' times incomparable when they differ.
-SAME_SETUP = (("model", lambda r: r["header"].get("model")), ("workload", lambda r: r.get("workload", {}).get("seq_len")),
+SAME_SETUP = (("model", lambda r: r["header"].get("model")),
+              ("workload", lambda r: r.get("workload", {}).get("seq_len")),
               ("batch", lambda r: r.get("workload", {}).get("batch")), ("dtype", lambda r: r.get("dtype")),
               ("device", lambda r: r["header"].get("device")), ("run kind", lambda r: r.get("run_kind")))
 
@@ -34,7 +35,8 @@ def read_run(folder: Path) -> dict[str, Any]:
     try:
         report = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"cannot read {path}: {str(exc).splitlines()[0]}; it may be truncated, rerun profile-block") from None
+        raise UserError(f"cannot read {path}: {str(exc).splitlines()[0]}; it may be truncated, rerun "
+                        f"profile-block") from None
     runs = report.get("runs") if isinstance(report, dict) else None
     if not isinstance(runs, list) or not runs or not isinstance(report.get("header"), dict) or \
             not all(isinstance(run, dict) and all(key in run for key in RUN_KEYS) for run in runs):
@@ -65,7 +67,8 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.3g}%"
 
 
-def _side_by_side(title: str, first_column: str, a: dict[str, dict], b: dict[str, dict], names: tuple[str, str]) -> Table:
+def _side_by_side(title: str, first_column: str, a: dict[str, dict], b: dict[str, dict],
+                  names: tuple[str, str]) -> Table:
     """Rows: the union of both runs' labels (A's order first); columns: ms, B - A, A / B."""
     table = Table(title=title, caption="speed-up = A ms / B ms (above 1: B is faster)")
     table.add_column(first_column)
@@ -100,7 +103,8 @@ def compare(run_a, run_b, backend_a, backend_b):
                           f"their times are not like for like[/yellow]")
     for report, side in zip(reports, "AB"):
         if report.get("scaled_down") or report.get("run_kind") == "cpu-scaled-down":
-            console.print(f"[yellow]note: {side} is a scaled-down CPU run: its figures say nothing about a GPU[/yellow]")
+            console.print(f"[yellow]note: {side} is a scaled-down CPU run: its figures say nothing about a "
+                          f"GPU[/yellow]")
         for warning in report.get("warnings") or []:
             console.print(f"[yellow]warning ({side}): {warning}[/yellow]")
 

@@ -22,8 +22,8 @@ attention reference's bytes: 8 on the CPU, 4 on a GPU):
   fits and cycles, so only one more block when streaming); `--validate model` holds every block
   resident ((N-1) x weights, no cycling) or streams them (one more block), and beside them the
   transformer without its blocks (counted as `outside`, here held together with the block and the
-  chain; streamed too, since only the block stacks stream and the rest stays on the GPU). Its forward's activations are taken
-  as the block's: not yet calibrated on a GPU.
+  chain; streamed too, since only the block stacks stream and the rest stays on the GPU). Its
+  forward's activations are taken as the block's: not yet calibrated on a GPU.
 
 total = (weights + inputs + kept outputs + max(forward, attention check) + validate) * (1 +
 MARGIN) + FIXED_BYTES.
@@ -97,8 +97,9 @@ class MemoryEstimate:
     def as_dict(self) -> dict[str, Any]:
         return {"weights_bytes": self.weights_bytes, "inputs_bytes": self.inputs_bytes,
                 "forward_bytes": self.forward_bytes, "profiling_bytes": self.profiling_bytes,
-                "validate_bytes": self.validate_bytes, "outside_bytes": self.outside_bytes, "margin": MARGIN, "fixed_bytes": FIXED_BYTES,
-                "total_bytes": self.total_bytes, "device_kind": self.device_kind, "summary": self.breakdown()}
+                "validate_bytes": self.validate_bytes, "outside_bytes": self.outside_bytes, "margin": MARGIN,
+                "fixed_bytes": FIXED_BYTES, "total_bytes": self.total_bytes, "device_kind": self.device_kind,
+                "summary": self.breakdown()}
 
 
 def block_weight_bytes(settings: "ProfileSettings") -> int:
@@ -131,7 +132,8 @@ def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = No
     # The reference's scores per chunk: whole rows, at most REFERENCE_CHUNK_SCORES unless one row is more.
     chunk_scores = min(heads * rows * rows, max(REFERENCE_CHUNK_SCORES, heads * rows))
     kept_outputs = 2 * tokens * hidden * e
-    attention_check = 3 * tokens * inner * e + 3 * tokens * inner * r + 2 * chunk_scores * r + tokens * inner * (e + 2 * r)
+    attention_check = (3 * tokens * inner * e + 3 * tokens * inner * r + 2 * chunk_scores * r
+                       + tokens * inner * (e + 2 * r))
     validate = 0
     if s.validate_blocks > 1:
         if s.offload == "stream":
@@ -189,7 +191,8 @@ def _room(settings: "ProfileSettings", budget_bytes: int | None, budget_text: st
     return min(rooms, key=lambda pair: pair[0]) if rooms else None
 
 
-def _check_stages(settings: "ProfileSettings", block_bytes: int, room: int, where: str, budget_bytes: int | None) -> None:
+def _check_stages(settings: "ProfileSettings", block_bytes: int, room: int, where: str,
+                  budget_bytes: int | None) -> None:
     """A UserError naming the first --stages stage that cannot fit: a stage runs after the block's
     recipes, beside the block's weights (which stay for the --validate chain), one stage at a time."""
     from .stages import stage_memory

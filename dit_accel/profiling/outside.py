@@ -4,6 +4,7 @@ timed on the inputs of the pass the profiled block is one block of (`adapter.mak
 The extrapolation adds its median to blocks x block time (`--outside measure`)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,7 @@ def measure_outside(adapter: BlockAdapter, workload: Workload, device: torch.dev
     generator = torch.Generator(device=device).manual_seed(seed)
     inputs = adapter.make_transformer_inputs(workload, device, dtype, generator)
     with torch.no_grad():
-        timing = time_region(lambda: model(**inputs.kwargs), device=device, warmup=warmup, runs=runs)
+        timing = time_region(functools.partial(model, **inputs.kwargs), device=device, warmup=warmup, runs=runs)
     measurement = OutsideMeasurement(timing, param_bytes(model), adapter.outside_contents, inputs.seq_len,
                                      inputs.layout, str(dtype).replace("torch.", ""))
     del model, inputs

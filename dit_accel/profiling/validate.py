@@ -30,7 +30,8 @@ def distinct_blocks_that_fit(n: int, block_bytes: int, activation_bytes: int, de
     if device.type != "cuda":
         return n
     free_bytes, _ = torch.cuda.mem_get_info(device)
-    budget_cap = torch.cuda.get_per_process_memory_fraction(device) * torch.cuda.get_device_properties(device).total_memory
+    total_bytes = torch.cuda.get_device_properties(device).total_memory
+    budget_cap = torch.cuda.get_per_process_memory_fraction(device) * total_bytes
     room = min(free_bytes, budget_cap - torch.cuda.memory_allocated(device)) - _HEADROOM * activation_bytes
     return max(1, min(n, int(room // block_bytes)))
 
@@ -125,7 +126,8 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
     else:
         generator = torch.Generator(device=device).manual_seed(seed)
         transformer_inputs = adapter.make_transformer_inputs(whole_model, device, dtype, generator)
-        arguments, pass_seq_len, pass_layout = transformer_inputs.kwargs, transformer_inputs.seq_len, transformer_inputs.layout
+        arguments = transformer_inputs.kwargs
+        pass_seq_len, pass_layout = transformer_inputs.seq_len, transformer_inputs.layout
         what = f"the whole transformer ({n} blocks)"
 
     def run_pass():
