@@ -59,8 +59,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sanitize", action="store_true", help="tiny shapes, the first variant (compute-sanitizer)")
     parser.add_argument("--profile", action="store_true", help="B1 H56 S8192 D128, each variant once (for ncu)")
     parser.add_argument("--no-v1", action="store_true", help="time no v1 (mma.sync) kernel beside the variants")
-    parser.add_argument("--no-matrix", action="store_true",
-                        help="no effect (the correctness matrix is the GPU tests'); accepted for gpu_session.sh")
     parser.add_argument("--head-dim", type=int, choices=(64, 128), default=128)
     parser.add_argument("--seq-lens", default="30272")
     args = parser.parse_args(argv)

@@ -47,12 +47,12 @@ step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}"
   --out "$work/sweep"
 # What fp8_attention runs (default, `tuning`: persistent CTAs at D = 64 and at D = 128 up to 12288 keys, the tensor
 # core's row sums at D = 64) against one CTA per tile and persistent at every length (D128), three stages, and
-# the row sums without persistence (D64). Timed in interleaved rounds (scripts/check_fp8_attention.time_cases).
+# the row sums without persistence (D64). Timed in interleaved rounds (dit_accel.timing.time_interleaved).
 variants128="default,128x2,128x2p,128x3"
 variants64="default,128x2r"
 step variants 300 bash -c "python3 scripts/check_fp8_sm90.py --out $work/variants128 --variants $variants128 \
-  --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140 && python3 scripts/check_fp8_sm90.py \
-  --out $work/variants64 --variants $variants64 --head-dim 64 --seq-lens 4096,8192,30272 --no-v1 --no-matrix --budget-s 140"
+  --seq-lens 4096,8192,30272 --no-v1 --budget-s 140 && python3 scripts/check_fp8_sm90.py \
+  --out $work/variants64 --variants $variants64 --head-dim 64 --seq-lens 4096,8192,30272 --no-v1 --budget-s 140"
 step sanitize 240 bash -c "compute-sanitizer --tool racecheck python3 scripts/check_fp8_sm90.py --sanitize --out $work/race \
   && compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/check_fp8_sm90.py --sanitize --out $work/mem"
 

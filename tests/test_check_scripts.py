@@ -48,7 +48,7 @@ def test_variants_are_named_by_their_configurations_label(sm90_script):
 
 
 def test_bad_variants_stop_the_script_before_any_gpu_work(sm90_script, capsys):
-    args = sm90_script.parse_args(["--out", "x", "--variants", "default,128x2p", "--head-dim", "64", "--no-matrix"])
+    args = sm90_script.parse_args(["--out", "x", "--variants", "default,128x2p", "--head-dim", "64"])
     assert (args.variants, args.head_dim, args.seq_lens, args.budget_s) == ("default,128x2p", 64, "30272", 300.0)
     for variants, reason in (("128x2,12x", "bad variant '12x'"), ("128x2sr", "pv_row_sum needs two_level_pv"),
                              ("100x2", "tile_n must be a multiple")):

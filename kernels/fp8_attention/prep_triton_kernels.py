@@ -21,7 +21,7 @@ The prologue stays at two launches. A one-launch version (a program walking all 
 up to 8 heads each) cost 1.7-5.9x the GPU time of the two launches on the H200 (B1 D128, H1-56,
 S 128-2048) and was not bit-identical to them there: descale 1 ulp off in 2 of 9 entries at B1 H3 S1
 D128, codes equal (compiled, the two kernels' fp32 prologue arithmetic differs; in the interpreter it did
-not; kernels/NOTES.md, "One-launch prep for short sequences").
+not; docs/notes/one-launch-prep.md).
 
 All read x [B, S, H, D] through its strides (innermost stride 1). With PROLOGUE, q and k are
 the attention's raw projections and both passes compute what MiniMax-H3's processor would feed
