@@ -1,6 +1,6 @@
 """What dit-accel swaps into diffusers models: attention backends, the fused RoPE, FP8 linears.
 
-    from dit_accel.patching import patch_attention, fused_rope, quantize_linears, parse_recipe
+    from dit_accel.patching import apply_recipe, patch_attention, fused_rope, quantize_linears, parse_recipe
 
 `attention.py`: `patch_attention` (route a model's or pipeline's attention to a backend, keeping
 chosen blocks and steps on the original), `AttentionPatch`, `denoisers`, `block_list`.
@@ -13,6 +13,8 @@ of a model file.
 family's policy), `fp8_linear_unavailable_reason`.
 `recipe.py`: `Recipe`, `parse_recipe`: the names every command's --attn takes
 (NAME[+rope | +prologue][+fp8-linear][+compile]).
+`apply.py`: `apply_recipe` (a recipe on a block, a model or a pipeline, every swap undone together),
+`AppliedRecipe`.
 
 The names are imported on first use (PEP 562 `__getattr__`), not at package import: importing
 `dit_accel.patching.model_globals` (as `dit_accel.attention.routing` does) must not import
@@ -30,6 +32,7 @@ _EXPORTS = {  # public name -> the submodule defining it
     "fused_prologue": "prologue", "FusedPrologue": "prologue",
     "quantize_linears": "fp8_linear", "fp8_linear_unavailable_reason": "fp8_linear",
     "Recipe": "recipe", "parse_recipe": "recipe",
+    "apply_recipe": "apply", "AppliedRecipe": "apply",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -134,7 +134,7 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
                           f"the timings), {c.graphs} graph(s), {c.graph_breaks} graph break(s), "
                           f"{c.graphs_after_first_call} recompile(s) after the first call")
         if run.fp8_linears is not None:
-            console.print(f"  {run.backend}: FP8 linears (torchao): {run.fp8_linears['line']}")
+            console.print(f"  {run.backend}: {run.fp8_linears['line']}")
     fastest = min(runs, key=lambda r: r.block_ms)
     levers = ", ".join(f"{row['kind']} {row['ms']:.2f} ms ({row['share_pct']:.0f}%)"
                        for row in fastest.next_levers(ceilings))
