@@ -1,12 +1,12 @@
 """Model adapters: one module per family, registered here by CLI name."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
 from .base import AttentionCall, BlockAdapter, ModuleRange, TransformerInputs, Workload
+from .building import read_config
 from .minimax_h3 import MiniMaxH3Adapter
 from .wan import WanAdapter
 
@@ -39,10 +39,6 @@ def adapter_for_config(config: dict[str, Any], source: str) -> BlockAdapter:
 
 
 def read_transformer_config(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise UserError(f"cannot read {path} ({exc.strerror}); point --checkpoint at a diffusers transformer "
-                        f"folder") from exc
-    except ValueError as exc:
-        raise UserError(f"{path} is not valid JSON ({exc}); re-download the checkpoint's config.json") from exc
+    """A checkpoint's transformer config.json, or a UserError."""
+    return read_config(path, unreadable_hint="point --checkpoint at a diffusers transformer folder",
+                       invalid_hint="re-download the checkpoint's config.json")

@@ -3,15 +3,32 @@
 `parameters_on_meta`: modules built inside it get their parameters on the meta device (no memory,
 their init runs on meta) and their computed buffers (RoPE tables) real, on the CPU. `fp32_kept`:
 the dtype diffusers gives a parameter loaded with `torch_dtype=dtype` (its `_keep_in_fp32_modules`).
-The block adapters (`base`) and the pipeline stages (`stages`) both build and type their models so.
+`read_config`: a local model's config.json. The block adapters (`base`) and the pipeline stages
+(`stages`) both build and type their models so.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import json
+from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 from torch import nn
+
+from ..errors import UserError
+
+
+def read_config(path: Path, *, unreadable_hint: str, invalid_hint: str | None = None,
+                context: str = "") -> dict[str, Any]:
+    """The JSON at `path`, or a UserError of one line: `context` first, then what went wrong and the hint."""
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise UserError(f"{context}cannot read {path} ({exc.strerror}); {unreadable_hint}") from exc
+    except ValueError as exc:
+        hint = f"; {invalid_hint}" if invalid_hint else ""
+        raise UserError(f"{context}{path} is not valid JSON ({exc}){hint}") from exc
 
 
 def fp32_kept(key: str, dtype: torch.dtype, keep_in_fp32: tuple[str, ...]) -> torch.dtype:

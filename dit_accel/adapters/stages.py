@@ -10,7 +10,6 @@ buffers real.
 from __future__ import annotations
 
 import inspect
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -19,7 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .building import fp32_kept, parameters_on_meta
+from .building import fp32_kept, parameters_on_meta, read_config
 from .ranges import ModuleRange
 
 STAGE_KEYS = ("text", "vae", "audio")  # --stages names, in pipeline order
@@ -101,13 +100,8 @@ def vae_decode(model: nn.Module, z: torch.Tensor) -> torch.Tensor:
 def read_model_config(folder: Path, option: str) -> dict[str, Any]:
     """A local model folder's config.json (a folder given with `option`), or a UserError."""
     path = folder / "config.json" if folder.is_dir() else folder
-    try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise UserError(f"{option} {folder}: cannot read {path} ({exc.strerror}); give a folder with the model's "
-                        f"config.json") from exc
-    except ValueError as exc:
-        raise UserError(f"{option} {folder}: {path} is not valid JSON ({exc})") from exc
+    return read_config(path, unreadable_hint="give a folder with the model's config.json",
+                       context=f"{option} {folder}: ")
 
 
 def text_encoder_stage(folder: Path | None, text_rows: int, batch: int, expected: str,
