@@ -65,7 +65,7 @@ def small_block(family: str, dtype: torch.dtype, device: str = "cpu"):
     from dit_accel.loading.block import synthetic_block
 
     adapter = adapter_for_preset(family)
-    adapter = type(adapter)(adapter.scaled_down_config())
+    adapter = adapter.scaled_down()
     return adapter, synthetic_block(adapter, 0, torch.device(device), dtype).block
 
 

@@ -1,40 +1,42 @@
-"""Model adapters: one module per family, registered here by CLI name."""
+"""Model families and their adapters: every family registered here by CLI name (`FAMILIES`)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from .base import AttentionCall, BlockAdapter, ModuleRange, TransformerInputs, Workload
+from . import minimax_h3, wan
+from .base import BlockAdapter, ModuleRange, TransformerInputs, Workload
 from .building import read_config
-from .minimax_h3 import MiniMaxH3Adapter
-from .wan import WanAdapter
+from .capture import AttentionCall
+from .families import NEW_FAMILIES
+from .family import Family
 
-ADAPTERS: dict[str, type[BlockAdapter]] = {a.family: a for a in (MiniMaxH3Adapter, WanAdapter)}
-DEFAULT_FAMILY = MiniMaxH3Adapter.family
+FAMILIES: dict[str, Family] = {f.name: f for f in (minimax_h3.FAMILY, wan.FAMILY, *NEW_FAMILIES)}
+DEFAULT_FAMILY = minimax_h3.FAMILY.name
 
-__all__ = ["ADAPTERS", "DEFAULT_FAMILY", "AttentionCall", "BlockAdapter", "ModuleRange", "TransformerInputs",
-           "Workload", "adapter_for_config", "adapter_for_preset", "read_transformer_config"]
+__all__ = ["DEFAULT_FAMILY", "FAMILIES", "AttentionCall", "BlockAdapter", "Family", "ModuleRange",
+           "TransformerInputs", "Workload", "adapter_for_config", "adapter_for_preset", "read_transformer_config"]
 
 
 def adapter_for_preset(family: str, preset: str | None = None) -> BlockAdapter:
     """The adapter of `family` with one of its embedded configs (the first one by default)."""
-    if family not in ADAPTERS:
-        raise UserError(f"unknown model family {family!r}; choose one of: {', '.join(ADAPTERS)}")
-    cls = ADAPTERS[family]
-    preset = preset or next(iter(cls.presets))
-    if preset not in cls.presets:
-        raise UserError(f"unknown preset {preset!r} for {family}; choose one of: {', '.join(cls.presets)}")
-    return cls(cls.presets[preset], preset=preset)
+    if family not in FAMILIES:
+        raise UserError(f"unknown model family {family!r}; choose one of: {', '.join(FAMILIES)}")
+    spec = FAMILIES[family]
+    preset = preset or next(iter(spec.presets))
+    if preset not in spec.presets:
+        raise UserError(f"unknown preset {preset!r} for {family}; choose one of: {', '.join(spec.presets)}")
+    return BlockAdapter(spec, spec.presets[preset].config, preset=preset)
 
 
 def adapter_for_config(config: dict[str, Any], source: str) -> BlockAdapter:
     """The adapter whose family made this diffusers transformer config (its `_class_name`)."""
     class_name = config.get("_class_name")
-    for cls in ADAPTERS.values():
-        if class_name in cls.transformer_class_names:
-            return cls(config)
-    known = ", ".join(name for cls in ADAPTERS.values() for name in cls.transformer_class_names)
+    for spec in FAMILIES.values():
+        if class_name == spec.transformer:
+            return BlockAdapter(spec, config)
+    known = ", ".join(spec.transformer for spec in FAMILIES.values())
     raise UserError(f"{source}: unknown model family {class_name!r}; dit-accel knows {known}")
 
 

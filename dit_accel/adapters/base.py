@@ -1,149 +1,123 @@
-"""What dit-accel needs to know about a model family to build, load and run ONE transformer block.
+"""The adapter: one transformer config of a model family, and everything dit-accel derives from it.
 
-An adapter is configuration plus three small recipes: build the block on the meta device, name its
-checkpoint keys, and make a realistic input for a workload. Adding a model family means adding one
-module beside this one and registering it in `adapters/__init__.py`.
+`BlockAdapter(family, config)` is the one adapter of every family (`family.Family` says what diffusers does
+not). What a hand-written adapter used to declare is derived from diffusers itself:
+
+- the block stacks (`capture.block_stacks`) and, per stack, the block, its checkpoint keys and its count;
+- the block's inputs, attention calls and the rows each linear sees, from the model's own forward run with
+  one block per stack (`capture.capture_stacks`; on the meta device for shapes before anything allocates);
+- the per-module ranges from the block's module types and names (`ranges.derive_ranges`);
+- which linears go FP8, by a rule stated in the report (`linears.fp8_policy`);
+- the pipeline's defaults (video size, steps, passes per step, text rows, VAE compression) from the pipeline
+  class (`family.pipeline_facts`).
+
+An adapter works on one stack at a time (`stack`, the first by default; `for_stack` gives the same adapter on
+another): the block it builds, loads and feeds is that stack's.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
+import copy
+import dataclasses
+import inspect
+from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import UserError
-from .building import fp32_kept
-from .ranges import ModuleRange
+from .building import fp32_kept, synthetic_weights
+from .capture import AttentionCall, StackCapture, block_stacks, capture_stacks, keep_first_blocks
+from .family import Family, InputContext, LatentGrid, PipelineFacts
+from .inputs import forward_arguments
+from .linears import Fp8Policy, fp8_policy
+from .ranges import ModuleRange, derive_ranges
 from .stages import StageSkip, StageSpec, build_on_meta, text_encoder_stage
+from .workload import TransformerInputs, Workload, check_video_rows, patch_sizes
+
+__all__ = ["AttentionCall", "BlockAdapter", "ModuleRange", "TransformerInputs", "Workload", "check_video_rows",
+           "patch_sizes"]
 
 
-@dataclass(frozen=True)
-class Workload:
-    """The input one block sees: `batch` sequences of `seq_len` rows each.
+def _reads(function, name: str) -> bool:
+    """Whether `function`'s body uses `name` (a block whose forward takes `*args` it never reads ignores what the
+    model passes there, e.g. HunyuanVideo's token-replace extras: they can be left out)."""
+    import re
 
-    `rows` splits the sequence by modality (e.g. video / audio / text) and `source` says how it was
-    chosen (from --seq-len or from a video size), so reports can state it. `video_grid` is the
-    (frames, height, width) patch grid of the video rows when a video size gave it; RoPE positions
-    follow it (a --seq-len workload lays its rows on the family's reference frame instead).
-    """
-
-    seq_len: int
-    batch: int
-    rows: dict[str, int]
-    source: str
-    video_grid: tuple[int, int, int] | None = None
-
-    def as_dict(self) -> dict:
-        return {"seq_len": self.seq_len, "batch": self.batch, "rows": dict(self.rows), "source": self.source,
-                "video_grid": list(self.video_grid) if self.video_grid else None}
+    source = inspect.getsource(function)
+    body = source[source.index(")", source.index(f"*{name}")):]
+    return re.search(rf"\b{name}\b", body) is not None
 
 
-@dataclass(frozen=True)
-class TransformerInputs:
-    """Keyword arguments of the whole transformer's forward, and the sequence they make.
+class _Shared:
+    """What the adapters of one config share, whatever their stack: the meta model and the captures."""
 
-    `seq_len` is the rows the transformer packs or patchifies from them: the workload's own S when
-    its rows can be laid out exactly, else the nearest video grid's (`layout` says which).
-    """
-
-    kwargs: dict[str, Any]
-    seq_len: int
-    layout: str
+    def __init__(self):
+        self.meta_model: nn.Module | None = None
+        self.captures: dict[tuple, list[StackCapture]] = {}
 
 
-@dataclass(frozen=True)
-class AttentionCall:
-    """One attention call of the block: [batch, heads, q_len, kv_len, head_dim]."""
+class BlockAdapter:
+    """One config of a family, on one of its block stacks."""
 
-    name: str
-    batch: int
-    heads: int
-    q_len: int
-    kv_len: int
-    head_dim: int
+    body_label = "modulation + residual (block body)"  # the block's time no range covers
 
-    @property
-    def flops(self) -> float:
-        """QK^T and PV: two GEMMs of q*kv*d multiply-adds (2*q*kv*d FLOPs) each; softmax not counted."""
-        return 4.0 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
-
-
-class BlockAdapter(ABC):
-    """One model family's block. Instances hold one transformer config (a diffusers config dict)."""
-
-    family: ClassVar[str]  # CLI name, e.g. "minimax-h3"
-    display_name: ClassVar[str]
-    transformer_class_names: ClassVar[tuple[str, ...]]  # diffusers `_class_name` values of this family
-    block_key_template: ClassVar[str]  # checkpoint key prefix of block i, e.g. "transformer_blocks.{index}."
-    presets: ClassVar[dict[str, dict[str, Any]]]  # name -> full transformer config; the first is the default
-    default_seq_len: ClassVar[int]
-    # Transformer passes per denoising step in the family's pipeline, and why (the extrapolation's
-    # default; --guidance-passes overrides it).
-    passes_per_step: ClassVar[int]
-    passes_per_step_source: ClassVar[str]
-    # Denoising steps of a video in the family's pipeline, and where the number comes from (--steps overrides).
-    default_steps: ClassVar[int]
-    default_steps_source: ClassVar[str]
-    module_ranges: ClassVar[tuple[ModuleRange, ...]]
-    # Label of the block-body range: everything a range above does not cover (modulation, gates, residuals).
-    body_label: ClassVar[str] = "modulation + residual (block body)"
-    # FP8 linears (dit_accel.patching.fp8_linear): fnmatch patterns of the block's nn.Linear names that go
-    # FP8, and of those that stay in the block dtype, each with its one-line reason. Unlisted linears stay.
-    fp8_linear_modules: ClassVar[tuple[str, ...]] = ()
-    fused_rope_supported: ClassVar[bool] = False  # +rope: dit_accel.patching.rope serves this family's attention
-    fp8_bf16_linears: ClassVar[dict[str, str]] = {}
-
-    def __init__(self, config: dict[str, Any], *, preset: str | None = None):
+    def __init__(self, family: Family, config: dict[str, Any], *, preset: str | None = None,
+                 stack: str | None = None, _shared: _Shared | None = None):
+        self.spec = family
         self.config = dict(config)
         self.preset = preset
+        self._shared = _shared or _Shared()
+        self.stack = stack or self.stacks[0][0]
+        if self.stack not in dict(self.stacks):
+            raise UserError(f"{self.display_name} has no block stack {self.stack!r}; its stacks are "
+                            f"{', '.join(name for name, _ in self.stacks)}")
 
-    # --- the model -------------------------------------------------------------------------------
+    def for_stack(self, stack: str) -> "BlockAdapter":
+        """This adapter on another of the model's stacks (the same config, model and captures)."""
+        return BlockAdapter(self.spec, self.config, preset=self.preset, stack=stack, _shared=self._shared)
+
+    def scaled_down(self) -> "BlockAdapter":
+        """The family's scaled-down config for CPU runs (minutes on two cores, not hours), on the same stack."""
+        return BlockAdapter(self.spec, {**self.config, **self.spec.scaled_down}, preset=self.preset, stack=self.stack)
+
+    # --- the family --------------------------------------------------------------------------------------
     @property
-    def num_blocks(self) -> int:
-        return int(self.config["num_layers"])
-
-    @property
-    def hidden_size(self) -> int:
-        """Width of the residual stream (the rows the block reads and writes)."""
-        return int(self.config["hidden_size"])
-
-    def block_prefix(self, index: int) -> str:
-        return self.block_key_template.format(index=index)
-
-    def check_block_index(self, index: int) -> None:
-        if not 0 <= index < self.num_blocks:
-            raise UserError(
-                f"block {index} is out of range: {self.display_name} has {self.num_blocks} blocks "
-                f"(0..{self.num_blocks - 1}); pass --block between them"
-            )
+    def family(self) -> str:
+        return self.spec.name
 
     @property
-    @abstractmethod
-    def transformer_class(self) -> type: ...
-
-    @abstractmethod
-    def build_block(self) -> nn.Module:
-        """The block with this config, parameters on the meta device (no memory, no init)."""
+    def display_name(self) -> str:
+        return self.spec.display_name
 
     @property
-    @abstractmethod
-    def outside_contents(self) -> str:
-        """What the transformer holds outside its block stack, in words (for reports)."""
+    def transformer_class(self) -> type:
+        return self.spec.transformer_class
 
-    def build_outside(self) -> nn.Module:
-        """The family's whole transformer with this config but no blocks (`num_layers=0`): every
-        part of a pass outside the block stack. Parameters on the meta device, computed buffers
-        (RoPE tables) real, on the CPU."""
-        return build_on_meta(self.transformer_class, {**self.config, "num_layers": 0})
+    @property
+    def facts(self) -> PipelineFacts:
+        return self.spec.facts()
 
-    @abstractmethod
-    def make_transformer_inputs(self, workload: Workload, device: torch.device, dtype: torch.dtype,
-                                generator: torch.Generator) -> TransformerInputs:
-        """The whole transformer's forward inputs for the pass the block profile's `workload` is one
-        block of: the same rows (or the nearest video grid), on `device`."""
+    @property
+    def passes_per_step(self) -> int:
+        return self.facts.passes_per_step
+
+    @property
+    def passes_per_step_source(self) -> str:
+        return self.facts.passes_source
+
+    @property
+    def default_steps(self) -> int:
+        return self.facts.steps
+
+    @property
+    def default_steps_source(self) -> str:
+        return self.facts.steps_source
+
+    @property
+    def fused_rope_supported(self) -> bool:
+        return self.spec.fused_rope
 
     @property
     def keep_in_fp32(self) -> tuple[str, ...]:
@@ -151,76 +125,261 @@ class BlockAdapter(ABC):
         return tuple(getattr(self.transformer_class, "_keep_in_fp32_modules", None) or ())
 
     def param_dtype(self, key: str, dtype: torch.dtype) -> torch.dtype:
-        """The dtype diffusers gives parameter `key` when the model is loaded with `torch_dtype=dtype`.
-
-        diffusers matches `_keep_in_fp32_modules` entries against the dot-separated parts of the key.
-        """
+        """The dtype diffusers gives parameter `key` when the model is loaded with `torch_dtype=dtype`."""
         return fp32_kept(key, dtype, self.keep_in_fp32)
 
-    # --- the workload ----------------------------------------------------------------------------
-    @abstractmethod
-    def workload_from_seq_len(self, seq_len: int, batch: int) -> Workload: ...
+    def describe(self) -> dict[str, Any]:
+        return {"family": self.family, "preset": self.preset, "stack": self.stack, "num_blocks": self.num_blocks,
+                "stacks": dict(self.stacks), "config": self.config}
 
-    @abstractmethod
-    def workload_from_video(self, frames: int, height: int, width: int, batch: int) -> Workload: ...
+    # --- the model and its stacks ------------------------------------------------------------------------
+    def _meta_model(self) -> nn.Module:
+        """The whole transformer with this config, parameters on meta (built once)."""
+        if self._shared.meta_model is None:
+            self._shared.meta_model = build_on_meta(self.transformer_class, self.config)
+        return self._shared.meta_model
 
-    @abstractmethod
+    @property
+    def stacks(self) -> list[tuple[str, int]]:
+        """(name, blocks) of each block stack, in forward order."""
+        return [(name, len(stack)) for name, stack in block_stacks(self._meta_model())]
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of this adapter's stack."""
+        return dict(self.stacks)[self.stack]
+
+    @property
+    def block_key_template(self) -> str:
+        """Checkpoint key prefix of block i of this stack, e.g. "transformer_blocks.{index}."."""
+        return f"{self.stack}.{{index}}."
+
+    def block_prefix(self, index: int) -> str:
+        return self.block_key_template.format(index=index)
+
+    def check_block_index(self, index: int) -> None:
+        if not 0 <= index < self.num_blocks:
+            raise UserError(f"block {index} is out of range: {self.display_name}'s {self.stack} has "
+                            f"{self.num_blocks} blocks (0..{self.num_blocks - 1}); pass --block between them")
+
+    def build_block(self) -> nn.Module:
+        """A block of this stack, parameters on the meta device (no memory, no init)."""
+        return copy.deepcopy(getattr(self._meta_model(), self.stack)[0])
+
+    def build_outside(self) -> nn.Module:
+        """The whole transformer with no blocks in any stack: every part of a pass outside the block stacks.
+        Parameters on the meta device, computed buffers (RoPE tables) real, on the CPU."""
+        model = build_on_meta(self.transformer_class, self.config)
+        for name, _ in block_stacks(model):
+            setattr(model, name, nn.ModuleList())
+        return model
+
+    @property
+    def outside_contents(self) -> str:
+        """What the transformer holds outside its block stacks, in words (for reports)."""
+        stacks = dict(self.stacks)
+        return ", ".join(name for name, child in self._meta_model().named_children()
+                         if name not in stacks and any(True for _ in child.parameters()))
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the residual stream (the rows the block reads and writes)."""
+        c = self.config
+        return int(c.get("hidden_size") or c["num_attention_heads"] * c["attention_head_dim"])
+
+    # --- workloads ---------------------------------------------------------------------------------------
+    def workload_from_video(self, frames: int, height: int, width: int, batch: int) -> Workload:
+        if self.spec.workload_from_video is not None:
+            return self._checked(self.spec.workload_from_video(self, frames, height, width, batch))
+        temporal, spatial = self.facts.vae_factors
+        pt, ph, pw = patch_sizes(self.config)
+        grid = (((frames - 1) // temporal + 1) // pt, height // spatial // ph, width // spatial // pw)
+        video = grid[0] * grid[1] * grid[2]
+        check_video_rows(video, height, width, spatial * max(ph, pw))
+        return self._checked(Workload(video, batch, {"video": video, "text": self.facts.text_rows},
+                                      f"{frames} frames {height}x{width}", grid))
+
+    def workload_from_seq_len(self, seq_len: int, batch: int) -> Workload:
+        """`seq_len` video rows laid out on the patch grid of the pipeline's default frame size, whole frames
+        first (fewer rows than one frame: whole rows of it)."""
+        if self.spec.workload_from_seq_len is not None:
+            return self._checked(self.spec.workload_from_seq_len(self, seq_len, batch))
+        return self._checked(Workload(seq_len, batch, {"video": seq_len, "text": self.facts.text_rows},
+                                      f"--seq-len {seq_len}"))
+
+    def _checked(self, workload: Workload) -> Workload:
+        if self.spec.check_workload is not None:
+            self.spec.check_workload(self, workload)
+        return workload
+
+    def default_workload(self, batch: int, *, scaled_down: bool = False) -> Workload:
+        """The pass a user would run: the pipeline's default video (the family's default sequence for a packed
+        family); scaled down, a small video the CPU runs in seconds."""
+        if self.spec.default_seq_len is not None:
+            return self.workload_from_seq_len(1024 if scaled_down else self.spec.default_seq_len, batch)
+        frames, height, width = self.spec.scaled_down_video if scaled_down else self.facts.video
+        return self.workload_from_video(frames, height, width, batch)
+
+    def latent_grid(self, workload: Workload) -> tuple[LatentGrid, str]:
+        """The latent video whose patchified rows make the workload's video rows (or the nearest whole grid,
+        for a --seq-len S that is not one), and that layout in words."""
+        pt, ph, pw = patch_sizes(self.config)
+        if workload.video_grid:
+            frames, height, width = workload.video_grid
+        else:
+            temporal, spatial = self.facts.vae_factors
+            _, default_height, default_width = self.facts.video
+            frame_h, frame_w = default_height // spatial // ph, default_width // spatial // pw
+            s = workload.rows["video"]
+            if s >= frame_h * frame_w:
+                frames, height, width = max(1, round(s / (frame_h * frame_w))), frame_h, frame_w
+            else:
+                width = min(frame_w, s)
+                frames, height = 1, max(1, round(s / width))
+        rows = frames * height * width
+        exact = "exact" if rows == workload.rows["video"] else f"the nearest whole grid to {workload.rows['video']}"
+        layout = (f"latents {frames * pt} x {height * ph} x {width * pw} -> {frames} x {height} x {width} patches = "
+                  f"{rows} video rows ({exact}), {workload.rows.get('text', 0)} text rows")
+        return LatentGrid(workload.batch, frames * pt, height * ph, width * pw), layout
+
+    # --- the pass ----------------------------------------------------------------------------------------
+    def make_transformer_inputs(self, workload: Workload, device: torch.device, dtype: torch.dtype,
+                                generator: torch.Generator) -> TransformerInputs:
+        """The whole transformer's forward arguments for the pass `workload` is one block of, on `device`."""
+        if self.spec.transformer_inputs is not None:
+            return self.spec.transformer_inputs(self, workload, device, dtype, generator)
+        grid, layout = self.latent_grid(workload)
+        ctx = InputContext(self.config, grid, workload.rows.get("text", 0), device, dtype, generator)
+        pt, ph, pw = patch_sizes(self.config)
+        return TransformerInputs(forward_arguments(self.spec, ctx), grid.frames * grid.height * grid.width
+                                 // (pt * ph * pw), layout)
+
+    def capture(self, workload: Workload, device: torch.device, dtype: torch.dtype,
+                seed: int = 0) -> list[StackCapture]:
+        """What each stack's first block sees in the pass (`capture.capture_stacks`): the transformer with one
+        block per stack, synthetic weights, run on the pass's inputs on `device` (on "meta": shapes alone).
+        Kept per (workload, device, dtype, seed)."""
+        key = (workload.key, str(device), dtype, seed)
+        if key not in self._shared.captures:
+            model = build_on_meta(self.transformer_class, self.config)
+            counts = keep_first_blocks(model)
+            if device.type == "meta":
+                model = model.to_empty(device="meta")
+            else:
+                model = synthetic_weights(model, device, lambda name: self.param_dtype(name, dtype), seed)
+            generator = None if device.type == "meta" else torch.Generator(device=device).manual_seed(seed)
+            inputs = self.make_transformer_inputs(workload, device, dtype, generator)
+            self._shared.captures[key] = capture_stacks(model, inputs.kwargs, counts)
+        return self._shared.captures[key]
+
+    def stack_capture(self, workload: Workload, device: torch.device, dtype: torch.dtype,
+                      seed: int = 0) -> StackCapture:
+        return next(c for c in self.capture(workload, device, dtype, seed) if c.name == self.stack)
+
     def make_inputs(self, workload: Workload, device: torch.device, dtype: torch.dtype,
                     generator: torch.Generator) -> dict[str, Any]:
-        """Keyword arguments of the block's forward for `workload`, on `device`."""
+        """Keyword arguments of this stack's block for `workload`, on `device`: what its first block received
+        in the model's own forward (positional arguments bound to their names)."""
+        captured = self.stack_capture(workload, device, dtype, generator.initial_seed())
+        signature = inspect.signature(captured.block_type.forward)
+        bound = signature.bind(None, *captured.args, **captured.kwargs)
+        inputs = {}
+        for name, value in list(bound.arguments.items())[1:]:  # all but self
+            kind = signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                inputs.update(value)
+            elif kind is inspect.Parameter.VAR_POSITIONAL:
+                if value and _reads(captured.block_type.forward, name):
+                    raise RuntimeError(f"{captured.block_type.__name__} reads the extra positional arguments its "
+                                       f"model passes it: its inputs cannot be given by name")
+            else:
+                inputs[name] = value
+        return inputs
 
-    @abstractmethod
-    def attention_calls(self, workload: Workload) -> list[AttentionCall]: ...
+    def attention_calls(self, workload: Workload) -> list[AttentionCall] | None:
+        """This stack's block's attention calls in the pass: from a capture already made on a device, else from
+        one on the meta device (shapes only); None where the model's forward cannot run on meta (a
+        data-dependent step) and nothing has run yet."""
+        for (key, device, _, _), captures in self._shared.captures.items():
+            if key == workload.key:
+                return next(c for c in captures if c.name == self.stack).attention_calls
+        try:
+            return self.stack_capture(workload, torch.device("meta"), torch.float32).attention_calls
+        except Exception:  # noqa: BLE001 (a forward with a data-dependent step cannot run on meta)
+            return None
 
-    @abstractmethod
-    def scaled_down_config(self) -> dict[str, Any]:
-        """A small config of the same family for CPU runs (minutes on two cores, not hours)."""
+    def flops_per_linear(self, block: nn.Module, workload: Workload) -> dict[str, float]:
+        """Each nn.Linear of the block by name: 2 * rows * in * out FLOPs, with the rows it saw in the pass."""
+        rows = self._linear_rows(workload)
+        return {name: 2.0 * rows.get(name, 0) * module.in_features * module.out_features
+                for name, module in block.named_modules() if isinstance(module, nn.Linear)}
 
-    scaled_down_seq_len: ClassVar[int] = 1024
+    def _linear_rows(self, workload: Workload) -> dict[str, int]:
+        for (key, _, _, _), captures in self._shared.captures.items():
+            if key == workload.key:
+                return next(c for c in captures if c.name == self.stack).linear_rows
+        return self.stack_capture(workload, torch.device("meta"), torch.float32).linear_rows
 
-    # --- the pipeline's other stages -------------------------------------------------------------
-    # The family pipeline's text encoder (named where no config is given) and why its audio decode is
-    # not measured here.
-    text_encoder: ClassVar[str] = ""
-    audio_skip_reason: ClassVar[str] = ""
+    def shape_capture(self) -> StackCapture:
+        """This stack's block in the family's default pass, shapes only: on the meta device where the model's
+        forward runs there, else (a data-dependent step) a real run of the scaled-down config on the CPU, whose
+        block has the same linears under the same names."""
+        try:
+            return self.stack_capture(self.default_workload(1), torch.device("meta"), torch.float32)
+        except Exception:  # noqa: BLE001 (see above)
+            small = self.scaled_down()
+            workload = small.default_workload(1, scaled_down=True)
+            # As few text rows as in a full-size pass relative to the video's, so that the sequence is the
+            # block's widest rows here too.
+            rows = {**workload.rows, "text": min(workload.rows.get("text", 0), max(1, workload.seq_len // 8))}
+            workload = dataclasses.replace(workload, rows=rows)
+            return small.stack_capture(workload, torch.device("cpu"), torch.float32)
+
+    # --- derived from the block --------------------------------------------------------------------------
+    @cached_property
+    def module_ranges(self) -> tuple[ModuleRange, ...]:
+        return derive_ranges(self.build_block())
+
+    @cached_property
+    def fp8_linears(self) -> Fp8Policy:
+        """Which of the block's linears go FP8 and why each other one stays, by the rule `linears.RULE`, on the
+        rows each saw in the family's default pass (`shape_capture`)."""
+        return fp8_policy(self.shape_capture())
+
+    @property
+    def fp8_linear_modules(self) -> tuple[str, ...]:
+        return self.fp8_linears.fp8
+
+    @property
+    def fp8_bf16_linears(self) -> dict[str, str]:
+        return self.fp8_linears.kept
+
+    # --- the pipeline's other stages ---------------------------------------------------------------------
+    @property
+    def text_encoder(self) -> str:
+        return self.spec.text_encoder
+
+    def prompt_rows(self, workload: Workload) -> int:
+        return workload.rows.get("text", self.facts.text_rows)
 
     def pipeline_stages(self, workload: Workload, keys: tuple[str, ...], *, scaled_down: bool,
                         text_encoder_config: Path | None = None) -> list[StageSpec | StageSkip]:
-        """The family pipeline's stages named in `keys` ("text", "vae", "audio"; `adapters.stages`),
-        each a `StageSpec` sized for the video `workload` is one pass of (scaled down on the CPU), or
-        a `StageSkip` saying why it cannot be measured here."""
+        """The family pipeline's stages named in `keys` ("text", "vae", "audio"; `adapters.stages`), each a
+        `StageSpec` sized for the video `workload` is one pass of (scaled down on the CPU), or a `StageSkip`
+        saying why it cannot be measured here."""
+        def vae() -> StageSpec | StageSkip:
+            if self.spec.vae_stage is None:
+                return StageSkip("vae", f"{self.display_name}'s VAE decode is not built by dit-accel yet: not "
+                                        f"measured, not in the total")
+            return self.spec.vae_stage(self, workload, scaled_down)
+
         stages = {
-            "vae": lambda: self._vae_stage(workload, scaled_down),
-            "audio": lambda: StageSkip("audio", self.audio_skip_reason),
+            "vae": vae,
+            "audio": lambda: StageSkip("audio", self.spec.audio_skip_reason),
             "text": lambda: text_encoder_stage(text_encoder_config, self.prompt_rows(workload), workload.batch,
                                                self.text_encoder, scaled_down),
         }
         return [stages[key]() for key in keys]
 
-    @abstractmethod
-    def _vae_stage(self, workload: Workload, scaled_down: bool) -> StageSpec:
-        """The VAE decode of the latents the workload's video rows come from."""
-
-    @abstractmethod
-    def prompt_rows(self, workload: Workload) -> int:
-        """Rows of the prompt the text encoder runs on."""
-
-    # --- cost model ------------------------------------------------------------------------------
-    def flops_per_linear(self, block: nn.Module, workload: Workload) -> dict[str, float]:
-        """Each nn.Linear of the block by name: 2 * rows * in * out FLOPs, with the rows it sees."""
-        return {name: 2.0 * self.linear_rows(name, workload) * module.in_features * module.out_features
-                for name, module in block.named_modules() if isinstance(module, nn.Linear)}
-
-    def linear_rows(self, linear_name: str, workload: Workload) -> int:
-        """How many rows pass through linear layer `linear_name` (default: every row of the batch)."""
-        return workload.batch * workload.seq_len
-
-    def describe(self) -> dict[str, Any]:
-        return {"family": self.family, "preset": self.preset, "num_blocks": self.num_blocks, "config": self.config}
-
-
-def check_video_rows(video_rows: int, height: int, width: int, pixels_per_row: int) -> None:
-    """A video workload must give at least one row: `pixels_per_row` is the VAE stride times the patch."""
-    if video_rows < 1:
-        raise UserError(f"a {height}x{width} video gives no tokens: height and width must be at least "
-                        f"{pixels_per_row} pixels")
+    def scaled_down_config(self) -> dict[str, Any]:
+        return {**self.config, **self.spec.scaled_down}

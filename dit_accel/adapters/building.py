@@ -3,6 +3,7 @@
 `parameters_on_meta`: modules built inside it get their parameters on the meta device (no memory,
 their init runs on meta) and their computed buffers (RoPE tables) real, on the CPU. `fp32_kept`:
 the dtype diffusers gives a parameter loaded with `torch_dtype=dtype` (its `_keep_in_fp32_modules`).
+`synthetic_weights`: a meta model's parameters made real with random weights of realistic scale.
 `read_config`: a local model's config.json. The block adapters (`base`) and the pipeline stages
 (`stages`) both build and type their models so.
 """
@@ -55,3 +56,28 @@ def parameters_on_meta() -> Iterator[None]:
         yield
     finally:
         nn.Module.register_parameter = register
+
+
+@torch.no_grad()
+def synthetic_weights(module: nn.Module, device: torch.device, dtype_of, seed: int = 0) -> nn.Module:
+    """`module`'s meta parameters materialized on `device` with random weights of realistic scale
+    (each submodule's own `reset_parameters` init; N(0, 1/fan_in) for parameters no submodule inits,
+    e.g. Wan's `scale_shift_table`, as diffusers initializes them), each in `dtype_of(name)`.
+    Buffers that hold values (not on meta) keep them, moved to `device`."""
+    buffers = {name: buffer.clone() for name, buffer in module.named_buffers() if not buffer.is_meta}
+    module = module.to_empty(device=device)
+    for name, buffer in module.named_buffers():
+        if name in buffers:
+            buffer.copy_(buffers[name])
+    torch.manual_seed(seed)
+    initialized: set[int] = set()
+    for submodule in module.modules():
+        if hasattr(submodule, "reset_parameters"):
+            submodule.reset_parameters()
+            initialized.update(id(p) for p in submodule.parameters(recurse=False))
+    for param in module.parameters():
+        if id(param) not in initialized:
+            param.normal_(0.0, param.shape[-1] ** -0.5)
+    for name, param in module.named_parameters():
+        param.data = param.data.to(dtype_of(name))
+    return module.eval()

@@ -1,19 +1,104 @@
-"""The named ranges a block adapter or a pipeline stage declares (`ModuleRange`), as data:
-`profiling.ranges` wraps them for the per-module breakdown and for Nsight Systems (NVTX)."""
+"""The named ranges of a block or a pipeline stage (`ModuleRange`), as data, and the block's derived from its
+module types and names (`derive_ranges`); `profiling.ranges` wraps them for the per-module breakdown and for
+Nsight Systems (NVTX)."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+ATTENTION_CORE = "attention core"  # `profiling.classify.ATTENTION_RANGE`: every kernel in it is attention
+ROPE_FUNCTIONS = ("apply_rotary_emb", "_apply_rotary_emb")
+QKV = ("to_q", "to_k", "to_v", "to_qkv", "add_q_proj", "add_k_proj", "add_v_proj")
+QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
+FFN_NAMES = ("ff", "ffn", "ff_context", "mlp", "proj_mlp", "act_mlp", "feed_forward")
+MODULATION_WORDS = ("AdaLayerNorm", "AdaNorm", "AdaLN", "Modulation")
 
 
 @dataclass(frozen=True)
 class ModuleRange:
     """A named range of the block, for the per-module breakdown and for Nsight Systems (NVTX).
 
-    `modules` are attribute paths inside the block whose forward is wrapped; `functions` are
-    (python module, function name) pairs called inside the block (e.g. the attention dispatch or
-    RoPE helpers of a diffusers model file), wrapped while profiling.
+    `modules` are attribute paths inside the block whose forward is wrapped; `functions` are (python module,
+    attribute) pairs called inside the block (the attention dispatch, RoPE helpers of a diffusers model file),
+    wrapped while profiling; an attribute may be dotted ("F.scaled_dot_product_attention": the module's `F`).
     """
 
     label: str
     modules: tuple[str, ...] = ()
     functions: tuple[tuple[str, str], ...] = ()
+
+
+def _attention_entry(module_name: str) -> tuple[str, str] | None:
+    """How attention processors defined in `module_name` reach the attention kernel: the model file's
+    `dispatch_attention_fn`, or torch's SDPA through the file's `F`."""
+    module = sys.modules[module_name]
+    if callable(getattr(module, "dispatch_attention_fn", None)):
+        return module_name, "dispatch_attention_fn"
+    if getattr(module, "F", None) is torch.nn.functional:
+        return module_name, "F.scaled_dot_product_attention"
+    return None
+
+
+def derive_ranges(block: nn.Module) -> tuple[ModuleRange, ...]:
+    """The block's ranges from its module types and names: per diffusers attention module (one with a
+    `processor`) its q/k/v (and added context) projections, qk-norms, output projections, the attention core
+    (the processors' dispatch function) and the RoPE helpers their file calls; a cross-attention module whole;
+    the feed-forward networks; the block's norms and its AdaLN modulation. What no range covers is the block
+    body (residuals, gates, the modulation's arithmetic)."""
+    children = dict(block.named_children())
+    qkv, qk_norm, out, cross, attention, ffn, norms, modulation = ([] for _ in range(8))
+    entries: dict[tuple[str, str], None] = {}
+    rope: dict[tuple[str, str], None] = {}
+    for path, module in block.named_modules():
+        processor = getattr(module, "processor", None)
+        if processor is None:
+            continue
+        processor_module = type(processor).__module__
+        entry = _attention_entry(processor_module)
+        if entry is not None:
+            entries[entry] = None
+        for name in ROPE_FUNCTIONS:
+            if callable(getattr(sys.modules[processor_module], name, None)):
+                rope[(processor_module, name)] = None
+        if getattr(module, "is_cross_attention", False):
+            cross.append(path)
+            continue
+        attention.append(path)
+        parts = dict(module.named_children())
+        qkv += [f"{path}.{name}" for name in QKV if isinstance(parts.get(name), nn.Module)]
+        qk_norm += [f"{path}.{name}" for name in QK_NORMS if isinstance(parts.get(name), nn.Module)]
+        to_out = parts.get("to_out")
+        if isinstance(to_out, nn.ModuleList) and len(to_out):
+            out.append(f"{path}.to_out.0")
+        elif isinstance(to_out, nn.Module):
+            out.append(f"{path}.to_out")
+        if isinstance(parts.get("to_add_out"), nn.Module):
+            out.append(f"{path}.to_add_out")
+    for name, child in children.items():
+        kind = type(child).__name__
+        if name in attention or name in cross:
+            continue
+        if name in FFN_NAMES or kind.endswith("FeedForward"):
+            ffn.append(name)
+        elif any(word in kind for word in MODULATION_WORDS):
+            modulation.append(name)
+        elif "Norm" in kind:
+            norms.append(name)
+        elif name == "proj_out" and isinstance(child, nn.Linear):  # single-stream blocks: attention + MLP out
+            out.append(name)
+    ranges = [
+        ModuleRange("attention (other)", modules=tuple(attention)),
+        ModuleRange("qkv projection", modules=tuple(qkv)),
+        ModuleRange("qk-norm", modules=tuple(qk_norm)),
+        ModuleRange("rope", functions=tuple(rope)),
+        ModuleRange(ATTENTION_CORE, functions=tuple(entries)),
+        ModuleRange("output projection", modules=tuple(out)),
+        ModuleRange("cross-attention", modules=tuple(cross)),
+        ModuleRange("ffn", modules=tuple(ffn)),
+        ModuleRange("norms", modules=tuple(norms)),
+        ModuleRange("AdaLN modulation", modules=tuple(modulation)),
+    ]
+    return tuple(r for r in ranges if r.modules or r.functions)

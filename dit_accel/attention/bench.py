@@ -130,7 +130,7 @@ def block_qkv(shape: AttentionShape, *, dtype: torch.dtype, device: torch.device
 
     adapter = adapter_for_preset("minimax-h3")
     if device.type == "cpu":
-        adapter = type(adapter)(adapter.scaled_down_config(), preset=adapter.preset)
+        adapter = adapter.scaled_down()
     heads, head_dim = adapter.config["num_attention_heads"], adapter.config["attention_head_dim"]
     if (shape.heads, shape.head_dim) != (heads, head_dim) or shape.seq_q != shape.seq_kv:
         raise UserError(f"--inputs block feeds the {adapter.display_name} block's own q/k/v: give self-attention "

@@ -189,15 +189,16 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
     adapter = _adapter(model, preset, checkpoint)
     scaled_down = device.type == "cpu" and checkpoint is None
     if scaled_down:
-        adapter = type(adapter)(adapter.scaled_down_config(), preset=adapter.preset)
+        adapter = adapter.scaled_down()
     validate_model = validate_blocks == "model"
     if validate_model:
         validate_blocks = adapter.num_blocks
     if frames is not None:
         workload = adapter.workload_from_video(frames, height, width, batch)
+    elif seq_len is not None:
+        workload = adapter.workload_from_seq_len(seq_len, batch)
     else:
-        default_len = adapter.scaled_down_seq_len if scaled_down else adapter.default_seq_len
-        workload = adapter.workload_from_seq_len(seq_len or default_len, batch)
+        workload = adapter.default_workload(batch, scaled_down=scaled_down)
     recipes = tuple(r.with_options(fp8_linear=linear == "fp8", compile_mode=compile_mode)
                     for r in compare_attn or [attn])
     check_recipes(recipes, device, dtype, adapter)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..adapters import BlockAdapter
+from ..adapters.building import synthetic_weights
 from ..errors import UserError
 from .checkpoint import LoadStats, count_blocks, read_layout, read_tensors, transformer_folder
 
@@ -68,39 +69,16 @@ def load_block_from_checkpoint(adapter: BlockAdapter, folder: Path, index: int, 
     return LoadedBlock(block.eval(), index, False, f"checkpoint {folder}", stats)
 
 
-def _randomize_(module: nn.Module, device: torch.device, dtype_of, seed: int) -> nn.Module:
-    """`module`'s meta parameters materialized on `device` with random weights of realistic scale
-    (each submodule's own `reset_parameters` init; N(0, 1/fan_in) for parameters no submodule inits,
-    e.g. Wan's `scale_shift_table`, as diffusers initializes them), each in `dtype_of(name)`.
-    Buffers that hold values (not on meta) keep them, moved to `device`."""
-    buffers = {name: buffer.clone() for name, buffer in module.named_buffers() if not buffer.is_meta}
-    module = module.to_empty(device=device)
-    for name, buffer in module.named_buffers():
-        if name in buffers:
-            buffer.copy_(buffers[name])
-    torch.manual_seed(seed)
-    initialized: set[int] = set()
-    for submodule in module.modules():
-        if hasattr(submodule, "reset_parameters"):
-            submodule.reset_parameters()
-            initialized.update(id(p) for p in submodule.parameters(recurse=False))
-    for param in module.parameters():
-        if id(param) not in initialized:
-            param.normal_(0.0, param.shape[-1] ** -0.5)
-    for name, param in module.named_parameters():
-        param.data = param.data.to(dtype_of(name))
-    return module
-
-
 @torch.no_grad()
 def synthetic_block(adapter: BlockAdapter, index: int, device: torch.device, dtype: torch.dtype,
                     seed: int = 0) -> LoadedBlock:
-    """Block with random weights of realistic scale (`_randomize_`); dtypes follow
+    """Block with random weights of realistic scale (`adapters.building.synthetic_weights`); dtypes follow
     `_keep_in_fp32_modules` as a real load would."""
     adapter.check_block_index(index)
     prefix = adapter.block_prefix(index)
-    block = _randomize_(adapter.build_block(), device, lambda name: adapter.param_dtype(prefix + name, dtype), seed)
-    return LoadedBlock(block.eval(), index, True, "synthetic weights (random, realistic scale; no checkpoint given)",
+    block = synthetic_weights(adapter.build_block(), device, lambda name: adapter.param_dtype(prefix + name, dtype),
+                              seed)
+    return LoadedBlock(block, index, True, "synthetic weights (random, realistic scale; no checkpoint given)",
                        None)
 
 
@@ -108,7 +86,7 @@ def synthetic_block(adapter: BlockAdapter, index: int, device: torch.device, dty
 def synthetic_outside(adapter: BlockAdapter, device: torch.device, dtype: torch.dtype, seed: int = 0) -> nn.Module:
     """The family's transformer without its blocks (`adapter.build_outside`), with synthetic weights
     initialized as `synthetic_block`'s, in the dtypes a load gives them."""
-    return _randomize_(adapter.build_outside(), device, lambda name: adapter.param_dtype(name, dtype), seed).eval()
+    return synthetic_weights(adapter.build_outside(), device, lambda name: adapter.param_dtype(name, dtype), seed)
 
 
 def put_blocks(model: nn.Module, adapter: BlockAdapter, blocks: list[nn.Module]) -> nn.ModuleList:
@@ -118,10 +96,3 @@ def put_blocks(model: nn.Module, adapter: BlockAdapter, blocks: list[nn.Module])
     stack = nn.ModuleList(blocks)
     setattr(model, adapter.block_key_template.split(".")[0], stack)
     return stack
-
-
-@torch.no_grad()
-def synthetic_model(module: nn.Module, device: torch.device, dtype_of, seed: int = 0) -> nn.Module:
-    """A meta-parameter model (a pipeline stage's) with synthetic weights as `synthetic_block`'s,
-    parameter `name` in `dtype_of(name)`."""
-    return _randomize_(module, device, dtype_of, seed).eval()

@@ -7,12 +7,13 @@
     print(swap.summary_lines())                               # which went FP8, which stayed and why
 
 What it does: `torchao.quantization.quantize_` with `Float8DynamicActivationFloat8WeightConfig(
-granularity=PerRow())` on the linears the family's adapter names in `fp8_linear_modules` (fnmatch
-patterns of block-relative module names; `fp8_bf16_linears` names those that stay in the block
-dtype, each with its reason). Each weight becomes a torchao `Float8Tensor`: float8_e4m3fn data
-[out, in] and one float32 scale per output row (amax / 448). Each call quantizes its input per row
-(one float32 scale per row, amax / 448) and runs `torch._scaled_mm(x_fp8, w_fp8.t(), scale_a [rows, 1],
-scale_b [1, out], out_dtype=bf16)`, the bias added in its epilogue. On the H200 (torch 2.11 cu130)
+granularity=PerRow())` on the linears the adapter's FP8 rule chose (`adapters.linears`: those that run on
+the block's sequence rows and are large enough to pay; `fp8_linear_modules`, block-relative names, and
+`fp8_bf16_linears`, those that stay in the block dtype, each with its reason). Each weight becomes a
+torchao `Float8Tensor`: float8_e4m3fn data [out, in] and one float32 scale per output row (amax / 448).
+Each call quantizes its input per row (one float32 scale per row, amax / 448) and runs
+`torch._scaled_mm(x_fp8, w_fp8.t(), scale_a [rows, 1], scale_b [1, out], out_dtype=bf16)`, the bias added in
+its epilogue. On the H200 (torch 2.11 cu130)
 that is one cuBLASLt kernel, `nvjet_sm90_qqtst_128x128_128x6_..._ovscale_TNT` (outer-vector scales):
 1.66 ms for H3's q projection at 30272 rows against bf16's 2.92 ms. torchao's `KernelPreference.TORCH`
 is pinned, so the engine does not change with whether the optional `mslk` package happens to be
@@ -128,10 +129,11 @@ def _policy(policy: Any) -> tuple[str, tuple[str, ...], dict[str, str]]:
 def plan_fp8_linears(module: nn.Module, policy: Any, *, prefix: str = "") -> Fp8LinearPlan:
     """Which linears of `module` the family's policy puts in FP8, and why each other one stays.
 
-    `policy` is a `BlockAdapter` (class or instance): `fp8_linear_modules` and `fp8_bf16_linears` are
-    fnmatch patterns of block-relative names. For a whole model pass `prefix`, the block's name pattern
-    in it (e.g. `adapter.block_key_template.format(index="*")`); linears outside it stay. Works on the meta
-    device (names and shapes only), so it can refuse a policy before any weights load. Raises UserError
+    `policy` is a `BlockAdapter`: `fp8_linear_modules` and `fp8_bf16_linears` are fnmatch patterns of
+    block-relative names (the names its FP8 rule chose and kept). For a whole model pass `prefix`, the
+    block's name pattern in it (e.g. `adapter.block_key_template.format(index="*")`); linears outside it stay.
+    Works on the meta device (names and shapes only), so it can refuse a policy before any weights load.
+    Raises UserError
     when a chosen layer's dims cannot go through an FP8 GEMM, or when the policy chooses nothing.
     """
     family, fp8_patterns, bf16_patterns = _policy(policy)
@@ -153,7 +155,7 @@ def plan_fp8_linears(module: nn.Module, policy: Any, *, prefix: str = "") -> Fp8
         if bf16_reason is not None:
             keep(bf16_reason)
         elif not any(fnmatch.fnmatchcase(relative, p) for p in fp8_patterns):
-            keep(f"not in the {family} adapter's fp8_linear_modules")
+            keep(f"not a linear of the {family} block that the FP8 rule chose")
         elif k % GEMM_MULTIPLE or n % GEMM_MULTIPLE:
             bad.append(f"{name} [{k} -> {n}]")
         elif linear.weight.device.type != "meta" and bool((linear.weight.detach().abs().amax(dim=1) == 0).any()):
@@ -162,8 +164,7 @@ def plan_fp8_linears(module: nn.Module, policy: Any, *, prefix: str = "") -> Fp8
             chosen.append(LinearChoice(name, k, n))
     if bad:
         raise UserError(f"cannot put {', '.join(bad)} in FP8: cuBLAS FP8 GEMMs need in and out features that are "
-                        f"multiples of {GEMM_MULTIPLE}; leave FP8 linears off for this config or take the layer out "
-                        f"of the {family} adapter's fp8_linear_modules")
+                        f"multiples of {GEMM_MULTIPLE}; leave FP8 linears off for this config")
     if not chosen:
         raise UserError(f"the {family} FP8 policy matches no nn.Linear in this {type(module).__name__}; "
                         "check that the module is one of its blocks (or pass prefix= for a whole model)")

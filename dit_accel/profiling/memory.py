@@ -7,8 +7,9 @@ Model (bytes; B batch, S rows, D hidden, I = heads x head dim, e the dtype's byt
 attention reference's bytes: 8 on the CPU, 4 on a GPU):
 
 - weights: the block's parameters in the dtypes a load gives them (exact, from a meta-device block),
-  plus, with `--outside measure`, the transformer without its blocks (counted the same way; it is
-  timed and freed before the block is built, so counting both is an upper bound);
+  plus the transformer without its blocks (counted the same way): every run builds it with one block per
+  stack to capture the block's inputs from the model's own forward, and `--outside measure` times it; both
+  are freed before the block is built, so counting both is an upper bound;
 - inputs: hidden states B*S*D*e, RoPE cos/sin S*2*head_dim*4, indices and positions ~64 B a row;
 - forward: the transient peak of one forward, B*S*D*e*FORWARD_ELEMENTS[device] (+ the S x S
   scores twice over, for a `math` recipe), and the weights once more for FP8-linear or compiled
@@ -141,7 +142,7 @@ def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = No
         elif kind == "cpu" or s.validate_model:  # all N held: no cycling
             validate = (s.validate_blocks - 1) * weights
     if outside_bytes is None:
-        outside_bytes = outside_weight_bytes(s.adapter, s.dtype) if s.measure_outside or s.validate_model else 0
+        outside_bytes = outside_weight_bytes(s.adapter, s.dtype)  # built for the capture of the block's inputs
     return MemoryEstimate(int(weights), int(inputs), int(forward), int(kept_outputs + attention_check), int(validate),
                           kind, int(outside_bytes))
 
@@ -160,8 +161,9 @@ def host_available_bytes() -> int | None:
         return None
 
 
-def _rows_that_fit(settings: "ProfileSettings", weights: int, room: int, outside: int = 0) -> int:
-    """The largest --seq-len (same batch) whose estimate fits in `room` bytes; 0 if none does."""
+def _rows_that_fit(settings: "ProfileSettings", weights: int, room: int, outside: int | None = None) -> int:
+    """The largest --seq-len (same batch) whose estimate fits in `room` bytes; 0 if none does. `outside`: the
+    bytes outside the blocks (None: the estimate's own)."""
     import dataclasses
 
     def fits(rows: int) -> bool:

@@ -63,24 +63,42 @@ def _wrap_function(fn: Callable, region: _Range) -> Callable:
     return wrapped
 
 
+class _Namespace:
+    """A stand-in for a module global that is itself a module (a model file's `F`): `replaced` attributes
+    answer from here, every other one from the original."""
+
+    def __init__(self, original: object, replaced: dict[str, Callable]):
+        self.__dict__.update(replaced)
+        self._original = original
+
+    def __getattr__(self, name: str):
+        return getattr(self._original, name)
+
+
 @contextlib.contextmanager
 def wrapped_functions(functions: tuple[tuple[str, str], ...], wrap: Callable[[Callable], Callable]) -> Iterator[None]:
     """Replace each (python module, function name) global by `wrap(original)` inside the context.
 
-    Model files call helpers such as `dispatch_attention_fn` through their module globals, so this
-    reaches every call the model makes; the originals are put back on exit, last in first out.
+    Model files call helpers such as `dispatch_attention_fn` through their module globals, so this reaches
+    every call the model makes. A dotted name ("F.scaled_dot_product_attention") replaces the attribute of a
+    global module (`F`) for that model file alone, through a stand-in namespace. The originals are put back on
+    exit, last in first out.
     """
-    swapped: list[tuple[object, str, Callable]] = []
+    swapped: list[tuple[object, str, object]] = []
     try:
         for module_name, attr in functions:
             owner = importlib.import_module(module_name)
-            original = getattr(owner, attr)
-            setattr(owner, attr, wrap(original))
-            swapped.append((owner, attr, original))
+            name, _, inner = attr.partition(".")
+            original = getattr(owner, name)
+            if inner:
+                setattr(owner, name, _Namespace(original, {inner: wrap(getattr(original, inner))}))
+            else:
+                setattr(owner, name, wrap(original))
+            swapped.append((owner, name, original))
         yield
     finally:
-        for owner, attr, original in reversed(swapped):
-            setattr(owner, attr, original)
+        for owner, name, original in reversed(swapped):
+            setattr(owner, name, original)
 
 
 @contextlib.contextmanager

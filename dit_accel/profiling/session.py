@@ -108,14 +108,18 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
                             "warm-up and timed runs"):
             outside = measure_outside(s.adapter, s.workload, s.device, s.dtype, warmup=s.warmup, runs=s.runs,
                                       seed=s.seed)
+    # The block's inputs from the model's own forward (one block per stack, synthetic weights), freed before
+    # the profiled block exists.
+    with progress.stage("the block's inputs: the transformer's own forward, one block per stack "
+                        "(synthetic weights)"):
+        generator = torch.Generator(device=s.device).manual_seed(s.seed)
+        inputs = s.adapter.make_inputs(s.workload, s.device, s.dtype, generator)
     if s.checkpoint is not None:
         with progress.stage(f"loading block {s.block_index} from {s.checkpoint}"):
             loaded = load_block_from_checkpoint(s.adapter, s.checkpoint, s.block_index, s.device, s.dtype)
     else:
         with progress.stage(f"building block {s.block_index} (synthetic weights)"):
             loaded = synthetic_block(s.adapter, s.block_index, s.device, s.dtype, seed=s.seed)
-    generator = torch.Generator(device=s.device).manual_seed(s.seed)
-    inputs = s.adapter.make_inputs(s.workload, s.device, s.dtype, generator)
 
     attention_flops = sum(call.flops for call in s.adapter.attention_calls(s.workload))
     flops_per_linear = s.adapter.flops_per_linear(loaded.block, s.workload)

@@ -17,7 +17,8 @@ from torch import nn
 from ..adapters.stages import StageSpec
 from ..attention.routing import use_attention_backend
 from ..device import Ceilings
-from ..loading.block import param_bytes, synthetic_model
+from ..adapters.building import synthetic_weights
+from ..loading.block import param_bytes
 from .attention_error import output_error
 from .profiler import BlockProfile, profile_block
 from .progress import NO_PROGRESS, SessionProgress
@@ -113,7 +114,7 @@ def measure_stage(spec: StageSpec, backends: list[str], *, device: torch.device,
     """Build `spec` with synthetic weights, count its FLOPs in one call, then profile it once per
     backend in `backends` (the recipes' attention, first the reference) when its attention is
     routed, else once; each later backend's output is compared with the first's."""
-    model = synthetic_model(spec.build(), device, lambda name: spec.param_dtype(name, dtype), seed)
+    model = synthetic_weights(spec.build(), device, lambda name: spec.param_dtype(name, dtype), seed)
     module = StageModule(model, spec)
     generator = torch.Generator(device=device).manual_seed(seed)
     inputs = spec.make_inputs(device, dtype, generator)

@@ -36,7 +36,7 @@ def _settings(adapter, seq_len, dtype=torch.float32, device="cpu", recipes=("nat
 
 def _scaled_down():
     adapter = adapter_for_preset("minimax-h3")
-    return type(adapter)(adapter.scaled_down_config(), preset=adapter.preset)
+    return adapter.scaled_down()
 
 
 # --- the memory estimate ---------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def test_ten_million_rows_are_refused_in_one_line_before_anything_is_allocated(t
 
 def test_the_default_scaled_down_run_fits_and_the_suggested_length_does():
     adapter = _scaled_down()
-    estimate = memory.check_fits(_settings(adapter, adapter.scaled_down_seq_len))
+    estimate = memory.check_fits(_settings(adapter, 1024))
     assert 0 < estimate.total_bytes < 2 * 2**30
     assert estimate.weights_bytes == 4 * sum(p.numel() for p in adapter.build_block().parameters())
     # The length the refusal suggests fits the same room; one more row does not.

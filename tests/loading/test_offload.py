@@ -9,7 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dit_accel.adapters import adapter_for_preset
+from dit_accel.adapters import BlockAdapter, adapter_for_preset
 from dit_accel.loading.block import synthetic_block
 from dit_accel.cli import main
 from dit_accel.loading.offload import StreamedRun, pack_into_one_buffer, pin_to_host, stream_blocks
@@ -18,10 +18,10 @@ from dit_accel.profiling.validate import BlockChain
 
 def tiny_h3_chain(n=3):
     adapter = adapter_for_preset("minimax-h3")
-    adapter = type(adapter)(adapter.scaled_down_config(), preset=adapter.preset)
+    adapter = adapter.scaled_down()
     device = torch.device("cpu")
     blocks = [synthetic_block(adapter, i, device, torch.float32, seed=i).block for i in range(n)]
-    workload = adapter.workload_from_seq_len(adapter.scaled_down_seq_len, 1)
+    workload = adapter.workload_from_seq_len(1024, 1)
     inputs = adapter.make_inputs(workload, device, torch.float32, torch.Generator().manual_seed(0))
     return BlockChain(blocks), inputs
 
@@ -177,7 +177,7 @@ def fake_side_stream(monkeypatch):
 
 def _small(family, num_layers):
     adapter = adapter_for_preset(family)
-    return type(adapter)({**adapter.scaled_down_config(), "num_layers": num_layers}, preset=adapter.preset)
+    return BlockAdapter(adapter.spec, {**adapter.scaled_down_config(), "num_layers": num_layers}, preset=adapter.preset)
 
 
 @pytest.mark.parametrize("family, whole_model", [("minimax-h3", False), ("minimax-h3", True), ("wan", True)],

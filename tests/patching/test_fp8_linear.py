@@ -17,8 +17,8 @@ from diffusers.models.transformers import transformer_minimax_h3 as h3
 from testing import small_block, tiny_h3_transformer
 
 from dit_accel.adapters import adapter_for_preset
-from dit_accel.adapters.minimax_h3 import MiniMaxH3Adapter
-from dit_accel.adapters.wan import WanAdapter
+from dit_accel.adapters import BlockAdapter
+from dit_accel.adapters import wan as wan_family
 from dit_accel.errors import UserError
 from dit_accel.loading.block import synthetic_block
 from dit_accel.patching.fp8_linear import fp8_linear_unavailable_reason, plan_fp8_linears, quantize_linears
@@ -33,13 +33,16 @@ def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 # --- selection (meta device: names and shapes only) ------------------------------------------------------
+H3 = adapter_for_preset("minimax-h3")  # its policy: the FP8 rule on the rows of the family's default pass
+
+
 def test_h3_real_block_selection():
-    plan = plan_fp8_linears(adapter_for_preset("minimax-h3").build_block(), MiniMaxH3Adapter)
+    plan = plan_fp8_linears(H3.build_block(), H3)
     assert plan.chosen_names == H3_FP8
     assert [(c.name, c.in_features, c.out_features) for c in plan.chosen][-2:] == [
         ("ff.net.0.proj", 5376, 28672), ("ff.net.2", 14336, 5376)]  # SwiGLU: fused gate+up, then down
     assert [c.name for c in plan.kept] == ["adaln_proj.linear"]
-    assert "timestep rows" in plan.kept[0].reason
+    assert "runs on 1 row, not the block's 30272 sequence rows" in plan.kept[0].reason  # the timestep's row
 
 
 def test_wan_real_block_selection():
@@ -48,34 +51,35 @@ def test_wan_real_block_selection():
     assert plan.chosen_names == WAN_FP8
     kept = {c.name: c.reason for c in plan.kept}
     assert set(kept) == {"attn2.to_k", "attn2.to_v"}
-    assert all("512 text rows" in reason for reason in kept.values())
+    assert all("runs on 512 rows, not the block's 75600 sequence rows" in reason for reason in kept.values())
 
 
 def test_wan_i2v_image_projections_stay():
-    config = {**adapter_for_preset("wan").scaled_down_config(), "added_kv_proj_dim": 256}
-    plan = plan_fp8_linears(WanAdapter(config).build_block(), WanAdapter)
+    config = {**adapter_for_preset("wan").config, "added_kv_proj_dim": 5120, "image_dim": 1280}
+    adapter = BlockAdapter(wan_family.FAMILY, config)
+    plan = plan_fp8_linears(adapter.build_block(), adapter)
     assert plan.chosen_names == WAN_FP8
     kept = {c.name: c.reason for c in plan.kept}
-    assert "image-context rows" in kept["attn2.add_k_proj"] and "image-context rows" in kept["attn2.add_v_proj"]
+    assert "runs on 257 rows" in kept["attn2.add_k_proj"] and "runs on 257 rows" in kept["attn2.add_v_proj"]
 
 
 def test_whole_model_with_block_prefix():
     """In a model, only the blocks' linears go FP8; the token refiner's identically named ones stay."""
     model, _ = tiny_h3_transformer(num_layers=3)
-    plan = plan_fp8_linears(model, MiniMaxH3Adapter, prefix="transformer_blocks.*.")
+    plan = plan_fp8_linears(model, H3, prefix="transformer_blocks.*.")
     assert plan.chosen_names == tuple(f"transformer_blocks.{i}.{n}" for i in range(3) for n in H3_FP8)
     kept = {c.name: c.reason for c in plan.kept}
     assert "outside the blocks" in kept["proj_in"]
     assert "outside the blocks" in kept["token_refiner.refiner_blocks.0.attn.to_q"]
-    assert "timestep rows" in kept["transformer_blocks.1.adaln_proj.linear"]
+    assert "runs on 1 row" in kept["transformer_blocks.1.adaln_proj.linear"]
 
 
 def test_unlisted_linear_stays_with_reason():
     block = adapter_for_preset("minimax-h3").build_block()
     with torch.device("meta"):
         block.extra = torch.nn.Linear(5376, 5376)
-    kept = {c.name: c.reason for c in plan_fp8_linears(block, MiniMaxH3Adapter).kept}
-    assert kept["extra"] == "not in the minimax-h3 adapter's fp8_linear_modules"
+    kept = {c.name: c.reason for c in plan_fp8_linears(block, H3).kept}
+    assert kept["extra"] == "not a linear of the minimax-h3 block that the FP8 rule chose"
 
 
 def test_dims_not_multiple_of_16_refused():
@@ -83,12 +87,12 @@ def test_dims_not_multiple_of_16_refused():
         block = h3.MiniMaxH3TransformerBlock(hidden_size=40, num_attention_heads=1, attention_head_dim=40,
                                              ffn_dim=64, time_embed_dim=16, norm_eps=1e-5, qk_norm_eps=1e-5)
     with pytest.raises(UserError, match=r"attn\.to_q \[40 -> 40\].*multiples of 16"):
-        plan_fp8_linears(block, MiniMaxH3Adapter)
+        plan_fp8_linears(block, H3)
 
 
 def test_policy_matching_nothing_refused():
     with pytest.raises(UserError, match="matches no nn.Linear"):
-        plan_fp8_linears(adapter_for_preset("wan").build_block(), MiniMaxH3Adapter)
+        plan_fp8_linears(adapter_for_preset("wan").build_block(), H3)
 
 
 # --- refusals -------------------------------------------------------------------------------------------
@@ -235,7 +239,7 @@ def test_gpu_reports_available():
 
 
 def _gpu_h3_block(config_overrides: dict):
-    adapter = MiniMaxH3Adapter({**adapter_for_preset("minimax-h3").config, **config_overrides})
+    adapter = BlockAdapter(H3.spec, {**H3.config, **config_overrides})
     device = torch.device("cuda")
     if fp8_linear_unavailable_reason(device, torch.bfloat16):
         pytest.skip(fp8_linear_unavailable_reason(device, torch.bfloat16))

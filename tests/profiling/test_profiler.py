@@ -12,7 +12,7 @@ from dit_accel.profiling.ranges import active_range, instrument
 @pytest.fixture(scope="module")
 def small_h3():
     adapter = adapter_for_preset("minimax-h3")
-    adapter = type(adapter)(adapter.scaled_down_config())
+    adapter = adapter.scaled_down()
     block = synthetic_block(adapter, 0, torch.device("cpu"), torch.float32).block
     workload = adapter.workload_from_seq_len(128, 1)
     inputs = adapter.make_inputs(workload, torch.device("cpu"), torch.float32, torch.Generator().manual_seed(0))
@@ -49,7 +49,7 @@ def test_profile_attributes_every_op_to_a_range_and_category(small_h3):
     profile = profile_block(block, inputs, adapter, device=torch.device("cpu"), warmup=1, runs=2, profiled_runs=1)
     ranges = profile.by_range()
     assert {"qkv projection", "qk-norm", "rope", "attention core", "output projection", "ffn", "norms",
-            "modulation projection", adapter.body_label} <= set(ranges)
+            "AdaLN modulation", adapter.body_label} <= set(ranges)
     categories = profile.by_category()
     assert categories["gemm"]["time_us"] > 0 and categories["attention"]["time_us"] > 0
     for record in profile.kernels:

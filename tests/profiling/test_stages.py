@@ -29,12 +29,12 @@ FAST = ["--seq-len", "256", "--runs", "2", "--warmup", "1"]
 
 def _scaled_down(family):
     adapter = adapter_for_preset(family)
-    return type(adapter)(adapter.scaled_down_config(), preset=adapter.preset)
+    return adapter.scaled_down()
 
 
 def _stage(family, key, scaled_down=True, **kw):
     adapter = _scaled_down(family) if scaled_down else adapter_for_preset(family)
-    workload = adapter.workload_from_seq_len(adapter.scaled_down_seq_len if scaled_down else adapter.default_seq_len, 1)
+    workload = adapter.default_workload(1, scaled_down=scaled_down)
     return adapter.pipeline_stages(workload, (key,), scaled_down=scaled_down, **kw)[0]
 
 
@@ -171,7 +171,10 @@ def test_stage_errors_are_one_line(tmp_path):
 
 def test_a_stage_too_large_is_refused_in_one_line(tmp_path, monkeypatch):
     huge = dataclasses.replace(_stage("minimax-h3", "vae"), activation_bytes=lambda e: 2**50)
-    monkeypatch.setattr(h3_adapter.MiniMaxH3Adapter, "_vae_stage", lambda self, workload, scaled_down: huge)
+    from dit_accel import adapters
+
+    family = dataclasses.replace(h3_adapter.FAMILY, vae_stage=lambda adapter, workload, scaled_down: huge)
+    monkeypatch.setitem(adapters.FAMILIES, "minimax-h3", family)
     out = tmp_path / "run"
     result = run_cli("profile-block", *FAST, "--stages", "vae", "--out", out)
     assert result.exit_code == 2, result.output

@@ -10,7 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dit_accel.adapters import adapter_for_preset
+from dit_accel.adapters import BlockAdapter, adapter_for_preset
 from dit_accel.cli import main
 from dit_accel.errors import UserError
 from dit_accel.loading.block import param_bytes, synthetic_block, synthetic_outside
@@ -26,7 +26,7 @@ FAST = ["--seq-len", "64", "--runs", "2", "--warmup", "1"]
 
 def _small(family, num_layers=3):
     adapter = adapter_for_preset(family)
-    return type(adapter)({**adapter.scaled_down_config(), "num_layers": num_layers}, preset=adapter.preset)
+    return BlockAdapter(adapter.spec, {**adapter.scaled_down_config(), "num_layers": num_layers}, preset=adapter.preset)
 
 
 def _stack_name(adapter):
@@ -59,7 +59,7 @@ def test_the_model_holds_every_block_and_the_parts_outside_and_runs_them_all(fam
     calls = []
     for block in blocks:
         block.register_forward_hook(lambda module, args, output: calls.append(module))
-    workload = adapter.workload_from_seq_len(adapter.scaled_down_seq_len, 1)
+    workload = adapter.workload_from_seq_len(1024, 1)
     inputs = adapter.make_transformer_inputs(workload, CPU, torch.float32, torch.Generator().manual_seed(0))
     with torch.no_grad():
         output = stack.model(**inputs.kwargs)
@@ -143,7 +143,7 @@ def test_validate_model_measures_outside_unless_it_is_stated(tmp_path, monkeypat
 
 def _full_h3_settings(offload):
     adapter = adapter_for_preset("minimax-h3")
-    return ProfileSettings(adapter, adapter.workload_from_seq_len(adapter.default_seq_len, 1), torch.bfloat16,
+    return ProfileSettings(adapter, adapter.default_workload(1), torch.bfloat16,
                            torch.device("cuda"), (parse_recipe("native"),), measure_outside=True,
                            validate_blocks=adapter.num_blocks, validate_model=True, offload=offload)
 
@@ -166,7 +166,7 @@ def test_the_full_size_resident_model_is_refused_on_16_gib_and_fits_streamed_or_
 
 def test_a_resident_model_too_large_for_the_host_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch):
     adapter = adapter_for_preset("minimax-h3")
-    adapter = type(adapter)(adapter.scaled_down_config(), preset=adapter.preset)
+    adapter = adapter.scaled_down()
     settings = ProfileSettings(adapter, adapter.workload_from_seq_len(64, 1), torch.float32, CPU,
                                (parse_recipe("native"),), measure_outside=True, validate_blocks=50, validate_model=True)
     e = memory.estimate_session(settings)

@@ -1,0 +1,51 @@
+"""Which of a block's linears go FP8 (`+fp8-linear`), by one rule for every family.
+
+The rule, stated in every report: a linear goes FP8 when it runs on the block's sequence (the most rows any of
+its linears sees: the video rows, joined with the text rows where the block joins them; not the text context
+alone, the timestep rows or a pooled vector), when its in and out features are multiples of 16 (what an FP8
+GEMM takes) and when it is at least a sixteenth of the block's largest linear (in x out: a small GEMM does not
+pay for the activation's quantize). The rows each linear saw come from the model's own forward
+(`capture.StackCapture.linear_rows`), so the choice is the model's, not a list per family.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .capture import StackCapture
+
+RULE = ("a block linear goes FP8 when it runs on the block's sequence rows (not the text, timestep or pooled rows), "
+        "its in and out features are multiples of 16 and it is at least 1/16 of the block's largest linear")
+GEMM_MULTIPLE = 16
+MIN_SHARE_OF_LARGEST = 1 / 16
+
+
+@dataclass(frozen=True)
+class Fp8Policy:
+    """The linears (block-relative names) that go FP8, and each other one with why it stays."""
+
+    fp8: tuple[str, ...]
+    kept: dict[str, str]
+
+
+def fp8_policy(capture: StackCapture) -> Fp8Policy:
+    """The rule (`RULE`) applied to the linears of a stack's block, on the rows each saw in the captured pass."""
+    block_rows = max(capture.linear_rows.values(), default=0)
+    largest = max((k * n for k, n in capture.linear_shapes.values()), default=0)
+    fp8, kept = [], {}
+    for name, (in_features, out_features) in capture.linear_shapes.items():
+        rows = capture.linear_rows.get(name, 0)
+        if rows == 0:
+            kept[name] = "does not run in the pass"
+        elif rows != block_rows:
+            kept[name] = (f"runs on {rows} row{'s' if rows != 1 else ''}, not the block's {block_rows} sequence rows "
+                          f"(text, timestep or pooled rows): FP8 saves little there and the activation's quantize "
+                          f"costs more")
+        elif in_features % GEMM_MULTIPLE or out_features % GEMM_MULTIPLE:
+            kept[name] = (f"[{in_features} -> {out_features}]: FP8 GEMMs need in and out features that are "
+                          f"multiples of {GEMM_MULTIPLE}")
+        elif in_features * out_features < MIN_SHARE_OF_LARGEST * largest:
+            kept[name] = (f"[{in_features} -> {out_features}]: under 1/16 of the block's largest linear, too small "
+                          f"for an FP8 GEMM to pay")
+        else:
+            fp8.append(name)
+    return Fp8Policy(tuple(fp8), kept)
