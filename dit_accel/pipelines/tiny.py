@@ -32,7 +32,21 @@ def _h3(directory: Path, seed: int) -> dict:
     return save_tiny_h3(directory, seed)
 
 
-TINY_BUILDERS: dict[str, Callable[[Path, int], dict]] = {"wan": _wan, "h3": _h3}
+def _skyreels_v2(directory: Path, seed: int) -> dict:
+    from .tiny_skyreels_v2 import save_tiny_skyreels_v2
+
+    return save_tiny_skyreels_v2(directory, seed)
+
+
+def _cogvideox(directory: Path, seed: int) -> dict:
+    from .tiny_cogvideox import save_tiny_cogvideox
+
+    return save_tiny_cogvideox(directory, seed)
+
+
+# dit-accel's family names (adapters/families.py) -> builders; each imports its module (and diffusers) when called.
+TINY_BUILDERS: dict[str, Callable[[Path, int], dict]] = {
+    "wan": _wan, "h3": _h3, "skyreels-v2": _skyreels_v2, "cogvideox": _cogvideox}
 
 
 def make_tiny_pipeline(family: str, directory: Path, seed: int = 0) -> dict:

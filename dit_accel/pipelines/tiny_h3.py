@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers.processing_utils import ProcessorMixin
 
+from .tiny_parts import params_m
 from .tokenizer import build_word_tokenizer
 
 # Qwen3-VL's vision tokens, added after the words; H3's text step looks up the pad tokens' ids.
@@ -111,5 +112,4 @@ def save_tiny_h3(directory: Path, seed: int = 0) -> dict:
     pipe = build_tiny_h3(seed)
     pipe.save_pretrained(str(directory), overwrite_modular_index=True)
     return {"pipeline": "MiniMaxH3ModularPipeline", "defaults": DEFAULTS,
-            "params_m": {name: sum(p.numel() for p in getattr(pipe, name).parameters()) / 1e6
-                         for name in ("transformer", "vae", "audio_vae", "text_encoder")}}
+            "params_m": params_m(pipe, ("transformer", "vae", "audio_vae", "text_encoder"))}

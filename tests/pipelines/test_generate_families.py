@@ -1,0 +1,170 @@
+"""`make-tiny-pipeline` and `generate` end to end on the CPU, through the CLI, for the families beyond Wan and
+H3 that `generate` runs through its generic DiffusionPipeline path: SkyReels-V2 (Wan's parts, its own
+transformer) and CogVideoX (T5, its own VAE, guidance batched into one pass, torch SDPA called directly)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import imageio.v2 as imageio
+import pytest
+from click.testing import CliRunner
+
+from dit_accel.cli import main
+from dit_accel.pipelines import tiny_cogvideox, tiny_skyreels_v2
+from dit_accel.pipelines.tiny_wan import TRANSFORMER_CONFIG as WAN_TRANSFORMER_CONFIG
+
+# What each tiny family is, and what its runs must show.
+#   passes_per_step: transformer calls a denoising step with guidance (SkyReels-V2 runs the conditional and the
+#     unconditional pass one after the other, as Wan; CogVideoX stacks them into one pass on a batch of two).
+#   attention_calls_per_pass: self- and cross-attention in every block (Wan's layout), or one joint
+#     text+video attention a block (CogVideoX's).
+FAMILIES = {
+    "skyreels-v2": SimpleNamespace(
+        pipeline="SkyReelsV2Pipeline", transformer="SkyReelsV2Transformer3DModel", vae="AutoencoderKLWan",
+        text_encoder="UMT5EncoderModel", defaults=tiny_skyreels_v2.DEFAULTS, passes_per_step=2,
+        attention_calls_per_pass=2 * WAN_TRANSFORMER_CONFIG["num_layers"]),
+    "cogvideox": SimpleNamespace(
+        pipeline="CogVideoXPipeline", transformer="CogVideoXTransformer3DModel", vae="AutoencoderKLCogVideoX",
+        text_encoder="T5EncoderModel", defaults=tiny_cogvideox.DEFAULTS, passes_per_step=1,
+        attention_calls_per_pass=tiny_cogvideox.TRANSFORMER_CONFIG["num_layers"]),
+}
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def _read_video(path: Path) -> list:
+    reader = imageio.get_reader(str(path))
+    try:
+        return [frame for frame in reader]
+    finally:
+        reader.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_folders(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """Each family's tiny folder, built once through `make-tiny-pipeline`, with what the command printed."""
+    root = tmp_path_factory.mktemp("family_pipelines")
+    built = {}
+    for family in FAMILIES:
+        result = _invoke("make-tiny-pipeline", family, str(root / family))
+        assert result.exit_code == 0, result.output
+        built[family] = (root / family, result.output)
+    return built
+
+
+@pytest.fixture
+def ftfy_or_stand_in(monkeypatch):
+    """diffusers 0.42.1's SkyReelsV2Pipeline cleans every prompt with `ftfy.fix_text` without asking whether
+    ftfy is installed (WanPipeline asks, and skips it), and ftfy is none of dit-accel's dependencies: without
+    it the call dies with a NameError. Where ftfy is missing, the pipeline module gets an identity stand-in
+    for this test (the tiny word tokenizer lower-cases and splits on its own)."""
+    try:
+        import ftfy  # noqa: F401
+    except ImportError:
+        from diffusers.pipelines.skyreels_v2 import pipeline_skyreels_v2
+
+        monkeypatch.setattr(pipeline_skyreels_v2, "ftfy", SimpleNamespace(fix_text=lambda text: text), raising=False)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_tiny_folder_is_a_diffusers_pipeline_of_the_real_classes(tiny_folders, family):
+    folder, printed = tiny_folders[family]
+    facts = FAMILIES[family]
+    index = json.loads((folder / "model_index.json").read_text())
+    assert index["_class_name"] == facts.pipeline
+    assert index["transformer"] == ["diffusers", facts.transformer]
+    assert index["vae"] == ["diffusers", facts.vae]
+    assert index["text_encoder"] == ["transformers", facts.text_encoder]
+    for component in ("transformer", "vae", "text_encoder", "tokenizer", "scheduler"):
+        assert (folder / component).is_dir(), component
+    assert json.loads((folder / "dit_accel.json").read_text()) == {"family": family, "seed": 0, **facts.defaults}
+    d = facts.defaults
+    assert f"tiny random {facts.pipeline} (transformer " in printed
+    assert f"{d['frames']} frames at {d['height']}x{d['width']}, {d['steps']} steps" in printed
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_writes_a_playable_video_and_a_report(tiny_folders, family, tmp_path, ftfy_or_stand_in):
+    folder, _ = tiny_folders[family]
+    facts, d = FAMILIES[family], FAMILIES[family].defaults
+    out = tmp_path / "run"
+    result = _invoke("generate", "--pipeline", str(folder), "--out", str(out), "--prompt", "a dog in the rain")
+    assert result.exit_code == 0, result.output
+    assert "Stage times" in result.output and "VAE decode" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "video.mp4"]
+    frames = _read_video(out / "video.mp4")
+    assert len(frames) == d["frames"] and frames[0].shape == (d["height"], d["width"], 3)
+
+    report = json.loads((out / "report.json").read_text())
+    assert report["pipeline"]["class"] == facts.pipeline
+    assert report["request"]["guidance"] == d["guidance"] > 1  # guidance on: an unconditional pass too
+    stages = report["runs"][0]["stages"]
+    assert len(stages["step_ms"]) == d["steps"] and all(ms > 0 for ms in stages["step_ms"])
+    assert stages["transformer_calls_per_step"] == [facts.passes_per_step] * d["steps"]
+    assert stages["text_encoding_ms"] > 0 and stages["vae_decode_ms"] > 0
+    assert stages["denoise_ms"] + stages["text_encoding_ms"] + stages["vae_decode_ms"] <= stages["total_ms"]
+    assert report["outputs"][0]["frames"] == d["frames"]
+
+
+def _fp8_served_by_fake(monkeypatch):
+    """`fp8` served by the routed test backend `fake` through the real patching seam (the FP8 kernel needs a
+    GPU), as tests/pipelines/test_generate.py::test_compare_reports_quality_and_speedup does."""
+    from dit_accel.commands import generate as generate_command
+    from dit_accel.patching import apply
+
+    real_patch = apply.patch_attention
+    monkeypatch.setattr(generate_command, "check_attention", lambda attention, device: None)
+    monkeypatch.setattr(apply, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
+
+
+def test_compare_routes_every_skyreels_v2_attention_call(tiny_folders, tmp_path, monkeypatch, fake_backend,
+                                                         ftfy_or_stand_in):
+    """SkyReels-V2's processors call diffusers' `dispatch_attention_fn`, so a routed backend reaches every one
+    of its attention calls: self and cross attention in each block, both guidance passes, every step."""
+    folder, _ = tiny_folders["skyreels-v2"]
+    facts, d = FAMILIES["skyreels-v2"], FAMILIES["skyreels-v2"].defaults
+    _fp8_served_by_fake(monkeypatch)
+    out = tmp_path / "run"
+    result = _invoke("generate", "--pipeline", str(folder), "--out", str(out), "--compare", "bf16", "--no-warmup")
+    assert result.exit_code == 0, result.output
+    assert "PSNR" in result.output and "speed-up" in result.output
+    report = json.loads((out / "report.json").read_text())
+    bf16_run, fp8_run = report["runs"]
+    assert [bf16_run["attention"], fp8_run["attention"]] == ["bf16", "fp8"]
+    assert bf16_run["attention_patch"] == {}
+    patch = fp8_run["attention_patch"]
+    assert patch["backend"] == "fake" and patch["fallback_calls"] == {}
+    assert patch["served_calls"] == d["steps"] * facts.passes_per_step * facts.attention_calls_per_pass
+    assert len(fake_backend.calls) == patch["served_calls"]
+    comparison = report["comparison"]
+    assert len(comparison["psnr_db_per_frame"]) == d["frames"]
+    assert comparison["ssim_min"] > 0.9  # the fake computes what native attention computes
+    for name in ("video_bf16.mp4", "video_fp8.mp4"):
+        assert len(_read_video(out / name)) == d["frames"]
+
+
+def test_cogvideox_refuses_a_routed_attention_in_one_line_and_writes_nothing(tiny_folders, tmp_path, monkeypatch,
+                                                                            fake_backend, capfd):
+    """CogVideoX's processor (`CogVideoXAttnProcessor2_0`, diffusers' older attention_processor.py) calls
+    torch's `F.scaled_dot_product_attention` itself: it has no `_attention_backend` to set and reads no
+    `dispatch_attention_fn` to route, so patching its attention is refused with one line. The reference run
+    (bf16, the model's own attention) comes first and runs; nothing of it is written."""
+    from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
+
+    assert not hasattr(CogVideoXAttnProcessor2_0, "_attention_backend")  # what the refusal rests on
+    folder, _ = tiny_folders["cogvideox"]
+    _fp8_served_by_fake(monkeypatch)
+    out = tmp_path / "outputs" / "run"
+    result = CliRunner().invoke(main, ["generate", "--pipeline", str(folder), "--out", str(out), "--compare", "bf16",
+                                       "--no-warmup"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: CogVideoXTransformer3DModel has no diffusers attention "
+                                                   "processors"), result.stderr
+    assert "Traceback" not in result.output + capfd.readouterr().err
+    assert fake_backend.calls == []
+    assert not out.parent.exists() or not any(out.parent.iterdir())
