@@ -59,6 +59,7 @@ COMMANDS: dict[str, LazyCommand] = {
     "compare": LazyCommand("compare", "compare"),
     "generate": LazyCommand("generate", "generate", preload=_DIFFUSERS),
     "make-tiny-pipeline": LazyCommand("generate", "make_tiny_pipeline", preload=_DIFFUSERS),
+    "models": LazyCommand("models", "models", preload=_DIFFUSERS),
     "profile-block": LazyCommand("profile_block", "profile_block", preload=(*_DIFFUSERS, *_PLOTS)),
 }
 

@@ -32,7 +32,7 @@ from .capture import AttentionCall, StackCapture, block_stacks, capture_stacks, 
 from .family import Family, InputContext, LatentGrid, PipelineFacts
 from .inputs import forward_arguments
 from .linears import Fp8Policy, fp8_policy
-from .ranges import ModuleRange, derive_ranges
+from .ranges import ATTENTION_CORE, ModuleRange, derive_ranges
 from .stages import StageSkip, StageSpec, build_on_meta, text_encoder_stage
 from .workload import TransformerInputs, Workload, check_video_rows, patch_sizes
 
@@ -127,6 +127,36 @@ class BlockAdapter:
     def param_dtype(self, key: str, dtype: torch.dtype) -> torch.dtype:
         """The dtype diffusers gives parameter `key` when the model is loaded with `torch_dtype=dtype`."""
         return fp32_kept(key, dtype, self.keep_in_fp32)
+
+    def summary(self) -> dict[str, Any]:
+        """What `dit-accel models` lists of this config: its pipeline's default video and the rows it makes, its
+        stacks, its attention heads, and whether our FP8 kernel serves its attention (and why not)."""
+        workload = self.default_workload(1)
+        c = self.config
+        try:
+            calls = [call for name, _ in self.stacks
+                     for call in self.for_stack(name).stack_capture(workload, torch.device("meta"),
+                                                                    torch.float32).attention_calls]
+            head_dims, shapes = sorted({call.head_dim for call in calls}), "the model's forward on the meta device"
+        except Exception:  # noqa: BLE001 (a forward with a data-dependent step cannot run on meta)
+            # The scaled-down config's forward on the CPU says which calls are masked; the head dim is the config's.
+            calls = [call for name, _ in self.stacks for call in self.for_stack(name).shape_capture().attention_calls]
+            head_dims, shapes = [c["attention_head_dim"]], "the config, and the scaled-down forward on the CPU"
+        if self.direct_sdpa_stacks:
+            fp8 = "no: its processors call torch's SDPA directly"
+        elif any(d not in (64, 128) for d in head_dims):
+            fp8 = f"no: head dim {'/'.join(map(str, head_dims))} (the kernel takes 64, 128)"
+        elif calls and any(call.masked for call in calls if call.kind != "cross"):
+            fp8 = "masked joint attention: to diffusers, counted"
+        else:
+            fp8 = "yes"
+        frames, height, width = self.facts.video if self.spec.default_seq_len is None else (None, None, None)
+        return {"family": self.family, "model": self.display_name, "preset": self.preset,
+                "presets": list(self.spec.presets), "pipeline": self.spec.pipeline,
+                "video": None if frames is None else f"{frames} x {height}x{width}",
+                "rows": dict(workload.rows), "stacks": dict(self.stacks),
+                "heads": c.get("num_attention_heads"), "head_dims": head_dims, "fp8_attention": fp8,
+                "shapes": shapes}
 
     def describe(self) -> dict[str, Any]:
         return {"family": self.family, "preset": self.preset, "stack": self.stack, "num_blocks": self.num_blocks,
@@ -338,7 +368,16 @@ class BlockAdapter:
     # --- derived from the block --------------------------------------------------------------------------
     @cached_property
     def module_ranges(self) -> tuple[ModuleRange, ...]:
-        return derive_ranges(self.build_block())
+        softmax = frozenset(call.module for call in self.shape_capture().attention_calls)
+        return derive_ranges(self.build_block(), softmax)
+
+    @property
+    def direct_sdpa_stacks(self) -> list[str]:
+        """The stacks whose attention processors call torch's SDPA themselves, not diffusers' dispatch: a routed
+        backend (ours, fa4) cannot be swapped into them."""
+        return [name for name, _ in self.stacks
+                if any(fn.endswith("scaled_dot_product_attention") for spec in self.for_stack(name).module_ranges
+                       if spec.label == ATTENTION_CORE for _, fn in spec.functions)]
 
     @cached_property
     def fp8_linears(self) -> Fp8Policy:

@@ -159,7 +159,10 @@ def pipeline_facts(family: Family) -> PipelineFacts:
     facts; each with its source."""
     import diffusers
 
-    pipeline = getattr(diffusers, family.pipeline) if family.pipeline else None
+    from ..quiet import quiet_imports
+
+    with quiet_imports():  # a pipeline module's import-time notices (transformers' image processors)
+        pipeline = getattr(diffusers, family.pipeline) if family.pipeline else None
     defaults = _call_defaults(pipeline) if pipeline else {}
     name = family.pipeline or family.display_name
 

@@ -3,6 +3,7 @@ module types and names (`derive_ranges`); `profiling.ranges` wraps them for the 
 Nsight Systems (NVTX)."""
 from __future__ import annotations
 
+import inspect
 import sys
 from dataclasses import dataclass
 
@@ -11,6 +12,8 @@ from torch import nn
 
 ATTENTION_CORE = "attention core"  # `profiling.classify.ATTENTION_RANGE`: every kernel in it is attention
 ROPE_FUNCTIONS = ("apply_rotary_emb", "_apply_rotary_emb")
+# Where processors that import diffusers' RoPE helper inside their call (HunyuanVideo's) find it at each call.
+SHARED_ROPE = ("diffusers.models.embeddings", "apply_rotary_emb")
 QKV = ("to_q", "to_k", "to_v", "to_qkv", "add_q_proj", "add_k_proj", "add_v_proj")
 QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
 FFN_NAMES = ("ff", "ffn", "ff_context", "mlp", "proj_mlp", "act_mlp", "feed_forward")
@@ -42,14 +45,16 @@ def _attention_entry(module_name: str) -> tuple[str, str] | None:
     return None
 
 
-def derive_ranges(block: nn.Module) -> tuple[ModuleRange, ...]:
+def derive_ranges(block: nn.Module, softmax_modules: frozenset[str] | None = None) -> tuple[ModuleRange, ...]:
     """The block's ranges from its module types and names: per diffusers attention module (one with a
     `processor`) its q/k/v (and added context) projections, qk-norms, output projections, the attention core
     (the processors' dispatch function) and the RoPE helpers their file calls; a cross-attention module whole;
     the feed-forward networks; the block's norms and its AdaLN modulation. What no range covers is the block
-    body (residuals, gates, the modulation's arithmetic)."""
+    body (residuals, gates, the modulation's arithmetic). `softmax_modules`: the attention modules that made a
+    softmax attention call in the model's forward (`capture`); another one computes a linear attention (SANA's)
+    in its processor, with matmuls: its range is that, not leftovers."""
     children = dict(block.named_children())
-    qkv, qk_norm, out, cross, attention, ffn, norms, modulation = ([] for _ in range(8))
+    qkv, qk_norm, out, cross, attention, linear, ffn, norms, modulation = ([] for _ in range(9))
     entries: dict[tuple[str, str], None] = {}
     rope: dict[tuple[str, str], None] = {}
     for path, module in block.named_modules():
@@ -63,10 +68,15 @@ def derive_ranges(block: nn.Module) -> tuple[ModuleRange, ...]:
         for name in ROPE_FUNCTIONS:
             if callable(getattr(sys.modules[processor_module], name, None)):
                 rope[(processor_module, name)] = None
+        if SHARED_ROPE[1] in inspect.getsource(type(processor)):
+            rope[SHARED_ROPE] = None
         if getattr(module, "is_cross_attention", False):
             cross.append(path)
             continue
-        attention.append(path)
+        if softmax_modules is not None and path not in softmax_modules:
+            linear.append(path)
+        else:
+            attention.append(path)
         parts = dict(module.named_children())
         qkv += [f"{path}.{name}" for name in QKV if isinstance(parts.get(name), nn.Module)]
         qk_norm += [f"{path}.{name}" for name in QK_NORMS if isinstance(parts.get(name), nn.Module)]
@@ -79,7 +89,7 @@ def derive_ranges(block: nn.Module) -> tuple[ModuleRange, ...]:
             out.append(f"{path}.to_add_out")
     for name, child in children.items():
         kind = type(child).__name__
-        if name in attention or name in cross:
+        if name in attention or name in cross or name in linear:
             continue
         if name in FFN_NAMES or kind.endswith("FeedForward"):
             ffn.append(name)
@@ -91,6 +101,7 @@ def derive_ranges(block: nn.Module) -> tuple[ModuleRange, ...]:
             out.append(name)
     ranges = [
         ModuleRange("attention (other)", modules=tuple(attention)),
+        ModuleRange("linear attention (no softmax)", modules=tuple(linear)),
         ModuleRange("qkv projection", modules=tuple(qkv)),
         ModuleRange("qk-norm", modules=tuple(qk_norm)),
         ModuleRange("rope", functions=tuple(rope)),

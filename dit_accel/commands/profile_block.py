@@ -40,6 +40,20 @@ def _adapter(model: str | None, preset: str | None, checkpoint: Path | None):
     return adapter
 
 
+def _stack_and_index(adapter, spec: str) -> tuple[tuple[str, ...], int]:
+    """--block: "N" (block N of every stack), "STACK" (block 0 of that stack alone) or "STACK.N"."""
+    name, _, index = spec.rpartition(".") if not spec.isdigit() else ("", "", spec)
+    if not name and not spec.isdigit():
+        name, index = spec, "0"
+    stacks = dict(adapter.stacks)
+    if name and name not in stacks:
+        raise UserError(f"--block {spec}: {adapter.display_name} has no block stack {name!r}; its stacks are "
+                        f"{', '.join(stacks)}")
+    if not index.isdigit():
+        raise UserError(f"--block {spec}: give a block index (N), a stack ({', '.join(stacks)}) or STACK.N")
+    return ((name,) if name else ()), int(index)
+
+
 def _validate_count(ctx, param, value):
     """--validate: a number of blocks (0: none) or `model` (the whole transformer)."""
     if value == "model":
@@ -94,7 +108,9 @@ class _TerminalProgress(SessionProgress):
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
               help="Local diffusers transformer (or pipeline) folder; only the chosen block's tensors are read. "
                    "Without it: synthetic weights of realistic scale.")
-@click.option("--block", "block_index", type=int, default=0, show_default=True, help="Which block to load.")
+@click.option("--block", "block_spec", default="0", show_default=True, metavar="N|STACK|STACK.N",
+              help="Which block to load: its index (in every stack), or a stack alone (e.g. "
+                   "single_transformer_blocks; a model of several stacks profiles a block of each by default).")
 @click.option("--seq-len", type=AtLeast(1), default=None,
               help="Tokens per sequence (default: the family's reference case, 30272 for H3).")
 @click.option("--frames", type=AtLeast(1), default=None,
@@ -154,7 +170,7 @@ class _TerminalProgress(SessionProgress):
               help="No progress lines (the tables, warnings and the folder still print).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print report.json's content to stdout and nothing else there (progress and warnings go to stderr).")
-def profile_block(model, preset, checkpoint, block_index, seq_len, frames, height, width, batch, dtype, attn,
+def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height, width, batch, dtype, attn,
                   compare_attn, linear, compile_mode, warmup, runs, steps, guidance_passes, outside_ms, outside_mode,
                   stages, text_encoder_config, validate_blocks, offload, memory_budget, trace, device_name, seed,
                   refresh_ceilings, out, quiet, as_json):
@@ -190,9 +206,14 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
     scaled_down = device.type == "cpu" and checkpoint is None
     if scaled_down:
         adapter = adapter.scaled_down()
+    stacks, block_index = _stack_and_index(adapter, block_spec)
     validate_model = validate_blocks == "model"
     if validate_model:
-        validate_blocks = adapter.num_blocks
+        validate_blocks = sum(count for _, count in adapter.stacks)
+    elif validate_blocks and len(stacks or adapter.stacks) > 1:
+        raise UserError(f"--validate N chains the blocks of one stack, and {adapter.display_name} has "
+                        f"{len(adapter.stacks)} ({', '.join(name for name, _ in adapter.stacks)}); use --validate "
+                        f"model (the whole transformer) or name one stack with --block")
     if frames is not None:
         workload = adapter.workload_from_video(frames, height, width, batch)
     elif seq_len is not None:
@@ -212,7 +233,7 @@ def profile_block(model, preset, checkpoint, block_index, seq_len, frames, heigh
                                                 text_encoder_config=text_encoder_config)) if stages else ()
     settings = ProfileSettings(
         adapter, workload, dtype, device, recipes, checkpoint=checkpoint,
-        block_index=block_index, warmup=warmup, runs=runs, steps=steps, guidance_passes=guidance_passes,
+        block_index=block_index, stacks=stacks, warmup=warmup, runs=runs, steps=steps, guidance_passes=guidance_passes,
         outside_ms=outside_ms,
         # A whole-video figure wants the pass whole: --stages measures outside the blocks unless it is stated.
         # --validate model compares with blocks x block + outside: it measures outside the blocks too.

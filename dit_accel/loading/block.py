@@ -87,12 +87,3 @@ def synthetic_outside(adapter: BlockAdapter, device: torch.device, dtype: torch.
     """The family's transformer without its blocks (`adapter.build_outside`), with synthetic weights
     initialized as `synthetic_block`'s, in the dtypes a load gives them."""
     return synthetic_weights(adapter.build_outside(), device, lambda name: adapter.param_dtype(name, dtype), seed)
-
-
-def put_blocks(model: nn.Module, adapter: BlockAdapter, blocks: list[nn.Module]) -> nn.ModuleList:
-    """Puts `blocks` into `model` (the family's zero-block transformer, `synthetic_outside`) as its
-    block stack, under the name its checkpoint keys give it (H3's `transformer_blocks`, Wan's
-    `blocks`), which its forward runs in order; returns that list."""
-    stack = nn.ModuleList(blocks)
-    setattr(model, adapter.block_key_template.split(".")[0], stack)
-    return stack

@@ -41,7 +41,7 @@ class AppliedRecipe:
     attention: AttentionPatch | None = None
     rope: FusedRope | None = None
     prologue: FusedPrologue | None = None
-    linears: list[Fp8LinearSwap] = field(default_factory=list)  # one per model
+    linears: list[Fp8LinearSwap] = field(default_factory=list)  # one per model and block stack
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def step_callback(self, pipeline: Any, step_index: int, timestep: Any, callback_kwargs: dict) -> dict:
@@ -115,9 +115,9 @@ def apply_recipe(target: Any, recipe: Recipe, *, adapter: BlockAdapter | None = 
             applied._undo.append(applied.prologue.unpatch)
         if recipe.fp8_linear:
             for model in applied.models:
-                swap = _quantize(model, adapter)
-                applied.linears.append(swap)
-                applied._undo.append(swap.restore)
+                for swap in _quantize(model, adapter):
+                    applied.linears.append(swap)
+                    applied._undo.append(swap.restore)
         if recipe.compile_mode is not None:
             for model in applied.models:
                 if model._compiled_call_impl is None:  # a model generate compiled on an earlier call stays so
@@ -129,9 +129,9 @@ def apply_recipe(target: Any, recipe: Recipe, *, adapter: BlockAdapter | None = 
         applied.unpatch()
 
 
-def _quantize(model: nn.Module, adapter: BlockAdapter | None) -> Fp8LinearSwap:
-    """The model's large linears in FP8 by its family's policy, the bf16 weights kept to be put back: a block's
-    (with `adapter`), or a whole diffusers model's block linears (its family from its config)."""
+def _quantize(model: nn.Module, adapter: BlockAdapter | None) -> list[Fp8LinearSwap]:
+    """The model's large linears in FP8 by its family's rule, the bf16 weights kept to be put back: a block's
+    (with `adapter`), or a whole diffusers model's block linears, stack by stack (its family from its config)."""
     from diffusers import ModelMixin
 
     if isinstance(model, ModelMixin):
@@ -139,11 +139,12 @@ def _quantize(model: nn.Module, adapter: BlockAdapter | None) -> Fp8LinearSwap:
 
         name = type(model).__name__  # a model built in code has no `_class_name` in its config
         adapter = adapter or adapter_for_config({**model.config, "_class_name": name}, name)
-        return quantize_linears(model, adapter, prefix=adapter.block_key_template.format(index="*"),
-                                keep_original=True)
+        return [quantize_linears(model, adapter.for_stack(stack), keep_original=True,
+                                 prefix=adapter.for_stack(stack).block_key_template.format(index="*"))
+                for stack, _ in adapter.stacks]
     if adapter is None:
         raise ValueError("FP8 linears on a bare block need its family's adapter")
-    return quantize_linears(model, adapter, keep_original=True)
+    return [quantize_linears(model, adapter, keep_original=True)]
 
 
 def _uncompile(model: nn.Module) -> None:

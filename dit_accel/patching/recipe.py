@@ -122,6 +122,10 @@ def check_recipes(recipes, device, dtype, adapter=None) -> None:
         reason = backend.unavailable_reason(device)
         if reason is not None and not recipe.is_default:
             raise UserError(f"attention backend {recipe.backend!r} is unavailable here: {reason}")
+        if backend.routed and adapter is not None and adapter.direct_sdpa_stacks:
+            raise UserError(f"{recipe.label}: {adapter.display_name}'s attention processors call torch's "
+                            f"scaled_dot_product_attention themselves, not diffusers' dispatch_attention_fn, so "
+                            f"{recipe.backend} cannot be routed into them; use a native backend (native, cudnn, flash)")
         if recipe.fp8_linear:
             from .fp8_linear import fp8_linear_unavailable_reason
 

@@ -26,13 +26,19 @@ def attention_functions(adapter: BlockAdapter) -> tuple[tuple[str, str], ...]:
 @torch.no_grad()
 def capture_attention_inputs(block: nn.Module, inputs: dict[str, Any],
                              adapter: BlockAdapter) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v [B, S, H, D] of the block's first attention call (its self-attention)."""
+    """q, k, v [B, S, H, D] of the block's first attention call (its self- or joint attention): through diffusers'
+    dispatch ([B, S, H, D]) or torch's SDPA ([B, H, S, D], transposed here)."""
     captured: list[tuple[torch.Tensor, ...]] = []
 
     def recording(original: Callable) -> Callable:
+        heads_major = getattr(original, "__name__", "") == "scaled_dot_product_attention"
+
         def record(query, key, value, *args, **kwargs):
             if not captured:
-                captured.append((query.detach().clone(), key.detach().clone(), value.detach().clone()))
+                qkv = (query, key, value)
+                if heads_major:
+                    qkv = tuple(x.transpose(1, 2) for x in qkv)
+                captured.append(tuple(x.detach().clone() for x in qkv))
             return original(query, key, value, *args, **kwargs)
         return record
 

@@ -1,5 +1,5 @@
-"""From one block to the whole model: blocks x block time, plus what runs outside the blocks, per
-denoising pass; passes per step (classifier-free guidance); steps per video."""
+"""From one block of each stack to the whole model: the sum over stacks of blocks x block time, plus what runs
+outside the blocks, per denoising pass; passes per step (classifier-free guidance); steps per video."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -10,15 +10,24 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Extrapolation:
-    """Time of a whole video's denoising, built from one measured block.
+class StackTime:
+    """A block stack of the model: its blocks, and the measured median of one of them."""
 
-    block_ms: measured median of one block.  outside_ms: time per pass of the parts outside the
-    block stack (embeddings, refiner, output heads), measured or stated by the user.
-    """
-
+    stack: str
     num_blocks: int
     block_ms: float
+
+
+@dataclass(frozen=True)
+class Extrapolation:
+    """Time of a whole video's denoising, built from one measured block of each block stack.
+
+    stacks: each stack's blocks and block time (one for most models; HunyuanVideo's dual- and single-stream
+    blocks are two).  outside_ms: time per pass of the parts outside the block stacks (embeddings, refiner,
+    output heads), measured or stated by the user.
+    """
+
+    stacks: tuple[StackTime, ...]
     outside_ms: float
     outside_source: str
     steps: int
@@ -27,9 +36,18 @@ class Extrapolation:
     steps_source: str = "stated with --steps"
 
     @property
+    def num_blocks(self) -> int:
+        return sum(s.num_blocks for s in self.stacks)
+
+    @property
+    def blocks_ms(self) -> float:
+        """Every block of every stack: the sum over stacks of blocks x that stack's block time."""
+        return sum(s.num_blocks * s.block_ms for s in self.stacks)
+
+    @property
     def pass_ms(self) -> float:
         """One transformer forward: every block, plus the parts outside the blocks."""
-        return self.num_blocks * self.block_ms + self.outside_ms
+        return self.blocks_ms + self.outside_ms
 
     @property
     def step_ms(self) -> float:
@@ -40,15 +58,21 @@ class Extrapolation:
         return self.steps * self.step_ms / 1e3
 
     def assumptions(self) -> list[str]:
+        if len(self.stacks) == 1:
+            blocks = f"every block costs the measured block: {self.num_blocks} x {self.stacks[0].block_ms:.2f} ms"
+        else:
+            blocks = "every block costs its stack's measured block: " + " + ".join(
+                f"{s.num_blocks} x {s.block_ms:.2f} ms ({s.stack})" for s in self.stacks)
         return [
-            f"every block costs the measured block: {self.num_blocks} x {self.block_ms:.2f} ms",
+            blocks,
             f"outside the blocks: {self.outside_ms:.2f} ms per pass ({self.outside_source})",
             f"{self.guidance_passes} transformer pass(es) per step ({self.passes_source})",
             f"{self.steps} denoising steps ({self.steps_source})",
         ]
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "pass_ms": self.pass_ms, "step_ms": self.step_ms, "video_s": self.video_s,
+        return {**asdict(self), "stacks": [asdict(s) for s in self.stacks], "num_blocks": self.num_blocks,
+                "blocks_ms": self.blocks_ms, "pass_ms": self.pass_ms, "step_ms": self.step_ms, "video_s": self.video_s,
                 "assumptions": self.assumptions()}
 
 
@@ -80,7 +104,8 @@ class Validation:
 
     `--validate N`: N blocks chained on the block's inputs, extrapolated as N x block_ms.
     `--validate model`: the whole transformer (its blocks inside it, with the parts outside them)
-    on the pass the block is one block of, extrapolated as num_blocks x block_ms + outside_ms;
+    on the pass the block is one block of, extrapolated as num_blocks x block_ms + outside_ms (with several
+    stacks, block_ms is their blocks' mean: the blocks' time over their count);
     `outside_source` says where outside_ms came from, `pass_seq_len` and `pass_layout` the rows
     that pass ran (TransformerInputs). peak_memory_bytes: the GPU's max allocated over the timed
     passes (None on the CPU).

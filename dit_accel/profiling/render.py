@@ -66,12 +66,14 @@ def ceilings_note(ceilings: Ceilings, *, rates_fp8: bool) -> str:
     return note + "; ~ = bytes the ops' tensors read and wrote (cache hits can beat the DRAM ceiling)"
 
 
-def breakdown_table(run: BackendRun, ceilings: Ceilings) -> Table:
+def breakdown_table(run: BackendRun, ceilings: Ceilings, *, name_stack: bool = False) -> Table:
     """One recipe's block by kind of work: ms, share and rate, a row of FP8 work marked so, a row of work
-    in two precisions followed by a row for each; the footnote names the ceilings."""
+    in two precisions followed by a row for each; the footnote names the ceilings. name_stack: the title
+    says which stack the block is of (a model of several stacks)."""
     rows = run.category_rows(ceilings)
     rates_fp8 = any(row.get("precision") == FP8 or FP8 in row.get("by_precision", {}) for row in rows.values())
-    table = Table(title=f"Where one block's time goes — attention backend: {run.backend}",
+    where = f" — a block of {run.stack}" if name_stack else ""
+    table = Table(title=f"Where one block's time goes — attention backend: {run.backend}{where}",
                   caption=ceilings_note(ceilings, rates_fp8=rates_fp8))
     for col, justify in (("kind of work", "left"), ("ms / block", "right"), ("share", "right"), ("rate", "right")):
         table.add_column(col, justify=justify)
@@ -94,10 +96,11 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
     lines = [f"{k}: {v}" for k, v in head.items()]
     console.print(Panel("\n".join(lines), title=title, expand=False))
 
+    stacks = list(dict.fromkeys(run.stack for run in runs))
     for run in runs:
-        console.print(breakdown_table(run, ceilings))
+        console.print(breakdown_table(run, ceilings, name_stack=len(stacks) > 1))
 
-        modules = Table(title=f"By module ({run.backend})")
+        modules = Table(title=f"By module ({run.backend}{', ' + run.stack if len(stacks) > 1 else ''})")
         modules.add_column("module (NVTX range)")
         modules.add_column("ms / block", justify="right")
         modules.add_column("share", justify="right")
@@ -111,20 +114,27 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
                f"{report['attention_reference']} reference; block output: against the first backend")
     if scaled:
         caption += f"\n* {report['scaled_down_note']}"
-    whole = Table(title="Whole model, extrapolated from one block"
+    if len(stacks) > 1:
+        caption += f"\nblock ms, attention error and block output: {' / '.join(stacks)}"
+    whole = Table(title="Whole model, extrapolated from one block" + (" of each stack" if len(stacks) > 1 else "")
                   + (" (* scaled-down: not GPU figures)" if scaled else ""), caption=caption)
     whole.add_column("attention")
     for col in ("block ms", "per pass", "per step", "per video", "speedup", "attention error", "block output vs first"):
         whole.add_column(col, justify="right")
-    base = runs[0]
+    by_recipe: dict[str, list[BackendRun]] = {}
     for run in runs:
-        e = run.extrapolation
-        err = run.output_vs_reference
-        whole.add_row(run.backend, f"{run.block_ms:.2f}{mark}", f"{e.pass_ms / 1e3:.2f} s{mark}",
-                      f"{e.step_ms / 1e3:.2f} s{mark}", f"{e.video_s / 60:.1f} min{mark}",
-                      f"{base.block_ms / run.block_ms:.2f}x",
-                      f"{100 * run.attention_rel_err:.3g}%" if run.attention_rel_err is not None else "—",
-                      f"rel L2 {100 * err['rel_l2']:.3g}%, cos {err['cosine']:.6f}" if err else "—",
+        by_recipe.setdefault(run.backend, []).append(run)
+    base = runs[0].extrapolation
+    for backend, recipe_runs in by_recipe.items():
+        e = recipe_runs[0].extrapolation
+        whole.add_row(backend, " / ".join(f"{run.block_ms:.2f}{mark}" for run in recipe_runs),
+                      f"{e.pass_ms / 1e3:.2f} s{mark}", f"{e.step_ms / 1e3:.2f} s{mark}",
+                      f"{e.video_s / 60:.1f} min{mark}", f"{base.pass_ms / e.pass_ms:.2f}x",
+                      " / ".join(f"{100 * run.attention_rel_err:.3g}%" if run.attention_rel_err is not None else "—"
+                                 for run in recipe_runs),
+                      " / ".join(f"rel L2 {100 * run.output_vs_reference['rel_l2']:.3g}%, cos "
+                                 f"{run.output_vs_reference['cosine']:.6f}" if run.output_vs_reference else "—"
+                                 for run in recipe_runs),
                       style="dim" if scaled else None)
     console.print(whole)
     for run in runs:
@@ -139,7 +149,7 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
     levers = ", ".join(f"{row['kind']} {row['ms']:.2f} ms ({row['share_pct']:.0f}%)"
                        for row in fastest.next_levers(ceilings))
     console.print(f"  next levers beside attention ({fastest.backend}): {levers}")
-    for line in base.extrapolation.assumptions():
+    for line in base.assumptions():
         console.print(f"  assumes: {line}")
     if not report.get("whole_video"):
         console.print("  assumes: the denoising passes only; text encoding and VAE decode are not included "

@@ -21,21 +21,26 @@ SCALED_DOWN_NOTE = ("scaled-down CPU block: its times and the whole-model figure
 def build_report(settings: ProfileSettings, result: SessionResult, ceilings: Ceilings, ceilings_cached: bool,
                  memory_estimate: MemoryEstimate | None = None) -> dict[str, Any]:
     """report.json's content; its "header" is also the panel at the top of the terminal output."""
-    s, loaded, runs = settings, result.loaded, result.runs
+    s, runs = settings, result.runs
     adapter, workload = s.adapter, s.workload
     info = DeviceInfo.of(s.device)
-    peak = runs[0].profile.peak_memory_bytes
+    peak = max((r.profile.peak_memory_bytes for r in runs if r.profile.peak_memory_bytes is not None), default=None)
     dtype = str(s.dtype).replace("torch.", "")
-    params = sum(p.numel() for p in loaded.block.parameters())
+    counts = dict(adapter.stacks)
+    blocks = [(loaded, stack) for loaded, stack in zip(result.loaded, s.stack_names())]
     header = {
         "model": f"{adapter.display_name}" + (f" ({adapter.preset})" if adapter.preset else ""),
-        "block": f"{loaded.index} of {adapter.num_blocks}; {loaded.source}",
-        "weights": f"{loaded.param_bytes / 1e9:.3f} GB ({params / 1e6:.1f} M params)",
+        "block": "; ".join(f"{loaded.index} of {counts[stack]}" + (f" {stack}" if len(blocks) > 1 else "")
+                           for loaded, stack in blocks) + f"; {result.loaded[0].source}",
+        "weights": ", ".join(f"{loaded.param_bytes / 1e9:.3f} GB "
+                             f"({sum(p.numel() for p in loaded.block.parameters()) / 1e6:.1f} M params)"
+                             + (f" ({stack})" if len(blocks) > 1 else "") for loaded, stack in blocks),
         "workload": f"batch {workload.batch} x S={workload.seq_len} rows "
                     f"({', '.join(f'{k} {v}' for k, v in workload.rows.items())}); {workload.source}",
         "dtype": dtype,
         "device": info.label,
-        "block time": ", ".join(f"{r.backend} {r.block_ms:.2f} ms (median of {r.profile.timing.runs}"
+        "block time": ", ".join(f"{r.backend}{' ' + r.stack if len(blocks) > 1 else ''} {r.block_ms:.2f} ms "
+                                f"(median of {r.profile.timing.runs}"
                                 + (f", max/min {r.profile.timing.max_over_min:.2f}"
                                    if r.profile.timing.max_over_min else "")
                                 + ")" for r in runs),
@@ -53,10 +58,11 @@ def build_report(settings: ProfileSettings, result: SessionResult, ceilings: Cei
         header["memory budget"] = s.memory_budget
     if s.offload == "stream":
         header["offload"] = "stream: the --validate pass's blocks from pinned host memory, one block ahead"
-    if loaded.stats:
-        st = loaded.stats
-        header["load"] = (f"{st.bytes_read / 1e9:.3f} GB in {st.seconds:.2f} s ({st.gbps:.2f} GB/s) "
-                          f"from {', '.join(st.shards)}")
+    for loaded, stack in blocks:
+        if loaded.stats:
+            st = loaded.stats
+            header["load" + (f" ({stack})" if len(blocks) > 1 else "")] = (
+                f"{st.bytes_read / 1e9:.3f} GB in {st.seconds:.2f} s ({st.gbps:.2f} GB/s) from {', '.join(st.shards)}")
     if s.scaled_down:
         header["NOTE"] = (f"no GPU: scaled-down {adapter.display_name} block (hidden {adapter.hidden_size}, "
                           f"{adapter.config['num_attention_heads']} heads) at S={workload.seq_len}; "
@@ -71,7 +77,8 @@ def build_report(settings: ProfileSettings, result: SessionResult, ceilings: Cei
         "warnings": warnings,
         "memory_estimate": memory_estimate.as_dict() if memory_estimate else None,
         "header": header, "device": info.as_dict(), "ceilings": {**ceilings.as_dict(), "from_cache": ceilings_cached},
-        "model": adapter.describe(), "block": loaded.as_dict(), "workload": workload.as_dict(),
+        "model": adapter.describe(), "block": result.loaded[0].as_dict(),
+        "blocks": {stack: loaded.as_dict() for loaded, stack in blocks}, "workload": workload.as_dict(),
         "dtype": dtype, "memory_budget": s.memory_budget, "offload": s.offload,
         "attention_reference": result.attention_reference,
         "runs": [r.as_dict(ceilings) for r in runs],
@@ -96,7 +103,11 @@ def whole_videos(settings: ProfileSettings, result: SessionResult) -> list[Whole
         else:
             notes[key] = skipped.get(key, f"not run: add it with --stages {key}")
     videos = []
-    for run, recipe in zip(result.runs, settings.recipes):
+    first_run = {}
+    for run in result.runs:  # every stack's run of a recipe shares its extrapolation
+        first_run.setdefault(run.backend, run)
+    for recipe in settings.recipes:
+        run = first_run[recipe.label]
         stage_s = {key: measured[key].run_for(recipe.backend).ms / 1e3 if key in measured else None
                    for key in STAGE_KEYS}
         videos.append(WholeVideo(run.backend, run.extrapolation.video_s, stage_s, notes))

@@ -151,6 +151,7 @@ class BackendRun:
     compile_stats: CompileStats | None = None  # compiled recipes
     fp8_linears: dict[str, Any] | None = None  # FP8-linear recipes: which linears went FP8, which stayed
     fp8_linear_flops: float = 0.0  # of linear_flops, those of the linears that went FP8
+    stack: str = ""  # the block stack the profiled block is of (its ModuleList's name in the model)
 
     @property
     def block_ms(self) -> float:
@@ -174,7 +175,7 @@ class BackendRun:
     def as_dict(self, ceilings: Ceilings) -> dict[str, Any]:
         p = self.profile
         return {
-            "backend": self.backend, "block_ms": self.block_ms, "timing": p.timing.as_dict(),
+            "backend": self.backend, "stack": self.stack, "block_ms": self.block_ms, "timing": p.timing.as_dict(),
             "timing_noise": timing_noise(p.timing, self.backend),
             "kernel_time_ms": p.kernel_time_us / 1e3, "profiled_runs": p.profiled_runs,
             "peak_memory_bytes": p.peak_memory_bytes, "weights_bytes": p.weights_bytes,

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..adapters import BlockAdapter, Workload
-from ..loading.block import param_bytes, put_blocks, synthetic_block, synthetic_outside
+from ..loading.block import param_bytes, synthetic_block, synthetic_outside
 from ..loading.offload import StreamedRun, host_to_device_gbps, pin_to_host, stream_blocks
 from ..patching.apply import apply_recipe
 from ..patching.recipe import Recipe
@@ -66,39 +66,50 @@ class ValidationStack:
 def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device: torch.device, dtype: torch.dtype,
                 activation_bytes: int, offload: str = "resident", whole_model: bool = False, seed: int = 0,
                 progress: SessionProgress = NO_PROGRESS) -> ValidationStack:
-    """The blocks of a --validate pass, in a `BlockChain` or (`whole_model`) in the transformer.
+    """The blocks of a --validate pass, in a `BlockChain` of `n` blocks of the adapter's stack or
+    (`whole_model`) in the transformer, every stack full.
 
-    resident: `first_block` (the profiled one) and fresh synthetic blocks (speed does not depend on
-    the values, as long as they are not zeros) held on the device; for a chain, when fewer than `n`
-    fit, they are cycled through (the whole model holds all `n`: the memory check refuses it when
-    they do not fit). stream: `n` fresh synthetic blocks, each built on the device and moved to
-    pinned host memory, streamed back one block at a time, the next prefetched while one runs
-    (`offload.stream_blocks`, the same for the chain and the whole model; the parts outside the
-    blocks stay on the device).
+    resident: `first_block` (the profiled one, first in its stack) and fresh synthetic blocks (speed does not
+    depend on the values, as long as they are not zeros) held on the device; for a chain, when fewer than `n`
+    fit, they are cycled through (the whole model holds all its blocks: the memory check refuses it when they
+    do not fit). stream: fresh synthetic blocks, each built on the device and moved to pinned host memory,
+    streamed back one block at a time, the next prefetched while one runs (`offload.stream_blocks`, the same
+    for the chain and the whole model; the parts outside the blocks stay on the device).
     """
+    stacks = adapter.stacks if whole_model else [(adapter.stack, n)]
     if offload == "stream":
-        blocks = []
-        with progress.stage(f"validation: building {n} blocks in host memory", n) as built:
-            for i in range(n):  # one block on the device at a time while building
-                block = synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=seed + i).block
-                pin_to_host(block, pin=device.type == "cuda")
+        distinct = n
+    elif whole_model:
+        distinct = sum(count for _, count in stacks)
+    else:
+        distinct = distinct_blocks_that_fit(n, param_bytes(first_block), activation_bytes, device)
+    lists: dict[str, nn.ModuleList] = {}
+    with progress.stage(f"validation: building {distinct} blocks" + (" in host memory" if offload == "stream" else ""),
+                        distinct) as built:
+        for name, count in stacks:
+            stack_adapter = adapter.for_stack(name)
+            blocks = []
+            for i in range(count if whole_model or offload == "stream" else distinct):
+                if name == adapter.stack and i == 0 and offload != "stream":
+                    block = first_block  # the profiled block is the first of its stack
+                else:  # one block on the device at a time while streaming
+                    block = synthetic_block(stack_adapter, i % stack_adapter.num_blocks, device, dtype,
+                                            seed=seed + i).block
+                    if offload == "stream":
+                        pin_to_host(block, pin=device.type == "cuda")
                 blocks.append(block)
                 built()
-        distinct = n
-    else:
-        distinct = n if whole_model else distinct_blocks_that_fit(n, param_bytes(first_block), activation_bytes, device)
-        with progress.stage(f"validation: building {distinct} blocks", distinct) as built:
-            built()  # the profiled block is the first
-            blocks = [first_block]
-            for i in range(1, distinct):
-                blocks.append(synthetic_block(adapter, i % adapter.num_blocks, device, dtype, seed=seed + i).block)
-                built()
+            lists[name] = nn.ModuleList(blocks)
     if whole_model:
         with progress.stage("validation: the transformer's parts outside the blocks (synthetic weights)"):
             model = synthetic_outside(adapter, device, dtype, seed=seed)
-            stack = put_blocks(model, adapter, blocks)
+            for name, blocks in lists.items():
+                setattr(model, name, blocks)  # under its checkpoint name, which the forward runs in order
+        # The model's own stack, or every stack's blocks in order where there are several.
+        stack = next(iter(lists.values())) if len(lists) == 1 else nn.ModuleList(
+            [block for blocks in lists.values() for block in blocks])
     else:
-        model = stack = BlockChain(blocks)
+        model = stack = BlockChain(list(lists[adapter.stack]))
     streamed_bytes = stream_blocks(model, device) if offload == "stream" else 0
     return ValidationStack(model, stack, distinct, streamed_bytes)
 

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from dit_accel.device import Ceilings
 from dit_accel.profiling.classify import ATTENTION_RANGE, classify, is_fp8
-from dit_accel.profiling.extrapolate import Extrapolation
+from dit_accel.profiling.extrapolate import Extrapolation, StackTime
 from dit_accel.profiling.profiler import BlockProfile, KernelRecord
 from dit_accel.profiling.render import breakdown_table
 from dit_accel.profiling.results import BackendRun
@@ -34,8 +34,9 @@ def run_of(kernels_us: list[tuple[str, str, float]], attention_flops: float, lin
     kernels = [KernelRecord(name, classify(name, label), label, 1.0, us, 0.0, is_fp8(name))
                for name, label, us in kernels_us]
     profile = BlockProfile(TimingStats(block_ms, block_ms, block_ms, 1), kernels, None, 0, 1, "cuda")
-    return BackendRun("recipe", profile, Extrapolation(50, block_ms, 0.0, "stated", 50, 1), attention_flops,
-                      linear_flops, fp8_linear_flops=fp8_linear_flops)
+    extrapolation = Extrapolation((StackTime("transformer_blocks", 50, block_ms),), 0.0, "stated", 50, 1)
+    return BackendRun("recipe", profile, extrapolation, attention_flops, linear_flops,
+                      fp8_linear_flops=fp8_linear_flops)
 
 
 def fp8_recipe_run() -> BackendRun:

@@ -1,0 +1,129 @@
+"""Every registered family through the generic path, scaled down on the CPU: its stacks, the block's inputs
+captured from the model's own forward, its attention calls, its FP8 linears by the rule, its ranges; and
+MiniMax-H3 and Wan with the same attention and linear FLOPs as the hand-written adapters they replaced."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dit_accel.adapters import FAMILIES, Family, adapter_for_config, adapter_for_preset
+from dit_accel.adapters.family import InputContext, LatentGrid, Preset
+from dit_accel.adapters.inputs import forward_arguments
+from dit_accel.adapters.linears import RULE
+from dit_accel.errors import UserError
+from dit_accel.loading.block import synthetic_block
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_the_family_derives_its_stacks_inputs_calls_linears_and_ranges(name):
+    adapter = adapter_for_preset(name).scaled_down()
+    workload = adapter.default_workload(1, scaled_down=True)
+    captures = adapter.capture(workload, CPU, torch.float32)
+    assert [c.name for c in captures] == [stack for stack, _ in adapter.stacks]
+    for capture in captures:
+        stack = adapter.for_stack(capture.name)
+        assert capture.num_blocks == stack.num_blocks > 1 and capture.rows > 0
+        inputs = stack.make_inputs(workload, CPU, torch.float32, torch.Generator().manual_seed(0))
+        block = synthetic_block(stack, 0, CPU, torch.float32).block
+        with torch.no_grad():
+            output = block(**inputs)
+        hidden = output[0] if isinstance(output, tuple) else output
+        assert hidden.shape == inputs["hidden_states"].shape and torch.isfinite(hidden).all()
+        # The attention calls the block made, each with its FLOPs; SANA-Video's self-attention is linear
+        # (matmuls, no softmax): its one call is the cross-attention.
+        assert capture.attention_calls and all(call.flops > 0 for call in capture.attention_calls)
+        assert {call.kind for call in capture.attention_calls} <= {"self", "joint", "cross"}
+        # Every linear of the block is chosen or kept with a reason, by the rule.
+        policy = stack.fp8_linears
+        assert policy.fp8 and set(policy.fp8) | set(policy.kept) == set(capture.linear_shapes)
+        assert all(reason for reason in policy.kept.values())
+        labels = {r.label: r for r in stack.module_ranges}
+        assert labels["attention core"].functions and "qkv projection" in labels
+        for spec in stack.module_ranges:
+            for path in spec.modules:
+                block.get_submodule(path)  # every range names modules the block has
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_the_pipeline_facts_say_where_they_came_from(name):
+    facts = adapter_for_preset(name).facts
+    frames, height, width = facts.video
+    assert frames > 1 and height >= 64 and width >= 64 and facts.video_source
+    assert facts.steps >= 1 and facts.steps_source and facts.passes_per_step in (1, 2) and facts.passes_source
+    assert facts.text_rows > 0 and facts.text_rows_source and all(f > 0 for f in facts.vae_factors)
+
+
+def test_h3_attention_and_linear_flops_are_the_hand_written_adapters():
+    """At S = 30272 the H3 block's self-attention is 4 S^2 x 56 x 128 (26.27 TFLOP) and its linears see every
+    row but the AdaLN projection, which sees the one timestep's: what the hand-written adapter declared."""
+    adapter = adapter_for_preset("minimax-h3")
+    workload = adapter.workload_from_seq_len(30272, 1)
+    calls = adapter.attention_calls(workload)
+    assert [(c.kind, c.q_len, c.kv_len, c.heads, c.head_dim) for c in calls] == [("self", 30272, 30272, 56, 128)]
+    assert sum(c.flops for c in calls) == pytest.approx(26.27e12, rel=1e-3)
+    block = adapter.build_block()
+    rows = {name: 1 if name.startswith("adaln_proj") else 30272
+            for name, module in block.named_modules() if isinstance(module, nn.Linear)}
+    expected = sum(2.0 * rows[name] * m.in_features * m.out_features
+                   for name, m in block.named_modules() if isinstance(m, nn.Linear))
+    assert sum(adapter.flops_per_linear(block, workload).values()) == expected
+
+
+def test_wan_attention_and_linear_flops_are_the_hand_written_adapters():
+    """Wan 2.1 14B at 81 frames of 720x1280 (S = 75600): self-attention over S and cross-attention to the
+    512 text rows, 40 heads of 128; the cross-attention's keys and values see the text rows only."""
+    adapter = adapter_for_preset("wan")
+    workload = adapter.workload_from_video(81, 720, 1280, 1)
+    calls = adapter.attention_calls(workload)
+    assert [(c.module, c.kind, c.q_len, c.kv_len) for c in calls] == [("attn1", "self", 75600, 75600),
+                                                                     ("attn2", "cross", 75600, 512)]
+    assert sum(c.flops for c in calls) == 4.0 * 40 * 128 * (75600 * 75600 + 75600 * 512)
+    block = adapter.build_block()
+    rows = {name: 512 if name.startswith(("attn2.to_k", "attn2.to_v")) else 75600
+            for name, module in block.named_modules() if isinstance(module, nn.Linear)}
+    expected = sum(2.0 * rows[name] * m.in_features * m.out_features
+                   for name, m in block.named_modules() if isinstance(m, nn.Linear))
+    assert sum(adapter.flops_per_linear(block, workload).values()) == expected
+
+
+def test_hunyuan_video_has_two_stacks_and_joint_attention_over_video_and_text():
+    adapter = adapter_for_preset("hunyuan-video")
+    assert adapter.stacks == [("transformer_blocks", 20), ("single_transformer_blocks", 40)]
+    workload = adapter.default_workload(1)  # 129 frames of 720x1280: 33 x 45 x 80 patches
+    assert workload.seq_len == 33 * 45 * 80 and workload.rows["text"] == 256
+    for stack in ("transformer_blocks", "single_transformer_blocks"):
+        (call,) = adapter.for_stack(stack).attention_calls(workload)
+        assert (call.kind, call.q_len, call.heads, call.head_dim) == ("joint", 118800 + 256, 24, 128)
+        assert call.masked  # the text rows' padding mask: calls our kernel refuses and the router counts
+    assert "transformer_blocks.{index}." == adapter.block_key_template
+    assert adapter.for_stack("single_transformer_blocks").block_key_template == "single_transformer_blocks.{index}."
+
+
+def test_the_rule_is_stated_and_keeps_text_and_timestep_linears():
+    assert "sequence rows" in RULE and "multiples of 16" in RULE
+    policy = adapter_for_preset("hunyuan-video").fp8_linears
+    assert "ff.net.0.proj" in policy.fp8 and "ff_context.net.0.proj" in policy.kept  # video FFN / text FFN
+    assert "norm1.linear" in policy.kept  # the AdaLN modulation runs on the timestep row
+
+
+def test_an_unknown_class_and_a_forward_it_cannot_feed_are_one_line_each(monkeypatch):
+    with pytest.raises(UserError, match="unknown model family 'FooTransformer3DModel'"):
+        adapter_for_config({"_class_name": "FooTransformer3DModel"}, "/models/foo")
+
+    class NeedsFlowMap(nn.Module):
+        def forward(self, hidden_states, timestep, flow_map, return_dict=True):
+            return hidden_states
+
+    import diffusers
+
+    monkeypatch.setattr(diffusers, "NeedsFlowMap", NeedsFlowMap, raising=False)
+    family = Family("flow", "Flow", "NeedsFlowMap", None, {"x": Preset({"in_channels": 4}, "test")}, {},
+                    video=(9, 64, 64), vae_factors=(4, 8))
+    ctx = InputContext({"in_channels": 4}, LatentGrid(1, 3, 8, 8), 16, CPU, torch.float32, torch.Generator())
+    with pytest.raises(UserError) as refused:
+        forward_arguments(family, ctx)
+    message = str(refused.value)
+    assert "flow_map" in message and "\n" not in message and "inputs hook" in message

@@ -1,0 +1,82 @@
+"""`dit-accel profile-block --model NAME` for every family, scaled down on the CPU, through the command line: a
+block of each stack built, its inputs captured, each recipe run (a routed test double beside diffusers' default),
+the per-module breakdown with every matmul and attention kernel in a named range, the extrapolation over every
+stack, the router's refusals counted; and `dit-accel models`."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dit_accel.adapters import FAMILIES, adapter_for_preset
+from dit_accel.cli import main
+
+FAST = ("--device", "cpu", "--runs", "1", "--warmup", "0", "--quiet")
+
+
+def _run(tmp_path, *args):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["profile-block", *FAST, *args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "report.json").read_text()), list(csv.DictReader((out / "ops.csv").open())), result
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_family_profiles_a_block_of_each_stack(name, tmp_path, fake_backend):
+    adapter = adapter_for_preset(name)
+    routed = not adapter.direct_sdpa_stacks
+    report, ops, result = _run(tmp_path, "--model", name, "--compare-attn", "native,fake" if routed else "native")
+    stacks = [stack for stack, _ in adapter.stacks]
+    recipes = ["native", "fake"] if routed else ["native"]
+    assert [(run["stack"], run["backend"]) for run in report["runs"]] == [(s, r) for s in stacks for r in recipes]
+    extrapolation = report["runs"][0]["extrapolation"]
+    assert [s["stack"] for s in extrapolation["stacks"]] == stacks
+    assert extrapolation["num_blocks"] == sum(count for _, count in adapter.stacks)
+    assert all(run["attention_flops"] > 0 and run["linear_flops"] > 0 for run in report["runs"])
+    body = adapter.body_label
+    # Every matmul and attention kernel of the block runs inside a named range, not in the block body nor in
+    # the attention module's leftovers.
+    unnamed = [(op["range"], op["kernel"]) for op in ops if op["stage"] == "block"
+               and op["category"] in ("gemm", "attention") and op["range"] in (body, "attention (other)")]
+    assert not unnamed, unnamed
+    if routed:
+        served = len(fake_backend.calls)
+        masked = any(call.masked for s in stacks
+                     for call in adapter.scaled_down().for_stack(s).shape_capture().attention_calls)
+        # Masked calls (HunyuanVideo's and Motif-Video's text padding) go to diffusers' default, counted.
+        assert served > 0 or masked
+        if masked:
+            assert "attn_mask given" in result.output or "attn_mask given" in json.dumps(report)
+
+
+@pytest.mark.parametrize("name", [name for name in FAMILIES if adapter_for_preset(name).direct_sdpa_stacks])
+def test_a_routed_backend_is_refused_where_the_processors_call_torch(name, tmp_path, fake_backend):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["profile-block", *FAST, "--model", name, "--attn", "fake", "--out", str(out)])
+    assert result.exit_code == 2
+    line = result.output.strip()
+    assert "\n" not in line and "scaled_dot_product_attention themselves" in line and not out.exists()
+
+
+def test_a_stack_can_be_named_and_validate_n_needs_one(tmp_path):
+    report, _, _ = _run(tmp_path, "--model", "hunyuan-video", "--block", "single_transformer_blocks.2")
+    assert [run["stack"] for run in report["runs"]] == ["single_transformer_blocks"]
+    assert report["blocks"]["single_transformer_blocks"]["index"] == 2
+    result = CliRunner().invoke(main, ["profile-block", *FAST, "--model", "hunyuan-video", "--validate", "4",
+                                       "--out", str(tmp_path / "v")])
+    assert result.exit_code == 2 and "name one stack with --block" in result.output
+    result = CliRunner().invoke(main, ["profile-block", *FAST, "--model", "hunyuan-video", "--block", "nope",
+                                       "--out", str(tmp_path / "n")])
+    assert result.exit_code == 2 and "has no block stack 'nope'" in result.output
+
+
+def test_models_lists_every_family(tmp_path):
+    result = CliRunner().invoke(main, ["models", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [row["family"] for row in rows] == list(FAMILIES)
+    by_family = {row["family"]: row for row in rows}
+    assert by_family["hunyuan-video"]["stacks"] == {"transformer_blocks": 20, "single_transformer_blocks": 40}
+    assert by_family["wan"]["fp8_attention"] == "yes" and by_family["sana-video"]["fp8_attention"].startswith("no")
