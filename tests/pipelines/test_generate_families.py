@@ -56,20 +56,6 @@ def tiny_folders(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     return built
 
 
-@pytest.fixture
-def ftfy_or_stand_in(monkeypatch):
-    """diffusers 0.42.1's SkyReelsV2Pipeline cleans every prompt with `ftfy.fix_text` without asking whether
-    ftfy is installed (WanPipeline asks, and skips it), and ftfy is none of dit-accel's dependencies: without
-    it the call dies with a NameError. Where ftfy is missing, the pipeline module gets an identity stand-in
-    for this test (the tiny word tokenizer lower-cases and splits on its own)."""
-    try:
-        import ftfy  # noqa: F401
-    except ImportError:
-        from diffusers.pipelines.skyreels_v2 import pipeline_skyreels_v2
-
-        monkeypatch.setattr(pipeline_skyreels_v2, "ftfy", SimpleNamespace(fix_text=lambda text: text), raising=False)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_tiny_folder_is_a_diffusers_pipeline_of_the_real_classes(tiny_folders, family):
     folder, printed = tiny_folders[family]
@@ -88,7 +74,7 @@ def test_the_tiny_folder_is_a_diffusers_pipeline_of_the_real_classes(tiny_folder
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_generate_writes_a_playable_video_and_a_report(tiny_folders, family, tmp_path, ftfy_or_stand_in):
+def test_generate_writes_a_playable_video_and_a_report(tiny_folders, family, tmp_path):
     folder, _ = tiny_folders[family]
     facts, d = FAMILIES[family], FAMILIES[family].defaults
     out = tmp_path / "run"
@@ -121,8 +107,7 @@ def _fp8_served_by_fake(monkeypatch):
     monkeypatch.setattr(apply, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
 
 
-def test_compare_routes_every_skyreels_v2_attention_call(tiny_folders, tmp_path, monkeypatch, fake_backend,
-                                                         ftfy_or_stand_in):
+def test_compare_routes_every_skyreels_v2_attention_call(tiny_folders, tmp_path, monkeypatch, fake_backend):
     """SkyReels-V2's processors call diffusers' `dispatch_attention_fn`, so a routed backend reaches every one
     of its attention calls: self and cross attention in each block, both guidance passes, every step."""
     folder, _ = tiny_folders["skyreels-v2"]
@@ -151,8 +136,8 @@ def test_cogvideox_refuses_a_routed_attention_in_one_line_and_writes_nothing(tin
                                                                             fake_backend, capfd):
     """CogVideoX's processor (`CogVideoXAttnProcessor2_0`, diffusers' older attention_processor.py) calls
     torch's `F.scaled_dot_product_attention` itself: it has no `_attention_backend` to set and reads no
-    `dispatch_attention_fn` to route, so patching its attention is refused with one line. The reference run
-    (bf16, the model's own attention) comes first and runs; nothing of it is written."""
+    `dispatch_attention_fn` to route, so a routed attention is refused with one line, before anything loads
+    (the family's adapter says so from the folder's transformer config)."""
     from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
 
     assert not hasattr(CogVideoXAttnProcessor2_0, "_attention_backend")  # what the refusal rests on
@@ -163,8 +148,8 @@ def test_cogvideox_refuses_a_routed_attention_in_one_line_and_writes_nothing(tin
                                        "--no-warmup"])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: CogVideoXTransformer3DModel has no diffusers attention "
-                                                   "processors"), result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: fp8: CogVideoX's attention processors call torch's "
+                                                   "scaled_dot_product_attention themselves"), result.stderr
     assert "Traceback" not in result.output + capfd.readouterr().err
     assert fake_backend.calls == []
     assert not out.parent.exists() or not any(out.parent.iterdir())
