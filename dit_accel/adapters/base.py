@@ -32,7 +32,7 @@ from .capture import AttentionCall, StackCapture, block_stacks, capture_stacks, 
 from .family import Family, InputContext, LatentGrid, PipelineFacts
 from .inputs import forward_arguments
 from .linears import Fp8Policy, fp8_policy
-from .ranges import ATTENTION_CORE, ModuleRange, derive_ranges
+from .ranges import ModuleRange, derive_ranges
 from .stages import StageSkip, StageSpec, build_on_meta, text_encoder_stage
 from .workload import TransformerInputs, Workload, check_video_rows, patch_sizes
 
@@ -142,9 +142,7 @@ class BlockAdapter:
             # The scaled-down config's forward on the CPU says which calls are masked; the head dim is the config's.
             calls = [call for name, _ in self.stacks for call in self.for_stack(name).shape_capture().attention_calls]
             head_dims, shapes = [c["attention_head_dim"]], "the config, and the scaled-down forward on the CPU"
-        if self.direct_sdpa_stacks:
-            fp8 = "no: its processors call torch's SDPA directly"
-        elif any(d not in (64, 128) for d in head_dims):
+        if any(d not in (64, 128) for d in head_dims):
             fp8 = f"no: head dim {'/'.join(map(str, head_dims))} (the kernel takes 64, 128)"
         elif calls and any(call.masked for call in calls if call.kind != "cross"):
             fp8 = "masked joint attention: to diffusers, counted"
@@ -370,14 +368,6 @@ class BlockAdapter:
     def module_ranges(self) -> tuple[ModuleRange, ...]:
         softmax = frozenset(call.module for call in self.shape_capture().attention_calls)
         return derive_ranges(self.build_block(), softmax)
-
-    @property
-    def direct_sdpa_stacks(self) -> list[str]:
-        """The stacks whose attention processors call torch's SDPA themselves, not diffusers' dispatch: a routed
-        backend (ours, fa4) cannot be swapped into them."""
-        return [name for name, _ in self.stacks
-                if any(fn.endswith("scaled_dot_product_attention") for spec in self.for_stack(name).module_ranges
-                       if spec.label == ATTENTION_CORE for _, fn in spec.functions)]
 
     @cached_property
     def fp8_linears(self) -> Fp8Policy:

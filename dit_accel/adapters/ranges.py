@@ -40,7 +40,8 @@ def _attention_entry(module_name: str) -> tuple[str, str] | None:
     module = sys.modules[module_name]
     if callable(getattr(module, "dispatch_attention_fn", None)):
         return module_name, "dispatch_attention_fn"
-    if getattr(module, "F", None) is torch.nn.functional:
+    functional = getattr(module, "F", None)  # torch.nn.functional, or the stand-in a routed backend puts there
+    if functional is torch.nn.functional or callable(getattr(functional, "scaled_dot_product_attention", None)):
         return module_name, "F.scaled_dot_product_attention"
     return None
 

@@ -119,6 +119,12 @@ _runs_anywhere: Requirement = _requirements()
 
 # --- torch SDPA ---------------------------------------------------------------------------------
 
+TORCH_SDPA_KERNELS: dict[str, SDPBackend | None] = {
+    "native": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+"""The backends that are torch SDPA, by name: the kernel each forces (None: torch picks)."""
+
+
 def _torch_sdpa(forced: SDPBackend | None) -> AttentionFn:
     """torch SDPA on [B, S, H, D] views (as diffusers' native backends call it), optionally forced."""
 
@@ -403,22 +409,22 @@ BACKENDS: dict[str, AttentionBackend] = {
     for backend in (
         AttentionBackend(
             "native", "diffusers' default: torch SDPA picks its kernel",
-            _torch_sdpa(None), _runs_anywhere, diffusers_backend="native"),
+            _torch_sdpa(TORCH_SDPA_KERNELS["native"]), _runs_anywhere, diffusers_backend="native"),
         AttentionBackend(
             "flash", "torch SDPA forced to its FlashAttention-2 kernel",
-            _torch_sdpa(SDPBackend.FLASH_ATTENTION), _needs_cuda((8, 0), "torch SDPA flash"),
+            _torch_sdpa(TORCH_SDPA_KERNELS["flash"]), _needs_cuda((8, 0), "torch SDPA flash"),
             diffusers_backend="_native_flash"),
         AttentionBackend(
             "cudnn", "torch SDPA forced to cuDNN attention (bf16/fp16)",
-            _torch_sdpa(SDPBackend.CUDNN_ATTENTION), _needs_cuda((8, 0), "torch SDPA cuDNN"),
+            _torch_sdpa(TORCH_SDPA_KERNELS["cudnn"]), _needs_cuda((8, 0), "torch SDPA cuDNN"),
             diffusers_backend="_native_cudnn"),
         AttentionBackend(
             "efficient", "torch SDPA forced to its memory-efficient kernel",
-            _torch_sdpa(SDPBackend.EFFICIENT_ATTENTION), _needs_cuda((5, 0), "torch SDPA efficient"),
+            _torch_sdpa(TORCH_SDPA_KERNELS["efficient"]), _needs_cuda((5, 0), "torch SDPA efficient"),
             diffusers_backend="_native_efficient"),
         AttentionBackend(
             "math", "torch SDPA forced to its math path (materializes the S x S scores)",
-            _torch_sdpa(SDPBackend.MATH), _runs_anywhere, diffusers_backend="_native_math"),
+            _torch_sdpa(TORCH_SDPA_KERNELS["math"]), _runs_anywhere, diffusers_backend="_native_math"),
         AttentionBackend(
             "fa4", "flash-attn-4 (CuTe DSL), flash_attn.cute.flash_attn_func, bf16/fp16",
             _fa4_run,

@@ -30,6 +30,15 @@ goes to that diffusers backend instead, counted as the reason "routed: <name> me
 data (the CPU, an unmeasured GPU, DIT_ACCEL_CROSSOVER=off) every servable call is served, as before.
 Not applied under Ulysses context parallelism (diffusers' engine there serves our kernel only).
 
+Processors that call torch's SDPA themselves (CogVideoX, Mochi, Allegro: `F.scaled_dot_product_attention`
+from their own file, [B, H, S, D], no `_attention_backend`): their file's `F` is replaced by a stand-in whose
+`scaled_dot_product_attention` asks which backend the attention module running now chose. Forward hooks on
+each chosen module say it on entry and clear it on exit, so calls of modules not chosen (kept blocks, other
+models of the same file) run torch's own call untouched. The choice is a RoutedBackend (q/k/v go to it as
+[B, S, H, D] views, through the same servable checks, counts and crossover as above; a call it declines runs
+torch's own call, forced to the crossover's kernel where that routed it) or a torch SDPA kernel to force
+(`cudnn`, `flash`, ...). `native` changes nothing there: it is what they run.
+
 Why this seam: it needs no edit of diffusers or of the model, covers every attention call a
 processor makes (self- and cross-attention alike), keeps diffusers' own checks and fallbacks, and
 is undone completely. The router is installed once per model file, reference-counted across
@@ -48,14 +57,17 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.hooks import RemovableHandle
 
 from ..errors import UserError
 from ..patching.counts import CallCounts, CountedCalls
-from ..patching.model_globals import ModelGlobalSwap, model_file
-from .backends import AttentionBackend, BackendCannotServe, get_backend
+from ..patching.model_globals import ModelGlobalSwap, Namespace, model_file
+from .backends import BACKENDS, TORCH_SDPA_KERNELS, AttentionBackend, BackendCannotServe, get_backend
 from .crossover import ROUTED_REASON, Crossover, crossover_for
 
 DISPATCH_GLOBAL = "dispatch_attention_fn"
+FUNCTIONAL_GLOBAL = "F"  # torch.nn.functional, in the files of processors that call torch's SDPA themselves
 
 _UNSET = object()  # a processor that had no instance value (it read its class default)
 
@@ -214,6 +226,86 @@ def _dispatch_module(processor: Any) -> ModuleType:
     return module
 
 
+# --- processors that call torch's SDPA themselves ------------------------------------------------
+
+@dataclass
+class _Running:
+    """What the attention module running now chose for its `F.scaled_dot_product_attention` calls: a
+    RoutedBackend, a torch SDPA kernel to force, or None (torch's own call)."""
+
+    choice: RoutedBackend | SDPBackend | None = None
+
+
+_RUNNING = _Running()
+
+
+def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """torch SDPA's arguments, by name, as `dispatch_attention_fn` takes them ([B, S, H, D] views of q/k/v)."""
+    return {"query": query.transpose(1, 2), "key": key.transpose(1, 2), "value": value.transpose(1, 2),
+            "attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale,
+            "enable_gqa": enable_gqa, "attention_kwargs": None, "parallel_config": None}
+
+
+def _forced(kernel: SDPBackend | None):
+    return sdpa_kernel(kernel) if kernel is not None else contextlib.nullcontext()
+
+
+def _make_sdpa_stand_in(functional: Any, users: list) -> Namespace:
+    """The replacement for a model file's `F`: torch.nn.functional but for `scaled_dot_product_attention`,
+    which serves each call as the running module chose (the users list is not read)."""
+    original = functional.scaled_dot_product_attention
+    # the crossover hands back diffusers' backend names; here each is the torch SDPA kernel it forces
+    kernels = {BACKENDS[name].diffusers_backend: kernel for name, kernel in TORCH_SDPA_KERNELS.items()}
+
+    def declined(*, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, **_):
+        with _forced(kernels.get(getattr(backend, "value", None))):
+            out = original(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask=attn_mask,
+                           dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        return out.transpose(1, 2)
+
+    @functools.wraps(original)
+    def routed_scaled_dot_product_attention(*args, **kwargs):
+        choice = _RUNNING.choice
+        if isinstance(choice, RoutedBackend):
+            return choice.dispatch(_sdpa_arguments(*args, **kwargs), declined).transpose(1, 2)
+        with _forced(choice):
+            return original(*args, **kwargs)
+
+    return Namespace(functional, {"scaled_dot_product_attention": routed_scaled_dot_product_attention})
+
+
+_SDPA_STAND_INS = ModelGlobalSwap(FUNCTIONAL_GLOBAL, _make_sdpa_stand_in)
+
+
+def _sdpa_calling_modules(module: nn.Module, exclude: tuple[nn.Module, ...]) -> dict[nn.Module, ModuleType]:
+    """The attention modules under `module` (outside `exclude`) whose processor has no `_attention_backend`
+    and whose file calls torch's SDPA through `F`, each with that file."""
+    skipped = {id(m) for kept in exclude for m in kept.modules()}
+    found: dict[nn.Module, ModuleType] = {}
+    for submodule in module.modules():
+        processor = getattr(submodule, "processor", None)
+        if id(submodule) in skipped or processor is None or hasattr(processor, "_attention_backend"):
+            continue
+        file = model_file(processor, FUNCTIONAL_GLOBAL)
+        functional = getattr(file, FUNCTIONAL_GLOBAL, None)
+        if callable(getattr(functional, "scaled_dot_product_attention", None)):
+            found[submodule] = file
+    return found
+
+
+def _choose_while_running(modules: list[nn.Module], choice: RoutedBackend | SDPBackend) -> list[RemovableHandle]:
+    """Forward hooks that make `choice` the running choice inside each module's forward, and clear it after."""
+
+    def choose(*_):
+        _RUNNING.choice = choice
+
+    def clear(*_):
+        _RUNNING.choice = None
+
+    return [handle for m in modules
+            for handle in (m.register_forward_pre_hook(choose), m.register_forward_hook(clear, always_call=True))]
+
+
 # --- swapping -----------------------------------------------------------------------------------
 
 @dataclass
@@ -223,11 +315,15 @@ class AttentionBackendSwap:
     previous: each processor and the `_attention_backend` it held on its instance (or _UNSET).
     routed: the RoutedBackend the processors hold (custom backends), else None.
     router_modules: the model files whose dispatch global this swap holds a router on.
+    sdpa_files: the model files whose `F` this swap holds a stand-in on (processors calling torch's SDPA).
+    hooks: the forward hooks that say the choice inside those processors' modules.
     """
 
     previous: list[tuple[Any, Any]]
     routed: RoutedBackend | None
     router_modules: list[ModuleType]
+    sdpa_files: list[ModuleType] = field(default_factory=list)
+    hooks: list[RemovableHandle] = field(default_factory=list)
     restored: bool = False
 
 
@@ -268,7 +364,8 @@ def set_attention_backend_by_name(module: nn.Module, name: str, *, exclude: tupl
         raise UserError(f"attention backend {name!r} is a diffusers backend: it cannot be switched per step; "
                         "keep steps in bf16 only with a custom backend (fa4, fp8)")
     processors = _attention_processors(module, exclude)
-    if not processors:
+    sdpa_calling = _sdpa_calling_modules(module, exclude)
+    if not processors and not sdpa_calling:
         raise UserError(f"{type(module).__name__} has no diffusers attention processors to set a backend on")
 
     if backend.routed:
@@ -276,15 +373,25 @@ def set_attention_backend_by_name(module: nn.Module, name: str, *, exclude: tupl
         crossover, crossover_note = crossover_for(_module_device(module))
         value: Any = RoutedBackend(backend, hold_reason=hold_reason, crossover=crossover, crossover_note=crossover_note)
         _ROUTERS.acquire_all(router_modules, value)
+        sdpa_choice: RoutedBackend | SDPBackend | None = value
     else:
         from diffusers.models.attention_dispatch import AttentionBackendName
 
         router_modules, value = [], AttentionBackendName(backend.diffusers_backend)
+        sdpa_choice = TORCH_SDPA_KERNELS.get(backend.name)
+    swap = AttentionBackendSwap([], value if backend.routed else None, router_modules)
+    if sdpa_calling and sdpa_choice is not None:
+        try:
+            swap.sdpa_files = _SDPA_STAND_INS.acquire_all({f.__name__: f for f in sdpa_calling.values()}.values(), swap)
+        except BaseException:
+            _ROUTERS.release_all(router_modules, swap.routed)
+            raise
+        swap.hooks = _choose_while_running(list(sdpa_calling), sdpa_choice)
 
-    previous = [(processor, processor.__dict__.get("_attention_backend", _UNSET)) for processor in processors]
+    swap.previous = [(processor, processor.__dict__.get("_attention_backend", _UNSET)) for processor in processors]
     for processor in processors:
         processor._attention_backend = value
-    return AttentionBackendSwap(previous, value if backend.routed else None, router_modules)
+    return swap
 
 
 def restore_attention_backend(swap: AttentionBackendSwap) -> None:
@@ -296,6 +403,9 @@ def restore_attention_backend(swap: AttentionBackendSwap) -> None:
             processor.__dict__.pop("_attention_backend", None)
         else:
             processor._attention_backend = value
+    for handle in swap.hooks:
+        handle.remove()
+    _SDPA_STAND_INS.release_all(swap.sdpa_files, swap)
     _ROUTERS.release_all(swap.router_modules, swap.routed)
     swap.restored = True
 

@@ -180,8 +180,8 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
     from ..device import pick_device
     from ..loading.offload import check_offload
     from ..patching.fp8_linear import fp8_linear_unavailable_reason
-    from ..patching.recipe import check_routable, parse_recipe
-    from ..pipelines.loading import inspect_pipeline_folder, known_family
+    from ..patching.recipe import parse_recipe
+    from ..pipelines.loading import inspect_pipeline_folder
     from ..pipelines.parallel import UNEVEN_SEQUENCE, start_ulysses, stop_ulysses
     from ..pipelines.report import GenerateSettings
     from ..pipelines.running import AttentionUnavailable, Request
@@ -193,11 +193,6 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
         raise UserError(f"--compare {compare.label} compares another attention against {compare.label}; "
                         f"pass --attn fp8")
     folder = inspect_pipeline_folder(pipeline_dir)
-    family = known_family(folder)
-    if family is not None:  # a routed backend that cannot reach the model's attention: refused before any run
-        for recipe in (attention, compare):
-            if recipe is not None and not recipe.is_default:
-                check_routable(recipe, family)
     mp4_writer()  # the video is written after every run: refuse now, not after the runs
     suggested = read_run_defaults(pipeline_dir)
 

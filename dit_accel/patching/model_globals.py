@@ -21,7 +21,8 @@ can read them on each call, e.g. to count into each live handle. Users are compa
 
 This module imports nothing from diffusers: it only knows modules, names and callables. Each
 feature makes one `ModelGlobalSwap` for the global it replaces (attention routing:
-`dispatch_attention_fn`; the fused RoPE: `_apply_rotary_emb`) and finds the files with `model_file`.
+`dispatch_attention_fn`, and `F` where a processor calls torch's SDPA itself, through a `Namespace`;
+the fused RoPE: `_apply_rotary_emb`) and finds the files with `model_file`.
 """
 from __future__ import annotations
 
@@ -37,12 +38,25 @@ MakeReplacement = Callable[[Callable[..., Any], list], Callable[..., Any]]
 
 
 def model_file(processor: Any, global_name: str) -> ModuleType | None:
-    """The model file whose globals this processor's `__call__` reads, when it has a callable
-    global `global_name` (else None: swapping that global could not reach this processor)."""
+    """The model file whose globals this processor's `__call__` reads, when it has a global `global_name`
+    (a function, or a module such as `F`; else None: swapping that global could not reach this processor)."""
     module = sys.modules.get(type(processor).__call__.__module__)
-    if module is None or not callable(getattr(module, global_name, None)):
+    if module is None or getattr(module, global_name, None) is None:
         return None
     return module
+
+
+class Namespace:
+    """A stand-in for a global that is itself a module (a model file's `F`): the `replaced` attributes
+    answer from here, every other one from the original, so one function of it is swapped for that
+    model file alone."""
+
+    def __init__(self, original: object, replaced: dict[str, Callable[..., Any]]):
+        self.__dict__.update(replaced)
+        self._original = original
+
+    def __getattr__(self, name: str):
+        return getattr(self._original, name)
 
 
 @dataclass(eq=False)

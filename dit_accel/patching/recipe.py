@@ -122,20 +122,9 @@ def check_recipes(recipes, device, dtype, adapter=None) -> None:
         reason = backend.unavailable_reason(device)
         if reason is not None and not recipe.is_default:
             raise UserError(f"attention backend {recipe.backend!r} is unavailable here: {reason}")
-        if adapter is not None:
-            check_routable(recipe, adapter)
         if recipe.fp8_linear:
             from .fp8_linear import fp8_linear_unavailable_reason
 
             reason = fp8_linear_unavailable_reason(device, dtype)
             if reason is not None:
                 raise UserError(f"{recipe.label}: {reason}")
-
-
-def check_routable(recipe: Recipe, adapter) -> None:
-    """A UserError when `recipe`'s backend is one we route into diffusers' dispatch (ours, fa4) and the model's
-    attention processors call torch's SDPA themselves (CogVideoX, Mochi, Allegro): it could not reach them."""
-    if get_backend(recipe.backend).routed and adapter.direct_sdpa_stacks:
-        raise UserError(f"{recipe.label}: {adapter.display_name}'s attention processors call torch's "
-                        f"scaled_dot_product_attention themselves, not diffusers' dispatch_attention_fn, so "
-                        f"{recipe.backend} cannot be routed into them; use a native backend (native, cudnn, flash)")

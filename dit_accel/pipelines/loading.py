@@ -208,17 +208,3 @@ def load_pipeline(folder: PipelineFolder, *, device: torch.device, dtype: torch.
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)  # generate draws its own bar over the steps
     return pipe
-
-
-def known_family(folder: PipelineFolder):
-    """The adapter of the pipeline's transformer (`transformer/config.json`), where it is of a family dit-accel
-    serves; None for any other (generate runs it all the same)."""
-    from ..adapters import FAMILIES, adapter_for_config, read_transformer_config
-
-    config_path = folder.path / "transformer" / "config.json"
-    if not config_path.is_file():
-        return None
-    config = read_transformer_config(config_path)
-    if not any(config.get("_class_name") == family.transformer for family in FAMILIES.values()):
-        return None
-    return adapter_for_config(config, str(config_path))

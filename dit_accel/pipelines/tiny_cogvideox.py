@@ -9,7 +9,8 @@ code path (226 text tokens in one joint sequence with the video's, the guidance,
 Two things differ from Wan's pipeline and show in `generate`'s report: the guidance runs as ONE transformer
 pass a step on a batch of two (unconditional and conditional stacked), and the transformer's attention
 processor (`CogVideoXAttnProcessor2_0`) calls torch's `F.scaled_dot_product_attention` itself rather than
-diffusers' `dispatch_attention_fn`, so a routed attention backend (our fp8) cannot be put into it.
+diffusers' `dispatch_attention_fn`, so a routed attention backend (our fp8) reaches it through the stand-in
+for its file's `F` (`dit_accel.attention.routing`).
 """
 from __future__ import annotations
 

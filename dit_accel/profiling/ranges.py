@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..adapters import ModuleRange
+from ..patching.model_globals import Namespace
 
 RANGE_PREFIX = "dit-accel/"
 _OPEN_LABELS: list[str] = []  # labels of the ranges open right now, innermost last
@@ -63,18 +64,6 @@ def _wrap_function(fn: Callable, region: _Range) -> Callable:
     return wrapped
 
 
-class _Namespace:
-    """A stand-in for a module global that is itself a module (a model file's `F`): `replaced` attributes
-    answer from here, every other one from the original."""
-
-    def __init__(self, original: object, replaced: dict[str, Callable]):
-        self.__dict__.update(replaced)
-        self._original = original
-
-    def __getattr__(self, name: str):
-        return getattr(self._original, name)
-
-
 @contextlib.contextmanager
 def wrapped_functions(functions: tuple[tuple[str, str], ...], wrap: Callable[[Callable], Callable]) -> Iterator[None]:
     """Replace each (python module, function name) global by `wrap(original)` inside the context.
@@ -91,7 +80,7 @@ def wrapped_functions(functions: tuple[tuple[str, str], ...], wrap: Callable[[Ca
             name, _, inner = attr.partition(".")
             original = getattr(owner, name)
             if inner:
-                setattr(owner, name, _Namespace(original, {inner: wrap(getattr(original, inner))}))
+                setattr(owner, name, Namespace(original, {inner: wrap(getattr(original, inner))}))
             else:
                 setattr(owner, name, wrap(original))
             swapped.append((owner, name, original))

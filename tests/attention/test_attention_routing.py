@@ -1,6 +1,7 @@
 """The routing seam on tiny diffusers blocks (CPU): every attention call reaches a routed backend,
 masked calls fall back and are counted, native names set diffusers' own backend, and leaving the
-context gives back the original module bit for bit."""
+context gives back the original module bit for bit; the same for processors that call torch's SDPA
+themselves (CogVideoX, Mochi, Allegro), through their file's `F`."""
 from __future__ import annotations
 
 import inspect
@@ -11,7 +12,7 @@ from diffusers.models.attention_dispatch import AttentionBackendName
 from diffusers.models.transformers import transformer_minimax_h3, transformer_wan
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed, MiniMaxH3TransformerBlock
 
-from testing import RecordingSdpa, wan_block_and_inputs
+from testing import RecordingSdpa, small_block, wan_block_and_inputs
 
 from dit_accel.attention import backends, routing
 from dit_accel.attention.backends import AttentionBackend, BackendCannotServe
@@ -236,3 +237,107 @@ def test_ring_attention_falls_back_to_diffusers_with_its_config_and_is_counted(f
     assert seen == [(None, ring)]  # diffusers' default backend runs the ring, with the caller's config
     assert routed.served_calls == 0 and list(routed.fallback_calls.values()) == [1]
     assert next(iter(routed.fallback_calls)).startswith("ring")
+
+
+# --- processors that call torch's SDPA themselves ------------------------------------------------------
+
+def _sdpa_block(family: str):
+    """(block 0 of the family's scaled-down config, its inputs, its processor's model file)."""
+    import sys
+
+    adapter, block = small_block(family, torch.float32)
+    inputs = adapter.make_inputs(adapter.default_workload(1, scaled_down=True), torch.device("cpu"), torch.float32,
+                                 torch.Generator().manual_seed(0))
+    (processor, *_) = processors(block)
+    assert not hasattr(processor, "_attention_backend")  # what this path is for
+    return block, inputs, sys.modules[type(processor).__call__.__module__]
+
+
+def _first(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family, fallbacks", [
+    ("cogvideox", {}),  # one joint text + video attention
+    ("mochi", {}),  # one joint attention per sample, over its valid text rows
+    ("allegro", {"attn_mask given": 1}),  # self-attention served; the padded text cross-attention is masked
+])
+def test_processors_calling_torch_sdpa_are_routed_and_exit_is_bit_identical(fake_backend, family, fallbacks):
+    block, inputs, file = _sdpa_block(family)
+    functional = file.F
+    before = _first(block(**inputs))
+
+    with use_attention_backend(block, "fake") as routed:
+        assert file.F is not functional
+        during = _first(block(**inputs))
+
+    assert routed.served_calls == 1 and routed.fallback_calls == fallbacks
+    (q_shape, k_shape), = fake_backend.calls
+    assert q_shape[2:] == k_shape[2:] and q_shape[1] > q_shape[2]  # [B, S, H, D]: rows before heads
+    torch.testing.assert_close(during, before)
+    assert file.F is functional and routing._SDPA_STAND_INS.installed == {}
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in block.modules())
+    assert torch.equal(_first(block(**inputs)), before)
+
+
+@torch.no_grad()
+def test_excluded_modules_keep_torch_sdpa_untouched(fake_backend):
+    """Only the chosen modules' calls are routed: the stand-in is per file, the choice per running module."""
+    block_a, inputs, _ = _sdpa_block("cogvideox")
+    block_b, _, _ = _sdpa_block("cogvideox")
+    both = torch.nn.ModuleList([block_a, block_b])
+    swap = set_attention_backend_by_name(both, "fake", exclude=(block_a,))
+    try:
+        block_a(**inputs)
+        assert fake_backend.calls == []
+        block_b(**inputs)
+    finally:
+        restore_attention_backend(swap)
+    assert swap.routed.served_calls == 1 and len(fake_backend.calls) == 1
+
+
+@torch.no_grad()
+def test_a_torch_kernel_is_forced_inside_processors_calling_torch_sdpa(monkeypatch):
+    """`math` forces torch's math kernel around each call (the flash kernel is off inside only); `native`
+    changes nothing: it is what these processors run."""
+    seen = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.flash_sdp_enabled())
+        return original(*args, **kwargs)
+
+    block, inputs, file = _sdpa_block("cogvideox")
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    before = _first(block(**inputs))
+    with use_attention_backend(block, "math"):
+        during = _first(block(**inputs))
+    with use_attention_backend(block, "native"):
+        assert file.F is torch.nn.functional
+        block(**inputs)
+    assert seen == [True, False, True] and torch.backends.cuda.flash_sdp_enabled()
+    torch.testing.assert_close(during, before)
+
+
+@torch.no_grad()
+def test_a_declined_call_runs_torch_sdpa_forced_to_the_backend_the_crossover_chose(monkeypatch):
+    """A call the router declines goes back to torch's own SDPA in torch's layout, under the kernel of the
+    diffusers backend it was routed to."""
+    flash_on = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        flash_on.append(torch.backends.cuda.flash_sdp_enabled())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    functional = routing._make_sdpa_stand_in(torch.nn.functional, [])
+    routed = routing.RoutedBackend(backends.get_backend("math"))
+    monkeypatch.setattr(routed, "decline_reason", lambda arguments: "routed: math measured faster")
+    routed._fallback_values["routed: math measured faster"] = AttentionBackendName._NATIVE_MATH
+    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))  # [B, H, S, D], as torch takes them
+    monkeypatch.setattr(routing._RUNNING, "choice", routed)
+    out = functional.scaled_dot_product_attention(q, k, v, scale=0.3)
+    assert flash_on == [False] and routed.fallback_calls == {"routed: math measured faster": 1}
+    torch.testing.assert_close(out, original(q, k, v, scale=0.3))

@@ -45,6 +45,26 @@ def test_a_compiled_patched_model_is_one_graph_served_by_the_op(op_backend):
         torch.testing.assert_close(out, eager)  # inductor reorders fp32 math outside attention
 
 
+def test_a_processor_calling_torch_sdpa_is_served_inside_one_compiled_graph(op_backend):
+    """CogVideoX's processor calls torch's SDPA itself: the choice its module's hooks make and its file's `F`
+    stand-in trace into one graph too, every call counted."""
+    from testing import small_block
+
+    torch._dynamo.reset()
+    adapter, block = small_block("cogvideox", torch.float32)
+    inputs = adapter.make_inputs(adapter.default_workload(1, scaled_down=True), torch.device("cpu"), torch.float32,
+                                 torch.Generator().manual_seed(0))
+    with torch.no_grad(), use_attention_backend(block, "fp8-op") as routed:
+        eager = block(**inputs)[0]
+        counter = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(block, backend=counter, fullgraph=True)
+        outputs = [compiled(**inputs)[0] for _ in range(1 + CALLS)]
+    assert counter.frame_count == 1
+    assert routed.served_calls == 1 + 1 + CALLS and routed.fallback_total == 0
+    for out in outputs:
+        torch.testing.assert_close(out, eager)
+
+
 def test_the_op_matches_the_emulation_inside_a_model(op_backend):
     """The graph really runs the emulation: the patched model differs from its bf16 attention by the
     e4m3 error, and attention alone equals the emulation bit for bit."""

@@ -107,11 +107,13 @@ def _fp8_served_by_fake(monkeypatch):
     monkeypatch.setattr(apply, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
 
 
-def test_compare_routes_every_skyreels_v2_attention_call(tiny_folders, tmp_path, monkeypatch, fake_backend):
-    """SkyReels-V2's processors call diffusers' `dispatch_attention_fn`, so a routed backend reaches every one
-    of its attention calls: self and cross attention in each block, both guidance passes, every step."""
-    folder, _ = tiny_folders["skyreels-v2"]
-    facts, d = FAMILIES["skyreels-v2"], FAMILIES["skyreels-v2"].defaults
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compare_routes_every_attention_call(tiny_folders, tmp_path, monkeypatch, fake_backend, family):
+    """A routed backend reaches every attention call of both pipelines: SkyReels-V2's processors call diffusers'
+    `dispatch_attention_fn` (self and cross attention in each block, both guidance passes), CogVideoX's call
+    torch's `F.scaled_dot_product_attention` themselves (one joint attention a block, the guidance batched)."""
+    folder, _ = tiny_folders[family]
+    facts, d = FAMILIES[family], FAMILIES[family].defaults
     _fp8_served_by_fake(monkeypatch)
     out = tmp_path / "run"
     result = _invoke("generate", "--pipeline", str(folder), "--out", str(out), "--compare", "bf16", "--no-warmup")
@@ -130,26 +132,3 @@ def test_compare_routes_every_skyreels_v2_attention_call(tiny_folders, tmp_path,
     assert comparison["ssim_min"] > 0.9  # the fake computes what native attention computes
     for name in ("video_bf16.mp4", "video_fp8.mp4"):
         assert len(_read_video(out / name)) == d["frames"]
-
-
-def test_cogvideox_refuses_a_routed_attention_in_one_line_and_writes_nothing(tiny_folders, tmp_path, monkeypatch,
-                                                                            fake_backend, capfd):
-    """CogVideoX's processor (`CogVideoXAttnProcessor2_0`, diffusers' older attention_processor.py) calls
-    torch's `F.scaled_dot_product_attention` itself: it has no `_attention_backend` to set and reads no
-    `dispatch_attention_fn` to route, so a routed attention is refused with one line, before anything loads
-    (the family's adapter says so from the folder's transformer config)."""
-    from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
-
-    assert not hasattr(CogVideoXAttnProcessor2_0, "_attention_backend")  # what the refusal rests on
-    folder, _ = tiny_folders["cogvideox"]
-    _fp8_served_by_fake(monkeypatch)
-    out = tmp_path / "outputs" / "run"
-    result = CliRunner().invoke(main, ["generate", "--pipeline", str(folder), "--out", str(out), "--compare", "bf16",
-                                       "--no-warmup"])
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: fp8: CogVideoX's attention processors call torch's "
-                                                   "scaled_dot_product_attention themselves"), result.stderr
-    assert "Traceback" not in result.output + capfd.readouterr().err
-    assert fake_backend.calls == []
-    assert not out.parent.exists() or not any(out.parent.iterdir())
