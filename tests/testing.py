@@ -1,6 +1,6 @@
 """What several test modules share: the test data folder, a routed test-double attention backend, a tiny
-MiniMax-H3 transformer, and the FP8 prep tests' launch helpers. Imported as `testing` (pytest puts tests/
-on sys.path: pyproject's `pythonpath`)."""
+MiniMax-H3 transformer, the FP8 prep tests' launch helpers, and the pipeline tests' CLI runner and video
+reader. Imported as `testing` (pytest puts tests/ on sys.path: pyproject's `pythonpath`)."""
 from pathlib import Path
 
 import pytest
@@ -151,3 +151,24 @@ def add_special_heads(q, k, v):
     if b * h > 1:
         q[last[0], :, last[1]] = 0
         v[last[0], 0, last[1], 2] = float("-inf")
+
+
+# ---------------------------------------------------------------- the command line and its videos
+def invoke_cli(*args: str):
+    """`dit-accel ARGS` in this process, exceptions raised rather than caught."""
+    from click.testing import CliRunner
+
+    from dit_accel.cli import main
+
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def read_video_frames(path: Path) -> list:
+    """Every frame of a video file, as arrays."""
+    import imageio.v2 as imageio
+
+    reader = imageio.get_reader(str(path))
+    try:
+        return [frame for frame in reader]
+    finally:
+        reader.close()

@@ -7,27 +7,15 @@ import shutil
 import sys
 from pathlib import Path
 
-import imageio.v2 as imageio
 import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from testing import invoke_cli, read_video_frames
 
 from dit_accel.cli import main
 from dit_accel.pipelines.tiny_wan import DEFAULTS as WAN_DEFAULTS
 
-
-
-def _invoke(*args: str):
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
-
-
-def _read_video(path: Path) -> list:
-    reader = imageio.get_reader(str(path))
-    try:
-        return [frame for frame in reader]
-    finally:
-        reader.close()
 
 
 def test_tiny_wan_folder_is_a_diffusers_pipeline(tiny_wan):
@@ -40,11 +28,11 @@ def test_tiny_wan_folder_is_a_diffusers_pipeline(tiny_wan):
 
 def test_generate_writes_a_playable_video_and_a_report(tiny_wan, tmp_path):
     out = tmp_path / "run"
-    result = _invoke("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--prompt", "a cat at night",
+    result = invoke_cli("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--prompt", "a cat at night",
                      "--seed", "3")
     assert result.exit_code == 0, result.output
     assert "Stage times" in result.output and "VAE decode" in result.output
-    frames = _read_video(out / "video.mp4")
+    frames = read_video_frames(out / "video.mp4")
     assert len(frames) == WAN_DEFAULTS["frames"]
     assert frames[0].shape == (WAN_DEFAULTS["height"], WAN_DEFAULTS["width"], 3)
     report = json.loads((out / "report.json").read_text())
@@ -61,11 +49,11 @@ def test_generate_writes_a_playable_video_and_a_report(tiny_wan, tmp_path):
 
 def test_options_override_the_tiny_defaults(tiny_wan, tmp_path):
     out = tmp_path / "run"
-    result = _invoke("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--frames", "5", "--height", "32",
+    result = invoke_cli("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--frames", "5", "--height", "32",
                      "--width", "48", "--steps", "2", "--guidance", "1.0", "--no-warmup")
     assert result.exit_code == 0, result.output
     assert "5 frames of 32x48 " in result.output  # height x width, as everywhere else
-    frames = _read_video(out / "video.mp4")
+    frames = read_video_frames(out / "video.mp4")
     assert len(frames) == 5 and frames[0].shape == (32, 48, 3)
     stages = json.loads((out / "report.json").read_text())["runs"][0]["stages"]
     assert stages["transformer_calls_per_step"] == [1, 1]  # guidance 1: no unconditional pass
@@ -86,7 +74,7 @@ def test_compare_reports_quality_and_speedup(tiny_wan, tmp_path, monkeypatch, fa
     monkeypatch.setattr(generate_command, "check_attention", lambda attention, device: None)
     monkeypatch.setattr(apply, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
     out = tmp_path / "run"
-    result = _invoke("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--compare", "bf16", "--no-warmup")
+    result = invoke_cli("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--compare", "bf16", "--no-warmup")
     assert result.exit_code == 0, result.output
     assert "PSNR" in result.output and "speed-up" in result.output
     report = json.loads((out / "report.json").read_text())
@@ -103,7 +91,7 @@ def test_compare_reports_quality_and_speedup(tiny_wan, tmp_path, monkeypatch, fa
     assert comparison["psnr_db_min"] is None or comparison["psnr_db_min"] > 30  # None: identical (inf)
     assert comparison["denoise_speedup"] > 0 and comparison["median_step_speedup"] > 0
     for name in ("video_bf16.mp4", "video_fp8.mp4"):
-        assert len(_read_video(out / name)) == WAN_DEFAULTS["frames"]
+        assert len(read_video_frames(out / name)) == WAN_DEFAULTS["frames"]
 
 
 def test_the_comparison_reports_the_median_step_beside_the_sums():
@@ -256,7 +244,7 @@ def test_generate_on_the_gpu_in_bf16_and_fp8(tiny_wan, tmp_path, monkeypatch):
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("the FP8 kernel needs sm_89 or newer")
     out = tmp_path / "run"
-    result = _invoke("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--compare", "bf16",
+    result = invoke_cli("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--compare", "bf16",
                      "--device", "cuda", "--dtype", "bf16")
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
@@ -270,7 +258,7 @@ def test_generate_on_the_gpu_in_bf16_and_fp8(tiny_wan, tmp_path, monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_offload_stream_on_the_cpu_is_one_line_and_writes_nothing(tiny_wan, tmp_path):
-    result = _invoke("generate", "--pipeline", str(tiny_wan), "--offload", "stream", "--out", str(tmp_path / "r"))
+    result = invoke_cli("generate", "--pipeline", str(tiny_wan), "--offload", "stream", "--out", str(tmp_path / "r"))
     assert result.exit_code == 2 and result.output.startswith("error: --offload stream")
     assert not (tmp_path / "r").exists()
 
@@ -280,13 +268,13 @@ def test_generate_with_streamed_transformer_matches_resident(tiny_wan, tmp_path)
     """--offload stream: same seed, same video as the resident run; the report gives the streamed bytes."""
     resident, streamed = tmp_path / "resident", tmp_path / "streamed"
     for out, offload in ((resident, "resident"), (streamed, "stream")):
-        result = _invoke("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--device", "cuda",
+        result = invoke_cli("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--device", "cuda",
                          "--dtype", "bf16", "--offload", offload)
         assert result.exit_code == 0, result.output
     report = json.loads((streamed / "report.json").read_text())
     assert report["offload"] == "stream"
     assert report["streaming"]["streamed_bytes_per_pass"] > 0 and report["streaming"]["h2d_gbps"] > 1
-    a, b = _read_video(resident / "video.mp4"), _read_video(streamed / "video.mp4")
+    a, b = read_video_frames(resident / "video.mp4"), read_video_frames(streamed / "video.mp4")
     assert len(a) == len(b)
     assert max(float(np.abs(x.astype(np.float32) - y.astype(np.float32)).mean()) for x, y in zip(a, b)) < 1.0
 

@@ -7,11 +7,9 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import imageio.v2 as imageio
 import pytest
-from click.testing import CliRunner
+from testing import invoke_cli, read_video_frames
 
-from dit_accel.cli import main
 from dit_accel.pipelines import tiny_cogvideox, tiny_skyreels_v2
 from dit_accel.pipelines.tiny_wan import TRANSFORMER_CONFIG as WAN_TRANSFORMER_CONFIG
 
@@ -32,25 +30,13 @@ FAMILIES = {
 }
 
 
-def _invoke(*args: str):
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
-
-
-def _read_video(path: Path) -> list:
-    reader = imageio.get_reader(str(path))
-    try:
-        return [frame for frame in reader]
-    finally:
-        reader.close()
-
-
 @pytest.fixture(scope="module")
 def tiny_folders(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     """Each family's tiny folder, built once through `make-tiny-pipeline`, with what the command printed."""
     root = tmp_path_factory.mktemp("family_pipelines")
     built = {}
     for family in FAMILIES:
-        result = _invoke("make-tiny-pipeline", family, str(root / family))
+        result = invoke_cli("make-tiny-pipeline", family, str(root / family))
         assert result.exit_code == 0, result.output
         built[family] = (root / family, result.output)
     return built
@@ -78,11 +64,11 @@ def test_generate_writes_a_playable_video_and_a_report(tiny_folders, family, tmp
     folder, _ = tiny_folders[family]
     facts, d = FAMILIES[family], FAMILIES[family].defaults
     out = tmp_path / "run"
-    result = _invoke("generate", "--pipeline", str(folder), "--out", str(out), "--prompt", "a dog in the rain")
+    result = invoke_cli("generate", "--pipeline", str(folder), "--out", str(out), "--prompt", "a dog in the rain")
     assert result.exit_code == 0, result.output
     assert "Stage times" in result.output and "VAE decode" in result.output
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "video.mp4"]
-    frames = _read_video(out / "video.mp4")
+    frames = read_video_frames(out / "video.mp4")
     assert len(frames) == d["frames"] and frames[0].shape == (d["height"], d["width"], 3)
 
     report = json.loads((out / "report.json").read_text())
@@ -116,7 +102,7 @@ def test_compare_routes_every_attention_call(tiny_folders, tmp_path, monkeypatch
     facts, d = FAMILIES[family], FAMILIES[family].defaults
     _fp8_served_by_fake(monkeypatch)
     out = tmp_path / "run"
-    result = _invoke("generate", "--pipeline", str(folder), "--out", str(out), "--compare", "bf16", "--no-warmup")
+    result = invoke_cli("generate", "--pipeline", str(folder), "--out", str(out), "--compare", "bf16", "--no-warmup")
     assert result.exit_code == 0, result.output
     assert "PSNR" in result.output and "speed-up" in result.output
     report = json.loads((out / "report.json").read_text())
@@ -131,4 +117,4 @@ def test_compare_routes_every_attention_call(tiny_folders, tmp_path, monkeypatch
     assert len(comparison["psnr_db_per_frame"]) == d["frames"]
     assert comparison["ssim_min"] > 0.9  # the fake computes what native attention computes
     for name in ("video_bf16.mp4", "video_fp8.mp4"):
-        assert len(_read_video(out / name)) == d["frames"]
+        assert len(read_video_frames(out / name)) == d["frames"]

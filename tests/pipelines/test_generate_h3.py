@@ -11,6 +11,7 @@ from pathlib import Path
 import imageio.v2 as imageio
 import pytest
 from click.testing import CliRunner
+from testing import invoke_cli
 
 from dit_accel.cli import main
 from dit_accel.pipelines.tiny_h3 import AUDIO_VAE_CONFIG, DEFAULTS as H3_DEFAULTS, TRANSFORMER_CONFIG
@@ -18,10 +19,6 @@ from dit_accel.pipelines.tiny_h3 import AUDIO_VAE_CONFIG, DEFAULTS as H3_DEFAULT
 FPS = 24  # MiniMax-H3's fixed frame rate
 # Each transformer pass runs one attention per block and per text-refiner block.
 ATTENTION_CALLS_PER_STEP = TRANSFORMER_CONFIG["num_layers"] + TRANSFORMER_CONFIG["num_refiner_layers"]
-
-
-def _invoke(*args: str):
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
 def _read_video(path: Path) -> tuple[list, dict]:
@@ -60,7 +57,7 @@ def test_the_prompt_processor_loads_back_and_tags_tokens_as_qwen3vl_does(tiny_h3
 
 def test_generate_writes_a_playable_video_with_sound_and_a_report(tiny_h3, tmp_path):
     out = tmp_path / "run"
-    result = _invoke("generate", "--pipeline", str(tiny_h3), "--out", str(out), "--prompt", "a cat at night")
+    result = invoke_cli("generate", "--pipeline", str(tiny_h3), "--out", str(out), "--prompt", "a cat at night")
     assert result.exit_code == 0, result.output
     assert "Stage times" in result.output and "VAE decode" in result.output and "audio decode" in result.output
     assert sorted(p.name for p in out.iterdir()) == ["audio.wav", "report.json", "video.mp4"]
@@ -101,7 +98,7 @@ def test_compare_sends_every_h3_attention_call_to_the_patched_backend(tiny_h3, t
     monkeypatch.setattr(generate_command, "check_attention", lambda attention, device: None)
     monkeypatch.setattr(apply, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
     out = tmp_path / "run"
-    result = _invoke("generate", "--pipeline", str(tiny_h3), "--out", str(out), "--compare", "bf16", "--no-warmup")
+    result = invoke_cli("generate", "--pipeline", str(tiny_h3), "--out", str(out), "--compare", "bf16", "--no-warmup")
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     bf16_run, fp8_run = report["runs"]
@@ -179,7 +176,7 @@ def test_generate_h3_on_the_gpu_in_bf16_and_fp8(tiny_h3, tmp_path, monkeypatch):
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("the FP8 kernel needs sm_89 or newer")
     out = tmp_path / "run"
-    result = _invoke("generate", "--pipeline", str(tiny_h3), "--out", str(out), "--compare", "bf16",
+    result = invoke_cli("generate", "--pipeline", str(tiny_h3), "--out", str(out), "--compare", "bf16",
                      "--device", "cuda", "--dtype", "bf16")
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
