@@ -104,7 +104,8 @@ class _TerminalProgress(SessionProgress):
 @click.option("--model", type=click.Choice(MODEL_FAMILIES), default=None,
               help=f"Model family (default {DEFAULT_FAMILY}; taken from the checkpoint when one is given).")
 @click.option("--preset", default=None,
-              help="Embedded config of the family (h3; wan2.1-14b). Ignored with --checkpoint.")
+              help="Embedded config of the family (default: its first; `dit-accel models` lists them). "
+                   "Ignored with --checkpoint.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
               help="Local diffusers transformer (or pipeline) folder; only the chosen block's tensors are read. "
                    "Without it: synthetic weights of realistic scale.")
