@@ -163,6 +163,35 @@ def invoke_cli(*args: str):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
+def fp8_served_by_fake(monkeypatch) -> None:
+    """`generate`'s `fp8` served by the routed test backend `fake` (the `fake_backend` fixture) through the real
+    patching seam: the FP8 kernel needs a GPU."""
+    from dit_accel.commands import generate as generate_command
+    from dit_accel.patching import apply
+
+    real_patch = apply.patch_attention
+    monkeypatch.setattr(generate_command, "check_attention", lambda attention, device: None)
+    monkeypatch.setattr(apply, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
+
+
+def compare_with_fake_fp8(folder: Path, out: Path, monkeypatch) -> tuple[dict, dict]:
+    """`generate --compare bf16` (no warm-up) on a tiny pipeline, `fp8` served by `fake`: checks the run and
+    that only the fp8 run was patched, with no call falling back; (report.json, the fp8 run's patch summary)."""
+    import json
+
+    fp8_served_by_fake(monkeypatch)
+    result = invoke_cli("generate", "--pipeline", str(folder), "--out", str(out), "--compare", "bf16", "--no-warmup")
+    assert result.exit_code == 0, result.output
+    assert "PSNR" in result.output and "speed-up" in result.output
+    report = json.loads((out / "report.json").read_text())
+    bf16_run, fp8_run = report["runs"]
+    assert [bf16_run["attention"], fp8_run["attention"]] == ["bf16", "fp8"]
+    assert bf16_run["attention_patch"] == {}
+    patch = fp8_run["attention_patch"]
+    assert patch["backend"] == "fake" and patch["fallback_calls"] == {}
+    return report, patch
+
+
 def read_video_frames(path: Path) -> list:
     """Every frame of a video file, as arrays."""
     import imageio.v2 as imageio

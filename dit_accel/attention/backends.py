@@ -137,6 +137,13 @@ def _torch_sdpa(forced: SDPBackend | None) -> AttentionFn:
     return run
 
 
+def _torch_sdpa_backend(name: str, description: str, requirement: Requirement,
+                        diffusers_backend: str) -> AttentionBackend:
+    """A torch SDPA backend: the kernel `TORCH_SDPA_KERNELS[name]` forces, run by diffusers as `diffusers_backend`."""
+    return AttentionBackend(name, description, _torch_sdpa(TORCH_SDPA_KERNELS[name]), requirement,
+                            diffusers_backend=diffusers_backend)
+
+
 # --- flash-attn-4 (CuTe DSL) --------------------------------------------------------------------
 
 def _fa4_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
@@ -407,24 +414,15 @@ _FA3_REQUIREMENTS = _requirements(_needs_cuda((9, 0), "FlashAttention-3"),
 BACKENDS: dict[str, AttentionBackend] = {
     backend.name: backend
     for backend in (
-        AttentionBackend(
-            "native", "diffusers' default: torch SDPA picks its kernel",
-            _torch_sdpa(TORCH_SDPA_KERNELS["native"]), _runs_anywhere, diffusers_backend="native"),
-        AttentionBackend(
-            "flash", "torch SDPA forced to its FlashAttention-2 kernel",
-            _torch_sdpa(TORCH_SDPA_KERNELS["flash"]), _needs_cuda((8, 0), "torch SDPA flash"),
-            diffusers_backend="_native_flash"),
-        AttentionBackend(
-            "cudnn", "torch SDPA forced to cuDNN attention (bf16/fp16)",
-            _torch_sdpa(TORCH_SDPA_KERNELS["cudnn"]), _needs_cuda((8, 0), "torch SDPA cuDNN"),
-            diffusers_backend="_native_cudnn"),
-        AttentionBackend(
-            "efficient", "torch SDPA forced to its memory-efficient kernel",
-            _torch_sdpa(TORCH_SDPA_KERNELS["efficient"]), _needs_cuda((5, 0), "torch SDPA efficient"),
-            diffusers_backend="_native_efficient"),
-        AttentionBackend(
-            "math", "torch SDPA forced to its math path (materializes the S x S scores)",
-            _torch_sdpa(TORCH_SDPA_KERNELS["math"]), _runs_anywhere, diffusers_backend="_native_math"),
+        _torch_sdpa_backend("native", "diffusers' default: torch SDPA picks its kernel", _runs_anywhere, "native"),
+        _torch_sdpa_backend("flash", "torch SDPA forced to its FlashAttention-2 kernel",
+                            _needs_cuda((8, 0), "torch SDPA flash"), "_native_flash"),
+        _torch_sdpa_backend("cudnn", "torch SDPA forced to cuDNN attention (bf16/fp16)",
+                            _needs_cuda((8, 0), "torch SDPA cuDNN"), "_native_cudnn"),
+        _torch_sdpa_backend("efficient", "torch SDPA forced to its memory-efficient kernel",
+                            _needs_cuda((5, 0), "torch SDPA efficient"), "_native_efficient"),
+        _torch_sdpa_backend("math", "torch SDPA forced to its math path (materializes the S x S scores)",
+                            _runs_anywhere, "_native_math"),
         AttentionBackend(
             "fa4", "flash-attn-4 (CuTe DSL), flash_attn.cute.flash_attn_func, bf16/fp16",
             _fa4_run,

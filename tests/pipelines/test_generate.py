@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from testing import invoke_cli, read_video_frames
+from testing import compare_with_fake_fp8, invoke_cli, read_video_frames
 
 from dit_accel.cli import main
 from dit_accel.pipelines.tiny_wan import DEFAULTS as WAN_DEFAULTS
@@ -67,24 +67,10 @@ def test_compare_reports_quality_and_speedup(tiny_wan, tmp_path, monkeypatch, fa
     run's attention went through the patch (calls served and recorded), the bf16 run was not patched,
     and the comparison is reported. It says nothing about the FP8 kernel's accuracy: the fake computes
     what native attention computes, so the videos are expected to be (nearly) identical."""
-    from dit_accel.commands import generate as generate_command
-    from dit_accel.patching import apply
-
-    real_patch = apply.patch_attention
-    monkeypatch.setattr(generate_command, "check_attention", lambda attention, device: None)
-    monkeypatch.setattr(apply, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
     out = tmp_path / "run"
-    result = invoke_cli("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--compare", "bf16", "--no-warmup")
-    assert result.exit_code == 0, result.output
-    assert "PSNR" in result.output and "speed-up" in result.output
-    report = json.loads((out / "report.json").read_text())
-    bf16_run, fp8_run = report["runs"]
-    assert [bf16_run["attention"], fp8_run["attention"]] == ["bf16", "fp8"]
+    report, patch = compare_with_fake_fp8(tiny_wan, out, monkeypatch)
     # Every attention call of the fp8 run (and none of the bf16 run: no warm-up) reached the fake.
-    assert bf16_run["attention_patch"] == {}
-    assert fp8_run["attention_patch"]["backend"] == "fake" and fp8_run["attention_patch"]["fallback_calls"] == {}
-    assert fp8_run["attention_patch"]["served_calls"] > 0
-    assert len(fake_backend.calls) == fp8_run["attention_patch"]["served_calls"]
+    assert patch["served_calls"] > 0 and len(fake_backend.calls) == patch["served_calls"]
     comparison = report["comparison"]
     assert len(comparison["psnr_db_per_frame"]) == len(comparison["ssim_per_frame"]) == WAN_DEFAULTS["frames"]
     assert comparison["ssim_min"] > 0.9

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from testing import invoke_cli, read_video_frames
+from testing import compare_with_fake_fp8, invoke_cli, read_video_frames
 
 from dit_accel.pipelines import tiny_cogvideox, tiny_skyreels_v2
 from dit_accel.pipelines.tiny_wan import TRANSFORMER_CONFIG as WAN_TRANSFORMER_CONFIG
@@ -82,17 +82,6 @@ def test_generate_writes_a_playable_video_and_a_report(tiny_folders, family, tmp
     assert report["outputs"][0]["frames"] == d["frames"]
 
 
-def _fp8_served_by_fake(monkeypatch):
-    """`fp8` served by the routed test backend `fake` through the real patching seam (the FP8 kernel needs a
-    GPU), as tests/pipelines/test_generate.py::test_compare_reports_quality_and_speedup does."""
-    from dit_accel.commands import generate as generate_command
-    from dit_accel.patching import apply
-
-    real_patch = apply.patch_attention
-    monkeypatch.setattr(generate_command, "check_attention", lambda attention, device: None)
-    monkeypatch.setattr(apply, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_compare_routes_every_attention_call(tiny_folders, tmp_path, monkeypatch, fake_backend, family):
     """A routed backend reaches every attention call of both pipelines: SkyReels-V2's processors call diffusers'
@@ -100,17 +89,8 @@ def test_compare_routes_every_attention_call(tiny_folders, tmp_path, monkeypatch
     torch's `F.scaled_dot_product_attention` themselves (one joint attention a block, the guidance batched)."""
     folder, _ = tiny_folders[family]
     facts, d = FAMILIES[family], FAMILIES[family].defaults
-    _fp8_served_by_fake(monkeypatch)
     out = tmp_path / "run"
-    result = invoke_cli("generate", "--pipeline", str(folder), "--out", str(out), "--compare", "bf16", "--no-warmup")
-    assert result.exit_code == 0, result.output
-    assert "PSNR" in result.output and "speed-up" in result.output
-    report = json.loads((out / "report.json").read_text())
-    bf16_run, fp8_run = report["runs"]
-    assert [bf16_run["attention"], fp8_run["attention"]] == ["bf16", "fp8"]
-    assert bf16_run["attention_patch"] == {}
-    patch = fp8_run["attention_patch"]
-    assert patch["backend"] == "fake" and patch["fallback_calls"] == {}
+    report, patch = compare_with_fake_fp8(folder, out, monkeypatch)
     assert patch["served_calls"] == d["steps"] * facts.passes_per_step * facts.attention_calls_per_pass
     assert len(fake_backend.calls) == patch["served_calls"]
     comparison = report["comparison"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import imageio.v2 as imageio
 import pytest
 from click.testing import CliRunner
-from testing import invoke_cli
+from testing import compare_with_fake_fp8, invoke_cli
 
 from dit_accel.cli import main
 from dit_accel.pipelines.tiny_h3 import AUDIO_VAE_CONFIG, DEFAULTS as H3_DEFAULTS, TRANSFORMER_CONFIG
@@ -91,20 +91,7 @@ def test_compare_sends_every_h3_attention_call_to_the_patched_backend(tiny_h3, t
     """--compare bf16 on the CPU, with `fp8` served by the recording test backend `fake` through the real
     patching seam (the FP8 kernel needs a GPU): the patch finds the modular pipeline's transformer, and every
     attention call of the fp8 run (blocks and text refiner, every step) reaches the backend, none falls back."""
-    from dit_accel.commands import generate as generate_command
-    from dit_accel.patching import apply
-
-    real_patch = apply.patch_attention
-    monkeypatch.setattr(generate_command, "check_attention", lambda attention, device: None)
-    monkeypatch.setattr(apply, "patch_attention", lambda pipe, backend="fp8", **kw: real_patch(pipe, "fake", **kw))
-    out = tmp_path / "run"
-    result = invoke_cli("generate", "--pipeline", str(tiny_h3), "--out", str(out), "--compare", "bf16", "--no-warmup")
-    assert result.exit_code == 0, result.output
-    report = json.loads((out / "report.json").read_text())
-    bf16_run, fp8_run = report["runs"]
-    assert bf16_run["attention_patch"] == {}
-    patch = fp8_run["attention_patch"]
-    assert patch["backend"] == "fake" and patch["fallback_calls"] == {}
+    report, patch = compare_with_fake_fp8(tiny_h3, tmp_path / "run", monkeypatch)
     assert patch["served_calls"] == len(fake_backend.calls) == ATTENTION_CALLS_PER_STEP * H3_DEFAULTS["steps"]
     assert len(report["comparison"]["psnr_db_per_frame"]) == H3_DEFAULTS["frames"]
     assert report["comparison"]["ssim_min"] > 0.9
