@@ -7,7 +7,6 @@ import inspect
 import sys
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 ATTENTION_CORE = "attention core"  # `profiling.classify.ATTENTION_RANGE`: every kernel in it is attention
@@ -40,8 +39,8 @@ def _attention_entry(module_name: str) -> tuple[str, str] | None:
     module = sys.modules[module_name]
     if callable(getattr(module, "dispatch_attention_fn", None)):
         return module_name, "dispatch_attention_fn"
-    functional = getattr(module, "F", None)  # torch.nn.functional, or the stand-in a routed backend puts there
-    if functional is torch.nn.functional or callable(getattr(functional, "scaled_dot_product_attention", None)):
+    # `F`: torch.nn.functional, or the stand-in a routed backend puts there
+    if callable(getattr(getattr(module, "F", None), "scaled_dot_product_attention", None)):
         return module_name, "F.scaled_dot_product_attention"
     return None
 

@@ -277,22 +277,6 @@ def _make_sdpa_stand_in(functional: Any, users: list) -> Namespace:
 _SDPA_STAND_INS = ModelGlobalSwap(FUNCTIONAL_GLOBAL, _make_sdpa_stand_in)
 
 
-def _sdpa_calling_modules(module: nn.Module, exclude: tuple[nn.Module, ...]) -> dict[nn.Module, ModuleType]:
-    """The attention modules under `module` (outside `exclude`) whose processor has no `_attention_backend`
-    and whose file calls torch's SDPA through `F`, each with that file."""
-    skipped = {id(m) for kept in exclude for m in kept.modules()}
-    found: dict[nn.Module, ModuleType] = {}
-    for submodule in module.modules():
-        processor = getattr(submodule, "processor", None)
-        if id(submodule) in skipped or processor is None or hasattr(processor, "_attention_backend"):
-            continue
-        file = model_file(processor, FUNCTIONAL_GLOBAL)
-        functional = getattr(file, FUNCTIONAL_GLOBAL, None)
-        if callable(getattr(functional, "scaled_dot_product_attention", None)):
-            found[submodule] = file
-    return found
-
-
 def _choose_while_running(modules: list[nn.Module], choice: RoutedBackend | SDPBackend) -> list[RemovableHandle]:
     """Forward hooks that make `choice` the running choice inside each module's forward, and clear it after."""
 
@@ -327,18 +311,25 @@ class AttentionBackendSwap:
     restored: bool = False
 
 
-def _attention_processors(module: nn.Module, exclude: tuple[nn.Module, ...] = ()) -> list[Any]:
-    """Each distinct processor under `module`, outside the `exclude` subtrees, that has a selectable
-    `_attention_backend`."""
+def _attention_processors(module: nn.Module,
+                          exclude: tuple[nn.Module, ...]) -> tuple[list[Any], dict[nn.Module, ModuleType]]:
+    """Under `module`, outside the `exclude` subtrees: each distinct processor that has a selectable
+    `_attention_backend`; and each attention module whose processor has none but whose file calls torch's SDPA
+    through `F`, with that file."""
     skipped = {id(m) for kept in exclude for m in kept.modules()}
     processors: dict[int, Any] = {}
+    sdpa_calling: dict[nn.Module, ModuleType] = {}
     for submodule in module.modules():
-        if id(submodule) in skipped:
-            continue
         processor = getattr(submodule, "processor", None)
-        if processor is not None and hasattr(processor, "_attention_backend"):
+        if id(submodule) in skipped or processor is None:
+            continue
+        if hasattr(processor, "_attention_backend"):
             processors.setdefault(id(processor), processor)
-    return list(processors.values())
+            continue
+        file = model_file(processor, FUNCTIONAL_GLOBAL)
+        if callable(getattr(getattr(file, FUNCTIONAL_GLOBAL, None), "scaled_dot_product_attention", None)):
+            sdpa_calling[submodule] = file
+    return list(processors.values()), sdpa_calling
 
 
 def _module_device(module: nn.Module) -> torch.device:
@@ -363,8 +354,7 @@ def set_attention_backend_by_name(module: nn.Module, name: str, *, exclude: tupl
     if hold_reason is not None and not backend.routed:
         raise UserError(f"attention backend {name!r} is a diffusers backend: it cannot be switched per step; "
                         "keep steps in bf16 only with a custom backend (fa4, fp8)")
-    processors = _attention_processors(module, exclude)
-    sdpa_calling = _sdpa_calling_modules(module, exclude)
+    processors, sdpa_calling = _attention_processors(module, exclude)
     if not processors and not sdpa_calling:
         raise UserError(f"{type(module).__name__} has no diffusers attention processors to set a backend on")
 
