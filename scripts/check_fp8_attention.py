@@ -151,13 +151,19 @@ def time_h3_shape(report: dict, budget_s: float) -> None:
         report["timing"].append({"error": f"{type(e).__name__}: {e}"[:1000]})
 
 
+def keep_ptx_in(out_dir: str) -> str:
+    """Make `out_dir` and its `ptx/`, where CuTe DSL keeps each compiled kernel's PTX; returns `ptx/`. Call it
+    before cutlass is imported."""
+    ptx_dir = os.path.join(out_dir, "ptx")
+    os.makedirs(ptx_dir, exist_ok=True)
+    os.environ.setdefault("CUTE_DSL_KEEP", "ptx")
+    os.environ.setdefault("CUTE_DSL_DUMP_DIR", ptx_dir)
+    return ptx_dir
+
+
 def main(argv=None):
     args = parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    ptx_dir = os.path.join(args.out, "ptx")
-    os.makedirs(ptx_dir, exist_ok=True)
-    os.environ.setdefault("CUTE_DSL_KEEP", "ptx")  # must be set before cutlass is imported
-    os.environ.setdefault("CUTE_DSL_DUMP_DIR", ptx_dir)
+    ptx_dir = keep_ptx_in(args.out)
     started = time.time()
 
     import torch

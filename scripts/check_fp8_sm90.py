@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling script's helpers
 from check_fp8_attention import (  # noqa: E402
-    print_timing, ptx_text, ptxas_report, sdpa_cases, timing_entries, write_report)
+    keep_ptx_in, print_timing, ptx_text, ptxas_report, sdpa_cases, timing_entries, write_report)
 
 DEFAULT = "default"  # the variant fp8_attention runs, resolved per head dim and key length (`resolve`)
 COMPILE_REPORT_KEYS = (4096, 30272)  # key lengths whose "default" the compile report builds (both D128 plans)
@@ -178,11 +178,7 @@ def time_variants(kernels: Kernels, variants: list, args: argparse.Namespace, de
 
 def main(argv=None):
     args = parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    ptx_dir = os.path.join(args.out, "ptx")
-    os.makedirs(ptx_dir, exist_ok=True)
-    os.environ.setdefault("CUTE_DSL_KEEP", "ptx")  # must be set before cutlass is imported
-    os.environ.setdefault("CUTE_DSL_DUMP_DIR", ptx_dir)
+    ptx_dir = keep_ptx_in(args.out)
     started = time.time()
 
     import torch

@@ -192,6 +192,23 @@ def compare_with_fake_fp8(folder: Path, out: Path, monkeypatch) -> tuple[dict, d
     return report, patch
 
 
+def compare_with_the_fp8_kernel(folder: Path, out: Path, monkeypatch) -> tuple[dict, dict]:
+    """`generate --compare bf16` on the GPU with the real FP8 kernel (needs sm_89+: skips below), routing by the
+    measured crossover off (it would send tiny calls to diffusers' default; tests/attention/test_crossover.py
+    covers it): checks the run; (report.json, the fp8 run)."""
+    import json
+
+    monkeypatch.setenv("DIT_ACCEL_CROSSOVER", "off")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("the FP8 kernel needs sm_89 or newer")
+    result = invoke_cli("generate", "--pipeline", str(folder), "--out", str(out), "--compare", "bf16",
+                        "--device", "cuda", "--dtype", "bf16")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["run_kind"] == "gpu"
+    return report, next(run for run in report["runs"] if run["attention"] == "fp8")
+
+
 def read_video_frames(path: Path) -> list:
     """Every frame of a video file, as arrays."""
     import imageio.v2 as imageio

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from testing import compare_with_fake_fp8, invoke_cli, read_video_frames
+from testing import compare_with_fake_fp8, compare_with_the_fp8_kernel, invoke_cli, read_video_frames
 
 from dit_accel.cli import main
 from dit_accel.pipelines.tiny_wan import DEFAULTS as WAN_DEFAULTS
@@ -29,7 +29,7 @@ def test_tiny_wan_folder_is_a_diffusers_pipeline(tiny_wan):
 def test_generate_writes_a_playable_video_and_a_report(tiny_wan, tmp_path):
     out = tmp_path / "run"
     result = invoke_cli("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--prompt", "a cat at night",
-                     "--seed", "3")
+                        "--seed", "3")
     assert result.exit_code == 0, result.output
     assert "Stage times" in result.output and "VAE decode" in result.output
     frames = read_video_frames(out / "video.mp4")
@@ -50,7 +50,7 @@ def test_generate_writes_a_playable_video_and_a_report(tiny_wan, tmp_path):
 def test_options_override_the_tiny_defaults(tiny_wan, tmp_path):
     out = tmp_path / "run"
     result = invoke_cli("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--frames", "5", "--height", "32",
-                     "--width", "48", "--steps", "2", "--guidance", "1.0", "--no-warmup")
+                        "--width", "48", "--steps", "2", "--guidance", "1.0", "--no-warmup")
     assert result.exit_code == 0, result.output
     assert "5 frames of 32x48 " in result.output  # height x width, as everywhere else
     frames = read_video_frames(out / "video.mp4")
@@ -224,19 +224,8 @@ def test_make_tiny_pipeline_refuses_a_non_empty_folder(tmp_path):
 @pytest.mark.gpu
 def test_generate_on_the_gpu_in_bf16_and_fp8(tiny_wan, tmp_path, monkeypatch):
     """On an sm_89+ GPU: the tiny pipeline in bf16 against fp8 attention (the real kernel)."""
-    # The kernel itself is under test: routing by the measured crossover would send these tiny calls to
-    # diffusers' default (tests/attention/test_crossover.py covers that).
-    monkeypatch.setenv("DIT_ACCEL_CROSSOVER", "off")
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("the FP8 kernel needs sm_89 or newer")
-    out = tmp_path / "run"
-    result = invoke_cli("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--compare", "bf16",
-                     "--device", "cuda", "--dtype", "bf16")
-    assert result.exit_code == 0, result.output
-    report = json.loads((out / "report.json").read_text())
-    assert report["run_kind"] == "gpu"
+    report, fp8_run = compare_with_the_fp8_kernel(tiny_wan, tmp_path / "run", monkeypatch)
     assert report["comparison"]["ssim_mean"] > 0.5
-    fp8_run = next(run for run in report["runs"] if run["attention"] == "fp8")
     # Every attention call went to the FP8 kernel (the tiny pipeline's head dim, 64, is one it takes).
     assert fp8_run["attention_patch"]["served_calls"] > 0
     assert fp8_run["attention_patch"]["fallback_calls"] == {}
@@ -255,7 +244,7 @@ def test_generate_with_streamed_transformer_matches_resident(tiny_wan, tmp_path)
     resident, streamed = tmp_path / "resident", tmp_path / "streamed"
     for out, offload in ((resident, "resident"), (streamed, "stream")):
         result = invoke_cli("generate", "--pipeline", str(tiny_wan), "--out", str(out), "--device", "cuda",
-                         "--dtype", "bf16", "--offload", offload)
+                            "--dtype", "bf16", "--offload", offload)
         assert result.exit_code == 0, result.output
     report = json.loads((streamed / "report.json").read_text())
     assert report["offload"] == "stream"

@@ -11,7 +11,7 @@ from pathlib import Path
 import imageio.v2 as imageio
 import pytest
 from click.testing import CliRunner
-from testing import compare_with_fake_fp8, invoke_cli
+from testing import compare_with_fake_fp8, compare_with_the_fp8_kernel, invoke_cli
 
 from dit_accel.cli import main
 from dit_accel.pipelines.tiny_h3 import AUDIO_VAE_CONFIG, DEFAULTS as H3_DEFAULTS, TRANSFORMER_CONFIG
@@ -155,20 +155,7 @@ def test_the_wav_holds_the_channels_interleaved_as_16_bit_samples(tmp_path):
 @pytest.mark.gpu
 def test_generate_h3_on_the_gpu_in_bf16_and_fp8(tiny_h3, tmp_path, monkeypatch):
     """On an sm_89+ GPU: the tiny H3 pipeline in bf16 against fp8 attention (the real kernel), every call served."""
-    # The kernel itself is under test: routing by the measured crossover would send these tiny calls to
-    # diffusers' default (tests/attention/test_crossover.py covers that).
-    monkeypatch.setenv("DIT_ACCEL_CROSSOVER", "off")
-    import torch
-
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("the FP8 kernel needs sm_89 or newer")
-    out = tmp_path / "run"
-    result = invoke_cli("generate", "--pipeline", str(tiny_h3), "--out", str(out), "--compare", "bf16",
-                     "--device", "cuda", "--dtype", "bf16")
-    assert result.exit_code == 0, result.output
-    report = json.loads((out / "report.json").read_text())
-    assert report["run_kind"] == "gpu"
-    fp8_run = next(run for run in report["runs"] if run["attention"] == "fp8")
+    report, fp8_run = compare_with_the_fp8_kernel(tiny_h3, tmp_path / "run", monkeypatch)
     # Head dim 64 is one the kernel takes: no call falls back.
     assert fp8_run["attention_patch"]["served_calls"] == ATTENTION_CALLS_PER_STEP * H3_DEFAULTS["steps"]
     assert fp8_run["attention_patch"]["fallback_calls"] == {}
