@@ -56,6 +56,7 @@ class _Shared:
     def __init__(self):
         self.meta_model: nn.Module | None = None
         self.captures: dict[tuple, list[StackCapture]] = {}
+        self.scaled_down: _Shared | None = None  # what the scaled-down config's adapters share
 
 
 class BlockAdapter:
@@ -80,7 +81,10 @@ class BlockAdapter:
 
     def scaled_down(self) -> "BlockAdapter":
         """The family's scaled-down config for CPU runs (minutes on two cores, not hours), on the same stack."""
-        return BlockAdapter(self.spec, {**self.config, **self.spec.scaled_down}, preset=self.preset, stack=self.stack)
+        if self._shared.scaled_down is None:
+            self._shared.scaled_down = _Shared()
+        return BlockAdapter(self.spec, self.scaled_down_config(), preset=self.preset, stack=self.stack,
+                            _shared=self._shared.scaled_down)
 
     # --- the family --------------------------------------------------------------------------------------
     @property
@@ -324,29 +328,27 @@ class BlockAdapter:
                 inputs[name] = value
         return inputs
 
-    def attention_calls(self, workload: Workload) -> list[AttentionCall] | None:
-        """This stack's block's attention calls in the pass: from a capture already made on a device, else from
-        one on the meta device (shapes only); None where the model's forward cannot run on meta (a
-        data-dependent step) and nothing has run yet."""
-        for (key, device, _, _), captures in self._shared.captures.items():
+    def _pass_capture(self, workload: Workload) -> StackCapture:
+        """This stack's capture of `workload`'s pass: one already made on a device, else one on the meta device
+        (shapes only)."""
+        for (key, _, _, _), captures in self._shared.captures.items():
             if key == workload.key:
-                return next(c for c in captures if c.name == self.stack).attention_calls
+                return next(c for c in captures if c.name == self.stack)
+        return self.stack_capture(workload, torch.device("meta"), torch.float32)
+
+    def attention_calls(self, workload: Workload) -> list[AttentionCall] | None:
+        """This stack's block's attention calls in the pass (`_pass_capture`); None where the model's forward
+        cannot run on meta (a data-dependent step) and nothing has run yet."""
         try:
-            return self.stack_capture(workload, torch.device("meta"), torch.float32).attention_calls
+            return self._pass_capture(workload).attention_calls
         except Exception:  # noqa: BLE001 (a forward with a data-dependent step cannot run on meta)
             return None
 
     def flops_per_linear(self, block: nn.Module, workload: Workload) -> dict[str, float]:
         """Each nn.Linear of the block by name: 2 * rows * in * out FLOPs, with the rows it saw in the pass."""
-        rows = self._linear_rows(workload)
+        rows = self._pass_capture(workload).linear_rows
         return {name: 2.0 * rows.get(name, 0) * module.in_features * module.out_features
                 for name, module in block.named_modules() if isinstance(module, nn.Linear)}
-
-    def _linear_rows(self, workload: Workload) -> dict[str, int]:
-        for (key, _, _, _), captures in self._shared.captures.items():
-            if key == workload.key:
-                return next(c for c in captures if c.name == self.stack).linear_rows
-        return self.stack_capture(workload, torch.device("meta"), torch.float32).linear_rows
 
     def shape_capture(self) -> StackCapture:
         """This stack's block in the family's default pass, shapes only: on the meta device where the model's
