@@ -3,6 +3,7 @@
 #   bash scripts/gpu_session.sh [STEP ...]     steps: env fp8 profile budget compare offload bench tests-kernels tests tests-full
 #                                              sweep variants sanitize generate compile-check recipes recipes-wan
 #                                              generate-compile crossover validate-model stages
+#                                              families families-validate (those two: not in the default)
 #                                              (default: all)
 # Wheels carried in .whl/ (e.g. imageio-ffmpeg, which the GPU image lacks) are installed first.
 # Results go under $OUT (or ./gpu-results): one log per step and one archive, because the device
@@ -75,6 +76,33 @@ step crossover 300 python3 -m dit_accel bench-attention --crossover --out "$work
 step validate-model 420 bash -c "python3 -m dit_accel profile-block --validate model --runs 5 --out $work/validate-model \
   && python3 -m dit_accel profile-block --validate model --offload stream --memory-budget 16GiB --runs 3 --out $work/validate-model-stream"
 step stages 600 python3 -m dit_accel profile-block --stages all --compare-attn cudnn,fp8+prologue+fp8-linear+compile --runs 2 --warmup 1 --out "$work/stages"
+
+# The other families, one job per GPU at a time (a device with several GPUs runs them side by side): each
+# family's block by recipe (diffusers' default eager, torch.compile + torchao FP8 linears +
+# cuDNN, ours), then whole transformers against their extrapolation. Logs and runs in $work/NAME/.
+on_gpus() {  # on_gpus NAME SECONDS < jobs (one command a line), round-robin over the visible GPUs
+  local name=$1 limit=$2 gpus jobs t0=$SECONDS
+  [[ " $steps " == *" $name "* ]] || return 0
+  gpus=$(nvidia-smi -L | wc -l)
+  mapfile -t jobs
+  mkdir -p "$work/$name"
+  for ((g = 0; g < gpus; g++)); do
+    (for ((j = g; j < ${#jobs[@]}; j += gpus)); do
+      CUDA_VISIBLE_DEVICES=$g timeout "$limit" bash -c "${jobs[j]}" >"$work/$name/job$j.log" 2>&1
+      echo "step $name job $j (GPU $g): exit $? at $((SECONDS - t0)) s: ${jobs[j]}" | tee -a "$work/steps.txt"
+    done) &
+  done
+  wait
+}
+family_recipes=${FAMILY_RECIPES:-cudnn,cudnn+fp8-linear+compile,fp8+fp8-linear+compile}
+for family in ${FAMILIES:-hunyuan-video hunyuan-video-1.5 ltx-video cogvideox mochi skyreels-v2 sana-video allegro \
+    motif-video}; do
+  echo "python3 -m dit_accel profile-block --model $family --runs 3 --warmup 1 --compare-attn $family_recipes \
+    --out $work/families/$family"
+done | on_gpus families ${FAMILY_LIMIT:-560}
+for family in ${VALIDATE_FAMILIES:-cogvideox mochi hunyuan-video ltx-video}; do
+  echo "python3 -m dit_accel profile-block --model $family --validate model --runs 3 --out $work/families-validate/$family"
+done | on_gpus families-validate 560
 
 tar czf "$out/results.tgz" -C "$work" --exclude='cache' --exclude='*.json.gz' .
 cat "$work/steps.txt"

@@ -30,7 +30,8 @@ def fake_backend(monkeypatch):
     from dit_accel.attention.backends import AttentionBackend
 
     kernel = RecordingSdpa()
-    backend = AttentionBackend("fake", "test double", kernel, lambda device: None, routed=True)
+    backend = AttentionBackend("fake", "test double", kernel, lambda device: None, routed=True,
+                               serves_reason=lambda q, k, v: None)
     monkeypatch.setitem(backends.BACKENDS, "fake", backend)
     return kernel
 

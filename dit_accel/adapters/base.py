@@ -148,8 +148,10 @@ class BlockAdapter:
             head_dims, shapes = [c["attention_head_dim"]], "the config, and the scaled-down forward on the CPU"
         if any(d not in (64, 128) for d in head_dims):
             fp8 = f"no: head dim {'/'.join(map(str, head_dims))} (the kernel takes 64, 128)"
-        elif calls and any(call.masked for call in calls if call.kind != "cross"):
+        elif any(call.masked and not call.key_padding for call in calls if call.kind != "cross"):
             fp8 = "masked joint attention: to diffusers, counted"
+        elif any(call.key_padding for call in calls):
+            fp8 = "yes (text padding: on the kept keys)"
         else:
             fp8 = "yes"
         frames, height, width = self.facts.video if self.spec.default_seq_len is None else (None, None, None)

@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..attention.key_padding import shape_reason
+
 SDPA_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 
 
@@ -35,7 +37,8 @@ class AttentionCall:
     """One attention call of a block: [batch, heads, q_len, kv_len, head_dim], made by attention module
     `module` (its path in the block); `kind` is self (queries and keys are the block's rows), joint (the
     block's rows with other rows joined, e.g. text) or cross (keys from other rows); `masked` whether a mask
-    went with it."""
+    went with it, `key_padding` whether it is one the router serves on the kept keys (`attention.key_padding`,
+    by its shape)."""
 
     module: str
     kind: str
@@ -45,6 +48,7 @@ class AttentionCall:
     kv_len: int
     head_dim: int
     masked: bool = False
+    key_padding: bool = False
 
     @property
     def flops(self) -> float:
@@ -115,8 +119,10 @@ class _SdpaRecorder(TorchFunctionMode):
             batch, heads, q_len, head_dim = q.shape[0], q.shape[-3], q.shape[-2], q.shape[-1]
             kv_len = k.shape[-2]
             kind = ("cross" if kv_len != q_len else "self" if q_len == stack.rows else "joint")
+            mask = call.get("attn_mask")
+            key_padding = mask is not None and shape_reason(mask, q.transpose(-3, -2), k.transpose(-3, -2)) is None
             stack.attention_calls.append(AttentionCall(module, kind, batch, heads, q_len, kv_len, head_dim,
-                                                       call.get("attn_mask") is not None))
+                                                       mask is not None, key_padding))
         return func(*args, **kwargs)
 
 

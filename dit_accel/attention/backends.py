@@ -60,6 +60,9 @@ class AttentionBackend:
     diffusers_backend: str | None = None
     routed: bool = False
     phases: TwoPhases | None = None
+    # Metadata-only: why `run` cannot serve these q/k/v (None: it can). A routed backend that has it also
+    # serves calls under a key-padding mask (`key_padding`), which must know before it runs.
+    serves_reason: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "str | None"] | None = None
 
     def __post_init__(self) -> None:
         if self.diffusers_backend is not None and self.routed:
@@ -146,13 +149,20 @@ def _torch_sdpa_backend(name: str, description: str, requirement: Requirement,
 
 # --- flash-attn-4 (CuTe DSL) --------------------------------------------------------------------
 
-def _fa4_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """flash_attn.cute.flash_attn_func: fp16/bf16, head dim <= 256 and a multiple of 8."""
+def _fa4_serves_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """flash_attn.cute.flash_attn_func takes fp16/bf16, head dims <= 256 and multiples of 8."""
     head_dim = q.shape[-1]
     if q.dtype not in (torch.float16, torch.bfloat16):
-        raise BackendCannotServe(f"fa4 takes fp16/bf16, not {q.dtype}")
+        return f"fa4 takes fp16/bf16, not {q.dtype}"
     if head_dim > 256 or head_dim % 8 or v.shape[-1] % 8:
-        raise BackendCannotServe(f"fa4 takes head dims <= 256 that are multiples of 8, not {head_dim}")
+        return f"fa4 takes head dims <= 256 that are multiples of 8, not {head_dim}"
+    return None
+
+
+def _fa4_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    reason = _fa4_serves_reason(q, k, v)
+    if reason is not None:
+        raise BackendCannotServe(reason)
     from flash_attn.cute import flash_attn_func
 
     result = flash_attn_func(q, k, v, softmax_scale=scale)
@@ -185,6 +195,13 @@ class _Fp8CannotServe:
 
 
 _FP8_CANNOT_SERVE = _Fp8CannotServe()
+
+
+def _fp8_serves_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kernel: str = "auto") -> str | None:
+    """The kernel's own limits (`can_implement`: tensors, a CUDA device with FP8 MMA, the variant), metadata only."""
+    from ..kernels.fp8_attention.op import can_implement
+
+    return can_implement(q, k, v, kernel)
 
 
 def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, *,
@@ -244,7 +261,8 @@ def _fp8_backend(name: str, kernel: str, description: str) -> "AttentionBackend"
                       _needs_module("dit_accel.kernels.fp8_attention", "pip install -e .[kernels]"),
                       _needs_module("cutlass.cute", "pip install nvidia-cutlass-dsl")),
         routed=True,
-        phases=TwoPhases(prepare=functools.partial(_fp8_prepare, kernel=kernel), kernel=_fp8_kernel))
+        phases=TwoPhases(prepare=functools.partial(_fp8_prepare, kernel=kernel), kernel=_fp8_kernel),
+        serves_reason=functools.partial(_fp8_serves_reason, kernel=kernel))
 
 
 # --- FlashAttention-3 (the fa3-fwd package, sm_90a): bf16, and FP8 with its own quantization --------
@@ -428,7 +446,7 @@ BACKENDS: dict[str, AttentionBackend] = {
             _fa4_run,
             _requirements(_needs_cuda((9, 0), "fa4"),
                           _needs_module("flash_attn.cute", "pip install flash-attn-4")),
-            routed=True),
+            routed=True, serves_reason=_fa4_serves_reason),
         AttentionBackend(
             "fa3", "FlashAttention-3 forward (fa3-fwd), bf16/fp16",
             _fa3_run, _FA3_REQUIREMENTS, routed=True),

@@ -15,14 +15,17 @@ active backend, so leaving the context restores everything.
 Custom backends (`routed`: fa4, our fp8): the enum is closed, so the processors get a
 `RoutedBackend` object instead, and the `dispatch_attention_fn` global of each processor's model
 file is replaced by a router. The router forwards every call unchanged unless its `backend` is a
-`RoutedBackend`; then it runs our kernel when the call is servable (no attn_mask, no dropout, not
-causal, no GQA, no extra attention_kwargs, no ring attention, no autograd, and the backend does
-not raise `BackendCannotServe` for the head dim/dtype) and otherwise calls the original dispatch
-with `backend=None`, i.e. diffusers' default. Under diffusers' Ulysses context parallelism
-(`parallel_config` with a Ulysses degree, no ring) the call goes through diffusers' own templated
-context-parallel attention (its all-to-alls) with our kernel as the local attention op, so each
-rank runs our kernel on its share of the heads over the whole sequence. Each `RoutedBackend` counts calls served
-and calls fallen back, by reason, so a run can prove its attention went where it was meant to.
+`RoutedBackend`; then it runs our kernel when the call is servable (no attn_mask but a key-padding
+one, no dropout, not causal, no GQA, no extra attention_kwargs, no ring attention, no autograd, and
+the backend does not raise `BackendCannotServe` for the head dim/dtype) and otherwise calls the
+original dispatch with `backend=None`, i.e. diffusers' default. A key-padding mask (one row of kept
+keys per batch element: the text padding of joint attention) is served by backends with a metadata
+check (`serves_reason`: fp8, fa4) through `key_padding`, on the kept keys alone. Under diffusers'
+Ulysses context parallelism (`parallel_config` with a Ulysses degree, no ring) the call goes through
+diffusers' own templated context-parallel attention (its all-to-alls) with our kernel as the local
+attention op, so each rank runs our kernel on its share of the heads over the whole sequence. Each
+`RoutedBackend` counts calls served and calls fallen back, by reason, so a run can prove its attention
+went where it was meant to.
 
 Routing by measured crossover: where the device has crossover data (`attention.crossover`), a
 servable call whose nearest measured point was won by a fallback (e.g. cuDNN bf16 on a short key side)
@@ -63,6 +66,7 @@ from torch.utils.hooks import RemovableHandle
 from ..errors import UserError
 from ..patching.counts import CallCounts, CountedCalls
 from ..patching.model_globals import ModelGlobalSwap, Namespace, model_file
+from . import key_padding
 from .backends import BACKENDS, TORCH_SDPA_KERNELS, AttentionBackend, BackendCannotServe, get_backend
 from .crossover import ROUTED_REASON, Crossover, crossover_for
 
@@ -119,7 +123,8 @@ class RoutedBackend(CountedCalls):
     def decline_reason(self, arguments: dict[str, Any]) -> str | None:
         """Why this call does not go to our backend: it is not servable, its step or block is held, or the
         crossover measured a fallback faster at its shape ("routed: <name> measured faster"); None to serve."""
-        reason = _unservable_reason(arguments) or (self.hold_reason() if self.hold_reason else None)
+        reason = _unservable_reason(arguments, self.backend.serves_reason is not None) or (
+            self.hold_reason() if self.hold_reason else None)
         if reason is None and self.crossover is not None and arguments.get("parallel_config") is None:
             q, k = arguments["query"], arguments["key"]
             batch, seq_q, heads, head_dim = q.shape
@@ -135,6 +140,8 @@ class RoutedBackend(CountedCalls):
             try:
                 if arguments.get("parallel_config") is not None:
                     out = _ulysses_attention(self.backend, arguments)
+                elif arguments["attn_mask"] is not None:
+                    out = _key_padded_attention(self.backend, arguments)
                 else:
                     out = self.backend.run(arguments["query"], arguments["key"], arguments["value"], arguments["scale"])
             except BackendCannotServe as exc:
@@ -147,10 +154,14 @@ class RoutedBackend(CountedCalls):
         return original_dispatch(**{**arguments, "backend": self._fallback_values.get(reason)})
 
 
-def _unservable_reason(arguments: dict[str, Any]) -> str | None:
-    """Why a call needs more than plain softmax(q k^T * scale) v, or None when it does not."""
-    if arguments["attn_mask"] is not None:
-        return "attn_mask given"
+def _unservable_reason(arguments: dict[str, Any], key_padding_served: bool) -> str | None:
+    """Why a call needs more than softmax(q k^T * scale) v, over the keys a key-padding mask keeps where
+    `key_padding_served`, or None when it does not."""
+    mask = arguments["attn_mask"]
+    if mask is not None:
+        why = key_padding.shape_reason(mask, arguments["query"], arguments["key"]) if key_padding_served else None
+        if not key_padding_served or why is not None or arguments.get("parallel_config") is not None:
+            return f"attn_mask given ({why})" if why else "attn_mask given"
     if arguments["dropout_p"]:
         return "dropout_p > 0"
     if arguments["is_causal"]:
@@ -167,6 +178,16 @@ def _unservable_reason(arguments: dict[str, Any]) -> str | None:
     if torch.is_grad_enabled() and any(arguments[name].requires_grad for name in ("query", "key", "value")):
         return "autograd needed"
     return None
+
+
+def _key_padded_attention(backend: AttentionBackend, arguments: dict[str, Any]) -> torch.Tensor:
+    """A call under a key-padding mask: the backend's metadata check first (a refusal inside the op would be too
+    late to fall back), then the op that runs the backend on the kept keys."""
+    q, k, v = arguments["query"], arguments["key"], arguments["value"]
+    reason = backend.serves_reason(q, k, v)
+    if reason is not None:
+        raise BackendCannotServe(reason)
+    return key_padding.KEY_PADDED_ATTENTION(q, k, v, arguments["attn_mask"], arguments["scale"], backend.name)
 
 
 def _ulysses_attention(backend: AttentionBackend, arguments: dict[str, Any]) -> torch.Tensor:

@@ -152,6 +152,8 @@ class BackendRun:
     fp8_linears: dict[str, Any] | None = None  # FP8-linear recipes: which linears went FP8, which stayed
     fp8_linear_flops: float = 0.0  # of linear_flops, those of the linears that went FP8
     stack: str = ""  # the block stack the profiled block is of (its ModuleList's name in the model)
+    # routed recipes, one block call: attention calls served, and fallen back by reason ({"served", "fallback"})
+    attention_calls: dict[str, Any] | None = None
 
     @property
     def block_ms(self) -> float:
@@ -186,6 +188,6 @@ class BackendRun:
             "extrapolation": self.extrapolation.as_dict(), "output_vs_reference": self.output_vs_reference,
             "attention_rel_err": self.attention_rel_err, "next_levers": self.next_levers(ceilings),
             "compile": self.compile_stats.as_dict() if self.compile_stats else None,
-            "fp8_linears": self.fp8_linears,
+            "fp8_linears": self.fp8_linears, "attention_calls": self.attention_calls,
             "trace": str(p.trace_path) if p.trace_path else None,
         }

@@ -167,6 +167,22 @@ class _StackProfile:
     notes: list[str]
 
 
+def _attention_calls(applied) -> dict[str, Any] | None:
+    """The routed backend's counts so far ({"served": n, "fallback": {reason: n}}), None when nothing is routed."""
+    if applied.attention is None or not applied.attention.routed:
+        return None
+    summary = applied.attention.summary()
+    return {"served": summary["served_calls"], "fallback": dict(summary["fallback_calls"])}
+
+
+def _calls_since(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The calls counted between two `_attention_calls` (one block call's)."""
+    if before is None or after is None:
+        return None
+    fallback = {reason: n - before["fallback"].get(reason, 0) for reason, n in after["fallback"].items()}
+    return {"served": after["served"] - before["served"], "fallback": {r: n for r, n in fallback.items() if n}}
+
+
 def _profile_stack(s: ProfileSettings, adapter: BlockAdapter, run_dir: Path,
                    progress: SessionProgress) -> _StackProfile:
     """Every recipe on block `s.block_index` of `adapter`'s stack, then the attention error of each backend on
@@ -207,10 +223,12 @@ def _profile_stack(s: ProfileSettings, adapter: BlockAdapter, run_dir: Path,
                                     named_ranges=recipe.compile_mode is None, progress=progress, label=label)
             if compile_stats is not None:
                 compile_stats.graphs_after_first_call = _dynamo_counts()[1] - graphs_after_compile
+            calls_before = _attention_calls(applied)
             with torch.no_grad():
                 output = block(**inputs)
                 output = (output[0] if isinstance(output, tuple) else output).clone()  # a CUDA-graph replay
                 # would overwrite its own output buffer
+            attention_calls = _calls_since(calls_before, _attention_calls(applied))
             notes += applied.notes()
             if compile_stats is not None and compile_stats.graphs_after_first_call:
                 notes.append(f"{label}: {compile_stats.graphs_after_first_call} graph(s) recompiled after the "
@@ -223,7 +241,8 @@ def _profile_stack(s: ProfileSettings, adapter: BlockAdapter, run_dir: Path,
         measured[recipe.label] = dict(
             backend=recipe.label, stack=adapter.stack, profile=profile, attention_flops=attention_flops,
             linear_flops=linear_flops, output_vs_reference=error, compile_stats=compile_stats,
-            fp8_linears=linear_summary, fp8_linear_flops=sum(flops_per_linear[name] for name in fp8_names))
+            fp8_linears=linear_summary, fp8_linear_flops=sum(flops_per_linear[name] for name in fp8_names),
+            attention_calls=attention_calls)
 
     backends = list(dict.fromkeys(recipe.backend for recipe in s.recipes))
     with progress.stage(f"attention error on the block's own q/k/v{where} ({len(backends)} backend(s))"):

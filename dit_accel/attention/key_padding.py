@@ -1,0 +1,151 @@
+"""Attention under a key-padding mask, answered by an unmasked backend on the keys the mask keeps.
+
+HunyuanVideo and Motif-Video join the text rows to the video rows and mask the text padding with one boolean
+row per batch element ([B, 1, 1, S]); LTX-Video's cross-attention masks it with an additive bias repeated per
+head ([B, H, 1, S]: 0 kept, -10000 dropped); HunyuanVideo 1.5 builds the joint mask in full ([B, 1, S, S]:
+kept queries x kept keys). A masked key adds nothing to softmax(q k^T) v, so attending over the kept keys
+alone gives the same attention: each batch element's kept keys (a prefix is sliced, anything else gathered)
+go to the backend unmasked, one call for the batch when every element keeps the same keys. Queries a joint
+mask drops (the text padding's own rows) are answered by torch's SDPA with their mask rows, as diffusers'
+default backend answers them.
+
+Which rows are kept is read from the mask on the host (a few syncs per call), so the work is a custom op,
+`torch.ops.dit_accel.key_padded_attention`: torch.compile sees one opaque node and no graph break; CUDA
+graphs cannot capture it. A mask that is not key padding in value (a bias other than 0 or <= -1e4, rows
+that differ across heads, a joint mask that is not an outer product, a batch element with no kept key) is
+answered inside the op by torch's SDPA with the mask, as diffusers' default backend would answer it; the
+router counts such a call as served, since only the op sees the values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+DROPPED_BIAS = -1e4
+"""An additive bias at or below this drops its key: exp(-1e4) is 0 in every float format."""
+
+def shape_reason(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> str | None:
+    """Why `mask` cannot be key padding for [B, S, H, D] query/key, from its metadata alone, or None: bool or
+    floating, [B or 1, H or 1, 1, S_kv] (one row for every query), or bool [B or 1, H or 1, S_q, S_kv] (a
+    joint mask of kept queries by kept keys, checked in value by the op)."""
+    batch, seq_q, heads, _ = query.shape
+    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        return f"{mask.dtype}, not key padding"
+    rows = (1, seq_q) if mask.dtype == torch.bool else (1,)
+    if mask.dim() != 4 or mask.shape[2] not in rows or mask.shape[0] not in (1, batch) \
+            or mask.shape[1] not in (1, heads) or mask.shape[3] != key.shape[1]:
+        return f"{list(mask.shape)}, not key padding"
+    return None
+
+
+Selection = slice | torch.Tensor
+"""Rows of one axis: a slice (a prefix, or what follows one) or an index."""
+
+
+def _selection(kept: torch.Tensor) -> Selection:
+    """A bool vector (on the CPU) as the rows it keeps."""
+    count = int(kept.sum())
+    if bool(kept[:count].all()):
+        return slice(0, count)
+    return kept.nonzero().squeeze(1)
+
+
+@dataclass
+class _Kept:
+    """What one batch element's mask keeps: the queries it lets attend (None: all) and the keys they see."""
+
+    queries: torch.Tensor | None  # bool [S_q] on the CPU
+    keys: torch.Tensor  # bool [S_kv] on the CPU
+
+    def same_as(self, other: "_Kept | None") -> bool:
+        return other is not None and torch.equal(self.keys, other.keys) and (
+            self.queries is None and other.queries is None
+            or self.queries is not None and other.queries is not None and torch.equal(self.queries, other.queries))
+
+
+JOINT_CHECK_ROWS = 4096  # rows of a joint mask compared at a time (bounds the check's temporary)
+
+
+def _kept(rows: torch.Tensor) -> _Kept | None:
+    """What one batch element's mask ([H or 1, S_q or 1, S_kv]) keeps, or None when it is not key padding in value
+    (see the module docstring): a joint mask must be kept queries x kept keys, every head alike."""
+    if rows.dtype != torch.bool:
+        kept = rows == 0
+        if not bool((kept | (rows <= DROPPED_BIAS)).all()):
+            return None
+        rows = kept
+    if rows.shape[0] > 1 and not bool((rows == rows[:1]).all()):
+        return None
+    rows = rows[0]
+    if rows.shape[0] == 1:
+        keys, queries = rows[0].cpu(), None
+    else:
+        keys, queries = rows.any(dim=0), rows.any(dim=1)
+        for start in range(0, rows.shape[0], JOINT_CHECK_ROWS):
+            part = rows[start:start + JOINT_CHECK_ROWS]
+            if not torch.equal(part, queries[start:start + JOINT_CHECK_ROWS, None] & keys[None, :]):
+                return None
+        keys, queries = keys.cpu(), queries.cpu()
+        if bool(queries.all()):
+            queries = None
+    return _Kept(queries, keys) if bool(keys.any()) else None
+
+
+def _masked_sdpa(q, k, v, mask, scale):
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                         scale=scale)
+    return out.transpose(1, 2)
+
+
+def key_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                         scale: float | None, backend: str) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v, [B, S, H, D] in and out: the backend called `backend` on the kept keys of
+    the kept queries, torch's SDPA with the mask on the rest (the queries a joint mask drops, a batch element whose
+    mask is not key padding); what the op's CPU and CUDA implementations run."""
+    from .backends import get_backend
+
+    run = get_backend(backend).run
+    kept = [_kept(mask[b if mask.shape[0] > 1 else 0]) for b in range(q.shape[0])]
+    if kept[0] is not None and kept[0].queries is None and all(kept[0].same_as(other) for other in kept[1:]):
+        keys = _selection(kept[0].keys)
+        return run(q, k[:, keys], v[:, keys], scale)
+    out = q.new_empty((*q.shape[:3], v.shape[3]))
+    for b, one in enumerate(kept):
+        rows = mask[b:b + 1] if mask.shape[0] > 1 else mask
+        if one is None:
+            out[b:b + 1] = _masked_sdpa(q[b:b + 1], k[b:b + 1], v[b:b + 1], rows, scale)
+            continue
+        keys = _selection(one.keys)
+        served = slice(None) if one.queries is None else _selection(one.queries)
+        out[b:b + 1, served] = run(q[b:b + 1, served], k[b:b + 1, keys], v[b:b + 1, keys], scale)
+        if one.queries is not None:
+            dropped = _selection(~one.queries)
+            out[b:b + 1, dropped] = _masked_sdpa(q[b:b + 1, dropped], k[b:b + 1], v[b:b + 1], rows[:, :, dropped],
+                                                 scale)
+    return out
+
+
+def _fake(q, k, v, mask, scale, backend):
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+
+
+SCHEMA = "key_padded_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float? scale, str backend) -> Tensor"
+
+
+def _register() -> torch.library.Library:
+    """The op, pt2-compliant, one Python implementation for CPU and CUDA and a fake. Kept alive by the
+    module: a Library unregisters when freed."""
+    library = torch.library.Library("dit_accel", "FRAGMENT")
+    library.define(SCHEMA, tags=(torch.Tag.pt2_compliant_tag,))
+    for device in ("CPU", "CUDA"):
+        library.impl("key_padded_attention", key_padded_attention, device)
+    torch.library.register_fake("dit_accel::key_padded_attention", _fake, lib=library)
+    return library
+
+
+# A reload finds the op registered by the first import and keeps that import's Library alive.
+_LIBRARY = globals().get("_LIBRARY") if hasattr(torch.ops.dit_accel, "key_padded_attention") else _register()
+
+KEY_PADDED_ATTENTION = torch.ops.dit_accel.key_padded_attention.default

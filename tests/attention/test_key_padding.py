@@ -1,0 +1,170 @@
+"""Key-padding masks (`attention.key_padding`): the op against torch's masked SDPA in float64 for every mask
+kind it takes or hands back, the router serving the padded text of each family that masks it (the backend sees
+only the kept keys), calls it must not serve falling back by reason, and one graph under torch.compile."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from testing import RecordingSdpa, small_block
+
+from dit_accel.attention import backends
+from dit_accel.attention.backends import AttentionBackend
+from dit_accel.attention.key_padding import KEY_PADDED_ATTENTION, shape_reason
+from dit_accel.attention.routing import use_attention_backend
+
+B, S, H, D = 2, 24, 3, 8
+
+
+def _qkv(seq_q: int = S):
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(B, seq_q, H, D, dtype=torch.float64, generator=generator)
+    return q, *(torch.randn(B, S, H, D, dtype=torch.float64, generator=generator) for _ in range(2))
+
+
+def _sdpa(q, k, v, mask):
+    return torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                            attn_mask=mask).transpose(1, 2)
+
+
+def _keys(*kept: list[int]) -> torch.Tensor:
+    """A bool [B, 1, 1, S] mask keeping, for each batch element, the given keys."""
+    mask = torch.zeros(len(kept), 1, 1, S, dtype=torch.bool)
+    for b, keys in enumerate(kept):
+        mask[b, 0, 0, keys] = True
+    return mask
+
+
+def _joint(*counts: int) -> torch.Tensor:
+    """A bool [B, 1, S, S] joint mask: each element's first `count` rows by its first `count` keys."""
+    kept = torch.arange(S)[None, :] < torch.tensor(counts)[:, None]
+    return (kept[:, None, :, None] & kept[:, None, None, :])
+
+
+PREFIX, INNER = list(range(18)), [0, 1, 2, 5, 6, 7, 20, 23]
+BIAS = torch.where(torch.arange(S) < 18, 0.0, -10000.0).to(torch.float64).expand(B, H, 1, S)
+CASES = {  # mask, (query rows, key rows) of each call the backend gets
+    "one prefix for the batch": (_keys(PREFIX, PREFIX), [((B, S), (B, 18))]),
+    "a prefix and gathered keys": (_keys(PREFIX, INNER), [((1, S), (1, 18)), ((1, S), (1, 8))]),
+    "an additive bias per head": (BIAS, [((B, S), (B, 18))]),
+    "a joint mask": (_joint(18, 24), [((1, 18), (1, 18)), ((1, S), (1, S))]),
+    "a bias that is not key padding": (torch.full((B, 1, 1, S), -0.5, dtype=torch.float64), []),
+    "heads that differ": (torch.cat([_keys(PREFIX, PREFIX), _keys(INNER, INNER), _keys(PREFIX, PREFIX)], dim=1), []),
+    "an element with no kept key": (_keys(PREFIX, []), [((1, S), (1, 18))]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_op_equals_masked_sdpa_in_float64(case, fake_backend):
+    mask, calls = CASES[case]
+    q, k, v = _qkv()
+    got = KEY_PADDED_ATTENTION(q, k, v, mask, None, "fake")
+    expected = _sdpa(q, k, v, mask)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12, equal_nan=True)
+    assert [(qs[:2], ks[:2]) for qs, ks in fake_backend.calls] == calls
+
+
+def test_shapes_that_are_not_key_padding_are_named():
+    q, k, _ = _qkv()
+    assert shape_reason(torch.ones(S, S, dtype=torch.bool), q, k) == "[24, 24], not key padding"
+    assert shape_reason(torch.ones(B, 1, 1, S, dtype=torch.long), q, k) == "torch.int64, not key padding"
+    assert shape_reason(torch.zeros(B, 1, S, S), q, k) == f"[{B}, 1, {S}, {S}], not key padding"  # bias: one row
+    assert shape_reason(torch.ones(B, 1, 1, S - 1, dtype=torch.bool), q, k) is not None
+    assert shape_reason(_joint(3, 4), q, k) is None and shape_reason(BIAS, q, k) is None
+
+
+# --- the families that mask their text padding ---------------------------------------------------
+
+# family -> (its block's mask argument, the value that drops a row there, the trailing rows dropped)
+PADDED_TEXT = {
+    "hunyuan-video": ("attention_mask", False, 1 / 8),  # [B, 1, 1, video + text], joint attention
+    "motif-video": ("attention_mask", False, 1 / 8),
+    # [B, text], kept rows first: the block builds the joint [B, 1, S, S] mask; text-to-video already drops its
+    # image rows (the last 37%)
+    "hunyuan-video-1.5": ("attention_mask", False, 1 / 2),
+    "ltx-video": ("encoder_attention_mask", -10000.0, 1 / 8),  # an additive bias on the cross-attention's keys
+    "allegro": ("encoder_attention_mask", -10000.0, 1 / 8),
+}
+
+
+def _padded_block(family: str):
+    """(block 0 of the family's scaled-down config, its captured inputs, the same with more of the text rows
+    dropped by the mask)."""
+    adapter, block = small_block(family, torch.float32)
+    inputs = adapter.make_inputs(adapter.default_workload(1, scaled_down=True), torch.device("cpu"), torch.float32,
+                                 torch.Generator().manual_seed(0))
+    name, dropped, share = PADDED_TEXT[family]
+    mask = inputs[name].clone()
+    mask[..., -int(mask.shape[-1] * share):] = dropped
+    return block, inputs, {**inputs, name: mask}
+
+
+def _first(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", list(PADDED_TEXT))
+def test_the_padded_text_of_each_family_is_served_on_its_kept_keys(family, fake_backend):
+    block, inputs, padded = _padded_block(family)
+    before = block(**padded)
+
+    with use_attention_backend(block, "fake") as routed:
+        block(**inputs)
+        unpadded_calls = list(fake_backend.calls)
+        fake_backend.calls.clear()
+        during = block(**padded)
+
+    assert routed.served_calls == 2 * len(unpadded_calls) and routed.fallback_total == 0, routed.fallback_calls
+    fewer = [(full[1][1], kept[1][1]) for full, kept in zip(unpadded_calls, fake_backend.calls) if kept != full]
+    assert fewer and all(kept < full for full, kept in fewer)  # the backend saw only the kept keys
+    torch.testing.assert_close(_first(during), _first(before), rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_a_backend_without_a_metadata_check_leaves_masked_calls_to_diffusers(monkeypatch):
+    kernel = RecordingSdpa()
+    monkeypatch.setitem(backends.BACKENDS, "unchecked",
+                        AttentionBackend("unchecked", "test double", kernel, lambda device: None, routed=True))
+    block, _, padded = _padded_block("hunyuan-video")
+    with use_attention_backend(block, "unchecked") as routed:
+        block(**padded)
+    assert routed.served_calls == 0 and routed.fallback_calls == {"attn_mask given": 1} and kernel.calls == []
+
+
+@torch.no_grad()
+def test_one_graph_under_torch_compile(fake_backend):
+    """The op is one opaque node: dynamo traces the router's key-padded path without a graph break, and the
+    compiled block answers as the eager one."""
+    block, _, padded = _padded_block("hunyuan-video")
+    with use_attention_backend(block, "fake") as routed:
+        eager = block(**padded)
+        compiled = torch.compile(block, fullgraph=True, backend="aot_eager")(**padded)
+    torch._dynamo.reset()
+    assert routed.served_calls == 2 and routed.fallback_total == 0
+    torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_the_fp8_kernel_serves_key_padding_as_it_serves_the_kept_keys():
+    """On the GPU with our kernel: the op's answer is the kernel's own on the kept keys, bit for bit, and the
+    padded keys change nothing (poisoned with huge values); under a joint mask the dropped queries get SDPA's
+    answer."""
+    backend = backends.get_backend("fp8")
+    device = torch.device("cuda")
+    if (reason := backend.unavailable_reason(device)) is not None:
+        pytest.skip(reason)
+    generator = torch.Generator(device).manual_seed(0)
+    seq, kept, heads = 4096 + 256, 4096 + 40, 8
+    q, k, v = (torch.randn(1, seq, heads, 128, device=device, dtype=torch.bfloat16, generator=generator)
+               for _ in range(3))
+    k[:, kept:], v[:, kept:] = 1e4, 1e4  # what the mask drops must not reach the output
+    keys = torch.arange(seq, device=device) < kept
+    mask = keys.view(1, 1, 1, seq)
+    assert torch.equal(KEY_PADDED_ATTENTION(q, k, v, mask, None, "fp8"),
+                       backend.run(q, k[:, :kept], v[:, :kept]))
+    joint_mask = (keys[:, None] & keys[None, :]).view(1, 1, seq, seq)
+    joint = KEY_PADDED_ATTENTION(q, k, v, joint_mask, None, "fp8")
+    assert torch.equal(joint[:, :kept], backend.run(q[:, :kept], k[:, :kept], v[:, :kept]))
+    torch.testing.assert_close(joint[:, kept:], _sdpa(q[:, kept:], k, v, joint_mask[:, :, kept:]))
