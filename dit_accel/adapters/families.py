@@ -60,13 +60,15 @@ def _cogvideox_rope(ctx: InputContext) -> dict[str, Any]:
 
 
 def _hunyuan15_inputs(ctx: InputContext) -> dict[str, Any]:
-    """HunyuanVideo 1.5's second text encoder (256 ByT5 glyph rows) and its image embedding, which the pipeline
-    passes as zeros for text-to-video (729 SigLIP rows)."""
+    """HunyuanVideo 1.5's second text encoder (256 ByT5 glyph rows), its image embedding, which the pipeline
+    passes as zeros for text-to-video (729 SigLIP rows), and the timestep in the latents' dtype, as the pipeline
+    passes it (the model casts its time projection to the timestep's dtype)."""
     import torch
 
     c, b = ctx.config, ctx.grid.batch
     glyph_rows, image_rows = 256, 729  # the pipeline's tokenizer_2_max_length and vision_num_semantic_tokens
-    return {"encoder_hidden_states_2": ctx.randn(b, glyph_rows, c["text_embed_2_dim"]),
+    return {"timestep": torch.full((b,), 500.0, device=ctx.device, dtype=ctx.dtype),
+            "encoder_hidden_states_2": ctx.randn(b, glyph_rows, c["text_embed_2_dim"]),
             "encoder_attention_mask_2": torch.ones(b, glyph_rows, device=ctx.device),
             "image_embeds": torch.zeros(b, image_rows, c["image_embed_dim"], device=ctx.device, dtype=ctx.dtype)}
 
