@@ -48,6 +48,20 @@ def test_the_family_derives_its_stacks_inputs_calls_linears_and_ranges(name):
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
+def test_the_block_inputs_are_captured_and_run_in_bf16(name):
+    """In the dtype a GPU run uses: inputs the model casts to its own dtype from ours (HunyuanVideo 1.5's time
+    projection follows the timestep's dtype) must be made in it, as the pipeline makes them."""
+    adapter = adapter_for_preset(name).scaled_down()
+    inputs = adapter.make_inputs(adapter.default_workload(1, scaled_down=True), CPU, torch.bfloat16,
+                                 torch.Generator().manual_seed(0))
+    block = synthetic_block(adapter, 0, CPU, torch.bfloat16).block
+    with torch.no_grad():
+        output = block(**inputs)
+    hidden = output[0] if isinstance(output, tuple) else output
+    assert hidden.dtype == torch.bfloat16 and torch.isfinite(hidden).all()
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
 def test_the_pipeline_facts_say_where_they_came_from(name):
     facts = adapter_for_preset(name).facts
     frames, height, width = facts.video
