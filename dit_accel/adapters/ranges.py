@@ -10,6 +10,21 @@ from dataclasses import dataclass
 from torch import nn
 
 ATTENTION_CORE = "attention core"  # `profiling.classify.ATTENTION_RANGE`: every kernel in it is attention
+ATTENTION_REST = "attention (other)"  # an attention module's work outside its named parts
+# That work by kind (`profiling.classify` categories): the processor's own tensor work, which a family may make
+# large (Mochi joins each sample's valid text rows to the video rows, Wan-style processors apply RoPE in a
+# nested function, HunyuanVideo 1.5 builds its S x S joint mask every call); what no kind names stays the rest.
+ATTENTION_REST_BY_KIND = {
+    "copy": "attention: copies and joins", "gather-index": "attention: copies and joins",
+    "modulation-elementwise": "attention: elementwise (RoPE, masks)", "rope": "attention: elementwise (RoPE, masks)",
+    "norm": "attention: norms",
+}
+
+
+def range_of_kind(label: str, category: str) -> str:
+    """The range a kernel of `category` in range `label` is reported under: the attention module's rest split by
+    kind, every other range as it is."""
+    return ATTENTION_REST_BY_KIND.get(category, label) if label == ATTENTION_REST else label
 ROPE_FUNCTIONS = ("apply_rotary_emb", "_apply_rotary_emb")
 # Where processors that import diffusers' RoPE helper inside their call (HunyuanVideo's) find it at each call.
 SHARED_ROPE = ("diffusers.models.embeddings", "apply_rotary_emb")
@@ -100,7 +115,7 @@ def derive_ranges(block: nn.Module, softmax_modules: frozenset[str] | None = Non
         elif name == "proj_out" and isinstance(child, nn.Linear):  # single-stream blocks: attention + MLP out
             out.append(name)
     ranges = [
-        ModuleRange("attention (other)", modules=tuple(attention)),
+        ModuleRange(ATTENTION_REST, modules=tuple(attention)),
         ModuleRange("linear attention (no softmax)", modules=tuple(linear)),
         ModuleRange("qkv projection", modules=tuple(qkv)),
         ModuleRange("qk-norm", modules=tuple(qk_norm)),

@@ -106,7 +106,8 @@ _NAME_RULES: tuple[tuple[str, str], ...] = (
     ("gather-index", r"index_?select|indexselect|gather|scatter|index_?put|index_?copy|indexfunc|aten::index$"),
     ("copy", r"copy|memcpy|memset|catarray|aten::(?:cat|to|_to_copy|contiguous|clone|fill_|zero_)$"),
     ("modulation-elementwise", r"elementwise|functor|silu|gelu|swiglu|triton_poi|aten::(?:mul|add|sub|div|neg|silu|"
-                               r"gelu|sigmoid|tanh|exp|chunk|rsub|pow|mean|rsqrt|where|lerp)_?$"),
+                               r"gelu|sigmoid|tanh|exp|chunk|rsub|pow|mean|rsqrt|where|lerp|bitwise_(?:and|or|not)|"
+                               r"logical_(?:and|or|not)|eq|ne|lt|le|gt|ge)_?$"),
 )
 _COMPILED = tuple((category, re.compile(pattern, re.IGNORECASE)) for category, pattern in _NAME_RULES)
 # Kernels on FP8 operands (see the module docstring); "f8" only as a whole `_`-separated part or a pair.

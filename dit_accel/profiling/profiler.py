@@ -18,6 +18,7 @@ from torch import nn
 from torch.autograd import DeviceType
 
 from ..adapters import BlockAdapter
+from ..adapters.ranges import range_of_kind
 from ..loading.block import param_bytes
 from ..timing import TimingStats, time_region
 from .classify import CATEGORIES, classify, is_fp8
@@ -173,9 +174,10 @@ def _collect(prof, runs: float, device_kind: str, body_label: str,
              op_bytes: dict[tuple[str, str], float]) -> list[KernelRecord]:
     """Fold profiler events into per-(kernel, range) records, per block run.
 
-    The range of a record is the innermost named range around its owner (see `_timed_work`). The
-    owner's bytes (from `count_op_bytes`, one run, keyed by range and aten op) are shared among
-    the kernels it launched by duration.
+    The range of a record is the innermost named range around its owner (see `_timed_work`), an attention
+    module's rest split by the kernel's kind (`adapters.ranges.range_of_kind`). The owner's bytes (from
+    `count_op_bytes`, one run, keyed by range and aten op) are shared among the kernels it launched by
+    duration.
     """
     acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])  # (kernel, range) -> calls, µs
     owner_us: dict[tuple[str, str], float] = defaultdict(float)  # (range, owner op) -> µs
@@ -193,12 +195,12 @@ def _collect(prof, runs: float, device_kind: str, body_label: str,
         for kernel_key, us in kernels.items():
             if owner_us[owner_key] > 0:
                 kernel_bytes[kernel_key] += op_bytes.get(owner_key, 0.0) * us / owner_us[owner_key]
-    return sorted(
-        (KernelRecord(name, classify(name, label), label, calls / runs, us / runs, kernel_bytes[(name, label)],
-                      is_fp8(name))
-         for (name, label), (calls, us) in acc.items()),
-        key=lambda k: -k.time_us,
-    )
+    records = []
+    for (name, label), (calls, us) in acc.items():
+        category = classify(name, label)
+        records.append(KernelRecord(name, category, range_of_kind(label, category), calls / runs, us / runs,
+                                    kernel_bytes[(name, label)], is_fp8(name)))
+    return sorted(records, key=lambda k: -k.time_us)
 
 
 def profile_block(block: nn.Module, inputs: dict[str, Any], adapter: BlockAdapter, *, device: torch.device,

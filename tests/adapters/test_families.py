@@ -141,3 +141,13 @@ def test_an_unknown_class_and_a_forward_it_cannot_feed_are_one_line_each(monkeyp
         forward_arguments(family, ctx)
     message = str(refused.value)
     assert "flow_map" in message and "\n" not in message and "inputs hook" in message
+
+
+def test_an_attention_modules_rest_is_split_by_kind():
+    from dit_accel.adapters.ranges import ATTENTION_REST, range_of_kind
+
+    assert range_of_kind(ATTENTION_REST, "copy") == range_of_kind(ATTENTION_REST, "gather-index") \
+        == "attention: copies and joins"
+    assert range_of_kind(ATTENTION_REST, "modulation-elementwise") == "attention: elementwise (RoPE, masks)"
+    assert range_of_kind(ATTENTION_REST, "other") == ATTENTION_REST
+    assert range_of_kind("ffn", "copy") == "ffn"
