@@ -8,7 +8,7 @@ for the command that needs them, through `quiet.quiet_import` (their import-time
 Everything a user can cause ends as one line on stderr and an exit status, never a traceback: our
 `UserError` and click's usage errors (`error: ...`, status 2), Ctrl-C (`interrupted`, 130) and SIGTERM
 (`terminated`, 143). Both signals unwind the command as an exception, so a staged run folder is removed
-(`run_dir.staged_run_dir`).
+(`run_dir.StagedRun`).
 """
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -171,10 +172,35 @@ def _fastest_tflops(gemm: Callable[[], torch.Tensor], n: int, device: torch.devi
     return 2 * n**3 / (timing.min_ms * 1e-3) / 1e12
 
 
+CPU_GEMM_SECONDS = 0.5  # about the longest one GEMM of the CPU's ceiling may take (13 are timed)
+
+
+def _gemm_seconds(n: int, dtype: torch.dtype) -> float:
+    """One n x n x n GEMM on the CPU, warm (the first call of a size carries one-time costs)."""
+    a = torch.randn(n, n, dtype=dtype)
+    a @ a
+    started = time.perf_counter()
+    a @ a
+    return time.perf_counter() - started
+
+
+def _cpu_gemm_size(dtype: torch.dtype, largest: int, seconds_of: Callable[[int, torch.dtype], float] = _gemm_seconds
+                   ) -> int:
+    """The CPU's GEMM size for `dtype`: doubled from 256 while the next size's GEMM (~8x this one's time) would
+    stay under CPU_GEMM_SECONDS, up to `largest`, so a dtype the CPU emulates (fp16: 2.5 s per 1024^3 GEMM on a
+    2-core host) measures in seconds instead of minutes; the report states the size."""
+    n = min(256, largest)
+    while n < largest and seconds_of(n, dtype) * 8 <= CPU_GEMM_SECONDS:
+        n *= 2
+    return n
+
+
 def measure_ceilings(device: torch.device, dtype: torch.dtype) -> Ceilings:
     """Time one large GEMM in `dtype`, the same GEMM in FP8 where the device has FP8 tensor cores, and
     one large copy on `device` (a few seconds). Each is the fastest of its runs."""
     n, copy_elems = CEILING_SIZES[device.type]
+    if device.type == "cpu":
+        n = _cpu_gemm_size(dtype, n)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     gemm_tflops = _fastest_tflops(lambda: a @ b, n, device)

@@ -13,6 +13,6 @@ class Terminated(BaseException):
     """The process got SIGTERM (a job scheduler, `kill`, torchrun stopping its workers).
 
     Raised by the CLI's signal handler in the main thread, it unwinds like Ctrl-C's KeyboardInterrupt, so
-    every `finally` runs and a staged run folder is removed (`run_dir.staged_run_dir`). A BaseException,
+    every `finally` runs and a staged run folder is removed (`run_dir.StagedRun`). A BaseException,
     as KeyboardInterrupt is, so an `except Exception` on the way does not swallow it.
     """

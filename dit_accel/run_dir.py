@@ -1,25 +1,33 @@
-"""Output folders that appear whole or not at all.
+"""Output folders that appear whole or not at all, and that two runs never fight over.
 
 A command writes its files into a hidden staging folder beside the final one and renames it into
 place only when everything was written, so an error (bad input, out of memory, Ctrl-C, SIGTERM: the
-CLI turns both signals into exceptions) never leaves a half-written run under `outputs/`.
+CLI turns both signals into exceptions) never leaves a half-written run under `outputs/`, nor the
+folders it created to hold it.
 
 A process killed outright (SIGKILL, the kernel's out-of-memory killer) cannot clean up, so the
 staging folder's name carries the host and the process id, `.<name>.<host>-<pid>.<random>.partial`,
 and the next run on that host into the same parent folder removes every such folder whose process
 is gone. One whose process still runs (another run, writing now), and another host's, are left alone.
+
+Two runs, one folder: a run claims its folder's name with a lock (`.<name>.lock` beside it, released by
+the kernel when the process ends) before it stages anything. A run refuses a folder another live run
+holds (one line naming its process), and a default-named run (`numbered`) takes the next free
+`<name>-2`, `<name>-3`, ... instead. If the folder appears anyway
+while a run writes (a run on another host, a user's copy), the finished run goes to the next free
+numbered sibling and says so: no result is ever left in a hidden folder.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import fcntl
 import os
 import re
 import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Iterator
 
 from .errors import UserError
 
@@ -42,7 +50,7 @@ def default_run_name(command: str, tag: str) -> str:
 def check_run_dir(final_dir: Path) -> None:
     """UserError unless `final_dir` is absent or an empty folder (a run never overwrites)."""
     final_dir = Path(final_dir)
-    if final_dir.exists() and (not final_dir.is_dir() or any(final_dir.iterdir())):
+    if _is_taken(final_dir):
         kind = "a file" if not final_dir.is_dir() else "a folder that is not empty"
         raise UserError(f"{final_dir} is {kind}; pass --out a new folder (runs never overwrite)")
 
@@ -59,15 +67,25 @@ def _process_is_gone(pid: int) -> bool:
     return False
 
 
+def _unheld(lock: Path) -> bool:
+    """Whether no live process holds the claim `lock` (a killed run's lock file)."""
+    try:
+        with open(lock) as file:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+    except OSError:
+        return False
+
+
 def remove_stale_staging(parent: Path) -> list[Path]:
     """Remove the staging folders in `parent` left by runs that were killed outright (their process
     is gone); returns what was removed. Folders of other names, and those of live runs, stay."""
     removed = []
-    try:
-        entries = list(Path(parent).iterdir())
-    except OSError:
-        return removed
-    for entry in entries:
+    for entry in _entries(Path(parent)):
+        if entry.name.startswith(".") and entry.name.endswith(".lock") and entry.is_file() and _unheld(entry):
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+            continue
         match = _STAGING_NAME.fullmatch(entry.name)
         if (match and match["host"] == _host() and entry.is_dir() and not entry.is_symlink()
                 and _process_is_gone(int(match["pid"]))):
@@ -76,27 +94,134 @@ def remove_stale_staging(parent: Path) -> list[Path]:
     return removed
 
 
-@contextlib.contextmanager
-def staged_run_dir(final_dir: Path) -> Iterator[Path]:
-    """Yield a staging folder; on success it becomes `final_dir`, on any exception it is removed.
+class _Claim:
+    """An exclusive claim on a final folder's name: a lock (`flock`) on `.<name>.lock` beside it, which the
+    kernel releases when its process ends however it ends, holding the claimant's process id."""
 
-    `final_dir` must not exist yet, or be an empty folder: a run never deletes what it did not write
-    (an `--out` pointing at `.` or at `outputs/` must not wipe them).
+    def __init__(self, final_dir: Path):
+        self.path = final_dir.with_name(f".{final_dir.name}.lock")
+        self._file = open(self.path, "a+")  # noqa: SIM115 (held until release)
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._file.seek(0)
+            self.holder = self._file.read().strip() or "?"
+            self._file.close()
+            raise
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(str(os.getpid()))
+        self._file.flush()
+
+    def release(self) -> None:
+        """Unlink the lock file, then let go of the lock (a second call does nothing)."""
+        if not self._file.closed:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            self._file.close()
+
+
+def _claim(final_dir: Path) -> "_Claim | str":
+    """The claim on `final_dir`'s name, or the process id of the live run that holds it."""
+    try:
+        return _Claim(final_dir)
+    except OSError:
+        try:
+            return final_dir.with_name(f".{final_dir.name}.lock").read_text().strip() or "?"
+        except OSError:
+            return "?"
+
+
+def _entries(parent: Path) -> list[Path]:
+    try:
+        return list(parent.iterdir())
+    except OSError:
+        return []
+
+
+def _is_taken(final_dir: Path) -> bool:
+    return final_dir.exists() and (not final_dir.is_dir() or any(final_dir.iterdir()))
+
+
+def _numbered(final_dir: Path, number: int) -> Path:
+    return final_dir if number == 1 else final_dir.with_name(f"{final_dir.name}-{number}")
+
+
+class StagedRun:
+    """A run's output folder, staged: `with StagedRun(final) as staging:` yields the staging folder; on
+    success it becomes `run.final`, on any exception it is removed with the folders made to hold it.
+
+    `final` must not exist yet, or be an empty folder: a run never deletes what it did not write (an `--out`
+    pointing at `.` or at `outputs/` must not wipe them). `numbered` (a default name, not the user's): a taken
+    or claimed name moves on to `<name>-2`, `<name>-3`, ... instead of being refused.
     """
-    final_dir = Path(final_dir)
-    check_run_dir(final_dir)
-    try:
-        final_dir.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_staging(final_dir.parent)
-        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.{_host()}-{os.getpid()}.", suffix=".partial",
-                                        dir=final_dir.parent))
-    except OSError as exc:
-        raise UserError(f"cannot create the output folder {final_dir.parent} ({exc.strerror}); pass --out DIR") from exc
-    try:
-        yield staging
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if final_dir.exists():
-        final_dir.rmdir()  # empty, checked above
-    staging.rename(final_dir)
+
+    def __init__(self, final: Path, *, numbered: bool = False):
+        self.final = Path(final)
+        self.numbered = numbered
+        self.staging: Path | None = None
+        self._claim: _Claim | None = None
+        self._made_parents: list[Path] = []
+        self.moved_note: str | None = None  # set when the folder appeared while the run wrote
+
+    def __enter__(self) -> Path:
+        if not self.numbered:
+            check_run_dir(self.final)
+        parent = self.final.parent
+        self._made_parents = [p for p in (parent, *parent.parents) if not p.exists()]
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_staging(parent)
+        except OSError as exc:
+            self._remove_made_parents()
+            raise UserError(f"cannot create the output folder {parent} ({exc.strerror}); pass --out DIR") from exc
+        for number in range(1, 1000):
+            candidate = _numbered(self.final, number)
+            claim = _claim(candidate)
+            if isinstance(claim, _Claim) and not _is_taken(candidate):
+                self.final, self._claim = candidate, claim
+                self.staging = Path(tempfile.mkdtemp(prefix=f".{candidate.name}.{_host()}-{os.getpid()}.",
+                                                     suffix=".partial", dir=parent))
+                return self.staging
+            if isinstance(claim, _Claim):
+                claim.release()  # written meanwhile: a numbered run moves on, a named one is refused
+                if not self.numbered:
+                    self._remove_made_parents()
+                    check_run_dir(candidate)
+            elif not self.numbered:
+                self._remove_made_parents()
+                raise UserError(f"another run (process {claim}) is writing {candidate}; pass --out a new folder")
+        raise UserError(f"no free folder beside {self.final}; pass --out a new folder")
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        try:
+            return self._finish(kind)
+        finally:
+            self._claim.release()
+
+    def _finish(self, kind) -> bool:
+        if kind is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self._claim.release()
+            self._remove_made_parents()
+            return False
+        wanted = self.final
+        for number in range(1, 1000):
+            candidate = _numbered(wanted, number)
+            try:
+                self.staging.rename(candidate)  # onto nothing, or onto an empty folder
+            except OSError:
+                continue  # it appeared, not empty, while this run wrote: the next free sibling
+            self.final = candidate
+            if candidate != wanted:
+                self.moved_note = f"{wanted} appeared while this run wrote; its results are in {candidate}"
+            return False
+        raise UserError(f"no free folder beside {wanted}; this run's results are in {self.staging}")
+
+    def _remove_made_parents(self) -> None:
+        """The folders this run made to hold its output, deepest first, where they are still empty."""
+        for folder in self._made_parents:
+            try:
+                folder.rmdir()
+            except OSError:
+                break

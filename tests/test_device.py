@@ -78,3 +78,12 @@ def test_where_there_are_fp8_tensor_cores_the_fp8_gemm_is_measured(monkeypatch):
     assert ceilings.fp8_gemm_tflops is None
     assert ceilings.fp8_gemm_unavailable == ("torch._scaled_mm with per-row scales failed here: Invalid scaling "
                                              "configuration")
+
+
+def test_the_cpu_ceiling_gemm_shrinks_for_a_dtype_the_cpu_emulates():
+    """fp16 on a 2-core CPU: 2.5 s per 1024^3 GEMM, so 2048^3 x 13 runs would take minutes; the size stops where
+    the next one would pass CPU_GEMM_SECONDS. A fast dtype keeps the largest size."""
+    emulated = lambda n, dtype: 2.5 * (n / 1024) ** 3  # noqa: E731
+    assert device._cpu_gemm_size(torch.float16, 2048, emulated) == 512
+    assert device._cpu_gemm_size(torch.float32, 2048, lambda n, dtype: 1e-4) == 2048
+    assert device._cpu_gemm_size(torch.float32, 128, lambda n, dtype: 1e-4) == 128

@@ -1,12 +1,20 @@
-"""Run folders appear whole or not at all, and a run never deletes what it did not write."""
+"""Run folders appear whole or not at all, a run never deletes what it did not write, and two runs never fight over
+one folder."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
+from dit_accel import run_dir
+
 from dit_accel.errors import UserError
-from dit_accel.run_dir import staged_run_dir
+from dit_accel.run_dir import StagedRun
 
 
 def test_success_moves_the_staging_folder_into_place(tmp_path):
-    with staged_run_dir(tmp_path / "run") as staging:
+    with StagedRun(tmp_path / "run") as staging:
         (staging / "report.json").write_text("{}")
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
     assert (tmp_path / "run" / "report.json").read_text() == "{}"
@@ -14,7 +22,7 @@ def test_success_moves_the_staging_folder_into_place(tmp_path):
 
 def test_failure_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError):
-        with staged_run_dir(tmp_path / "run") as staging:
+        with StagedRun(tmp_path / "run") as staging:
             (staging / "half.csv").write_text("a,b")
             raise RuntimeError("out of memory")
     assert list(tmp_path.iterdir()) == []
@@ -22,7 +30,7 @@ def test_failure_leaves_nothing(tmp_path):
 
 def test_an_empty_folder_may_be_the_target(tmp_path):
     (tmp_path / "run").mkdir()
-    with staged_run_dir(tmp_path / "run") as staging:
+    with StagedRun(tmp_path / "run") as staging:
         (staging / "x").write_text("1")
     assert (tmp_path / "run" / "x").exists()
 
@@ -35,6 +43,84 @@ def test_existing_content_is_never_deleted(tmp_path, monkeypatch, target):
     (tmp_path / "a_file").write_text("keep me")
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     with pytest.raises(UserError, match="runs never overwrite"):
-        with staged_run_dir(tmp_path / target if target != "." else tmp_path):
+        with StagedRun(tmp_path / target if target != "." else tmp_path):
             pass
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_failure_removes_the_folders_made_to_hold_the_run(tmp_path):
+    with pytest.raises(RuntimeError):
+        with StagedRun(tmp_path / "outputs" / "deep" / "run"):
+            raise RuntimeError("bad input")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_another_live_run_is_writing_is_refused_in_one_line(tmp_path):
+    other = run_dir._Claim(tmp_path / "run")  # what a live run holds while it writes `run`
+    try:
+        with pytest.raises(UserError, match=rf"another run \(process {os.getpid()}\) is writing .*run; pass --out"):
+            with StagedRun(tmp_path / "run"):
+                pass
+        assert [p.name for p in tmp_path.iterdir()] == [".run.lock"]
+    finally:
+        other.release()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_default_name_moves_on_past_taken_and_claimed_folders(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "earlier").write_text("1")
+    other = run_dir._Claim(tmp_path / "run-2")
+    staged = StagedRun(tmp_path / "run", numbered=True)
+    with staged as staging:
+        (staging / "x").write_text("1")
+    other.release()
+    assert staged.final == tmp_path / "run-3" and (staged.final / "x").exists() and staged.moved_note is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "run-3"]
+
+
+def test_a_killed_runs_lock_file_is_removed_by_the_next_run(tmp_path):
+    (tmp_path / ".old-run.lock").write_text("12345")  # nobody holds it: its run was killed
+    with StagedRun(tmp_path / "new-run"):
+        pass
+    assert [p.name for p in tmp_path.iterdir()] == ["new-run"]
+
+
+def test_a_folder_that_appears_while_the_run_writes_moves_the_results_to_a_visible_sibling(tmp_path):
+    staged = StagedRun(tmp_path / "run")
+    with staged as staging:
+        (staging / "report.json").write_text("{}")
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "theirs").write_text("1")  # another host's run, or a user's copy
+    assert staged.final == tmp_path / "run-2" and (staged.final / "report.json").exists()
+    assert "appeared while this run wrote" in staged.moved_note
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "run-2"]  # nothing hidden left
+
+
+def test_two_processes_started_together_never_collide(tmp_path):
+    """Default-named runs both finish, in `run` and `run-2`; runs given the same --out: one wins, the other is
+    refused in one line, and neither leaves a hidden folder."""
+    code = textwrap.dedent("""
+        import sys, time
+        from pathlib import Path
+        from dit_accel.errors import UserError
+        from dit_accel.run_dir import StagedRun
+        staged = StagedRun(Path(sys.argv[1]), numbered=sys.argv[2] == "numbered")
+        try:
+            with staged as staging:
+                (staging / "report.json").write_text("{}")
+                time.sleep(1.0)
+        except UserError as exc:
+            print("refused:", exc)
+        else:
+            print("wrote", staged.final)
+    """)
+    for mode, expected in (("numbered", ["run", "run-2"]), ("given", ["run"])):
+        parent = tmp_path / mode
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(parent / "run"), mode], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        outputs = [p.communicate(timeout=60) for p in procs]
+        assert all(p.returncode == 0 for p in procs), outputs
+        assert sorted(p.name for p in parent.iterdir()) == expected
+        if mode == "given":
+            assert sorted(out.split(":")[0].split()[0] for out, _ in outputs) == ["refused", "wrote"], outputs

@@ -23,7 +23,7 @@ import torch
 from ..errors import UserError
 from ..timing import time_interleaved
 from .backends import AttentionBackend, BackendCannotServe
-from .reference import random_qkv, reference_attention, reference_dtype, rel_rms_err
+from .reference import REFERENCE_CHUNK_SCORES, random_qkv, reference_attention, reference_dtype, rel_rms_err
 
 GPU_DEFAULT_SHAPE = "1x56x30272x128"  # MiniMax-H3: one packed sequence of 30272 tokens, 56 heads x 128
 CPU_DEFAULT_SHAPE = "1x2x256x64"  # scaled down so a CPU run finishes in seconds
@@ -169,6 +169,24 @@ def _cases(backend: AttentionBackend, q, k, v, *, phases: bool) -> dict[str, Cal
         cases[PREP_ALONE] = lambda: backend.phases.prepare(q, k, v)
         cases[KERNEL_ALONE] = lambda: backend.phases.kernel(prepared)
     return cases
+
+
+def bench_bytes(shape: AttentionShape, dtype: torch.dtype, backends: list[AttentionBackend], device: torch.device,
+                timing_only: bool = False) -> int:
+    """What `bench_shape` holds at its peak, about: q, k, v and two outputs in `dtype`; the reference (its
+    output, k and v of one batch element in its dtype, and one chunk of scores); a backend's packed FP8
+    copies; the scores `math` materializes (with their softmax, in fp32)."""
+    b, h, sq, skv, d = shape.batch, shape.heads, shape.seq_q, shape.seq_kv, shape.head_dim
+    element = dtype.itemsize
+    need = b * h * (2 * sq + 2 * skv) * d * element + b * h * sq * d * element  # inputs, output, its poisoned twin
+    if not timing_only:
+        ref = reference_dtype(shape.scores, device).itemsize
+        need += b * h * sq * d * ref + 2 * h * skv * d * ref + 3 * min(REFERENCE_CHUNK_SCORES, h * sq * skv) * ref
+    if any(backend.phases is not None for backend in backends):
+        need += b * h * (sq + 2 * skv) * d  # e4m3 copies of q, k, v
+    if any(backend.name == "math" for backend in backends):
+        need += 2 * b * h * sq * skv * 4
+    return need
 
 
 def bench_shape(shape: AttentionShape, backends: list[AttentionBackend], *, dtype: torch.dtype, device: torch.device,

@@ -9,11 +9,13 @@ from rich.table import Table
 
 from ..errors import UserError
 from ..report_io import console
-from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
+from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, default_run_name
 from .options import ATTENTION_BACKENDS, AtLeast, DtypeChoice, RecipeParam
 
 if TYPE_CHECKING:  # torch loads when the command runs, not for --help (see cli.py)
-    from ..attention.bench import BenchRow
+    import torch
+
+    from ..attention.bench import AttentionShape, BenchRow
     from ..device import DeviceInfo
 
 GPU_SKIPPED_BY_DEFAULT = ("math",)  # materializes B*H*S*S scores: out of memory at video lengths
@@ -103,7 +105,8 @@ def _bench(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, de
         raise UserError(f"no backend asked for can run on {device} ({reasons}); pick ones that can (e.g. "
                         f"--backends math,native) or run on a GPU")
     tag = shapes[0].label + (f"+{len(shapes) - 1}" if len(shapes) > 1 else "")
-    final_dir = out_dir or DEFAULT_OUTPUT_ROOT / default_run_name("bench-attention", tag)
+    staged = StagedRun(out_dir or DEFAULT_OUTPUT_ROOT / default_run_name("bench-attention", tag),
+                       numbered=out_dir is None)
     device_info = DeviceInfo.of(device)
     dtype_name = DTYPE_NAMES[dtype]
     if outliers and inputs not in ("normal", "outliers"):
@@ -115,7 +118,9 @@ def _bench(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, de
     routing = [entry for shape in shapes for name in routed
                if table is not None and (entry := table.explain(name, shape, dtype)) is not None]
 
-    with staged_run_dir(final_dir) as staging:
+    for shape in shapes:
+        check_bench_fits(shape, dtype, backends, device)
+    with staged as staging:
         rows: list[BenchRow] = []
         for shape in shapes:
             rows += bench_shape(shape, backends, dtype=dtype, device=device, inputs=inputs,
@@ -143,7 +148,8 @@ def _bench(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, de
         console.print(_routing_table(routing, crossover_note))
     elif routed:
         console.print(f"routing: {crossover_note}")
-    console.print(f"wrote {final_dir}/ (report.json, results.csv, tflops.png)")
+    _say_moved(staged)
+    console.print(f"wrote {staged.final}/ (report.json, results.csv, tflops.png)")
 
 
 def _measure_crossover(choices, dtype, warmup, runs, seed, device, out_dir) -> None:
@@ -165,12 +171,13 @@ def _measure_crossover(choices, dtype, warmup, runs, seed, device, out_dir) -> N
         raise UserError(f"--crossover needs a routed backend (fp8, fa4) and a diffusers one (native, cudnn, ...) "
                         f"that run on {device} ({reasons}); pick ones that can, or run on a GPU")
     grid = GRIDS[device.type]
-    final_dir = out_dir or DEFAULT_OUTPUT_ROOT / default_run_name("bench-attention", "crossover")
+    staged = StagedRun(out_dir or DEFAULT_OUTPUT_ROOT / default_run_name("bench-attention", "crossover"),
+                       numbered=out_dir is None)
     shapes = grid.shapes()
     console.print(f"crossover: {len(shapes)} shapes x {', '.join(b.name for b in backends)}, "
                   f"B{grid.batch} H{grid.heads}, warmup {warmup}, runs {runs}"
                   + ("" if device.type == "cuda" else " (scaled-down CPU run: checks the tool, routes nothing)"))
-    with staged_run_dir(final_dir) as staging:
+    with staged as staging:
         started = time.perf_counter()
         rows, data = measure_crossover(grid, backends, dtype=dtype, device=device, warmup=warmup, runs=runs, seed=seed)
         data.update(elapsed_s=round(time.perf_counter() - started, 1), command=command_line(),
@@ -186,9 +193,10 @@ def _measure_crossover(choices, dtype, warmup, runs, seed, device, out_dir) -> N
         table = Crossover.from_data(data, file_name)  # what the router will read, checked as it will be
     for head_dim in table.head_dims:
         console.print(_crossover_grid(table, head_dim))
-    console.print(f"measured in {data['elapsed_s']} s; wrote {final_dir}/ (report.json, results.csv, {file_name}); "
+    _say_moved(staged)
+    console.print(f"measured in {data['elapsed_s']} s; wrote {staged.final}/ (report.json, results.csv, {file_name}); "
                   f"the router reads it once it is copied to dit_accel/attention/crossover_data/, or with "
-                  f"DIT_ACCEL_CROSSOVER={final_dir / file_name}")
+                  f"DIT_ACCEL_CROSSOVER={staged.final / file_name}")
 
 
 def _routing_table(routing: list[dict], source: str) -> Table:
@@ -251,3 +259,40 @@ def _results_table(rows: list[BenchRow], title: str) -> Table:
                           _number(r.speedup_vs_baseline, ".2f", suffix="x"), _number(r.rel_rms_err, ".3f", scale=100),
                           r.reference or "")
     return table
+
+
+def _say_moved(staged: StagedRun) -> None:
+    if staged.moved_note:
+        console.print(f"[yellow]note: {staged.moved_note}[/yellow]")
+
+
+def check_bench_fits(shape: "AttentionShape", dtype: "torch.dtype", backends: list, device: "torch.device") -> None:
+    """A UserError, before anything is allocated, when benchmarking `shape` would not fit in the device's room:
+    how much, where, and the longest sequence (Sq and Skv scaled alike) that fits."""
+    import dataclasses
+
+    from ..attention.bench import bench_bytes
+    from .options import DTYPE_NAMES
+    from ..room import FIXED_BYTES, MARGIN, GiB, memory_room
+
+    found = memory_room(device)
+    if found is None:
+        return
+    room, where = found
+
+    def need(s: "AttentionShape") -> float:
+        return bench_bytes(s, dtype, backends, device) * (1 + MARGIN) + FIXED_BYTES
+
+    if need(shape) <= room:
+        return
+    scaled = lambda factor: dataclasses.replace(shape, seq_q=max(1, int(shape.seq_q * factor)),  # noqa: E731
+                                                seq_kv=max(1, int(shape.seq_kv * factor)))
+    low, high = 0.0, 1.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if need(scaled(middle)) <= room else (low, middle)
+    fits = scaled(low)
+    hint = (f"the longest that fits here is {fits.label}" if low > 0 and need(fits) <= room
+            else "lower the batch or heads")
+    raise UserError(f"attention at {shape.label} ({DTYPE_NAMES[dtype]}) needs about {need(shape) / GiB:.1f} GiB with "
+                    f"its reference and the backends asked for; it does not fit in {where}: {hint}")

@@ -16,7 +16,7 @@ from ..errors import UserError
 from ..loading import OFFLOAD_CHOICES
 from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
 from ..report_io import console
-from ..run_dir import DEFAULT_OUTPUT_ROOT, check_run_dir, default_run_name, staged_run_dir
+from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, check_run_dir, default_run_name
 from .options import ATTENTION_HELP, AtLeast, DtypeChoice, RecipeParam, compile_option, linear_option
 
 if TYPE_CHECKING:  # torch and diffusers load when a command runs, not for --help (see cli.py)
@@ -45,7 +45,9 @@ def make_tiny_pipeline(family, directory, seed):
     info = build_tiny(family, directory, seed)
     params = ", ".join(f"{name} {m:.2f} M" for name, m in info["params_m"].items())
     d = info["defaults"]
-    console.print(f"wrote {directory}/: tiny random {info['pipeline']} ({params} params); "
+    if info["moved_note"]:
+        console.print(f"[yellow]note: {info['moved_note']}[/yellow]")
+    console.print(f"wrote {info['folder']}/: tiny random {info['pipeline']} ({params} params); "
                   f"generate defaults {d['frames']} frames at {d['height']}x{d['width']}, {d['steps']} steps")
 
 
@@ -208,8 +210,9 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
                         "GPU or split over several")
     if ulysses > 1 and device_name is not None:
         raise UserError("--ulysses gives each torchrun process its own GPU (LOCAL_RANK); leave out --device")
-    final_dir = out or DEFAULT_OUTPUT_ROOT / default_run_name("generate", folder.name)
-    check_run_dir(final_dir)  # on every rank, before any of them waits for the others
+    staged = StagedRun(out or DEFAULT_OUTPUT_ROOT / default_run_name("generate", folder.name), numbered=out is None)
+    if out is not None:
+        check_run_dir(out)  # on every rank, before any of them waits for the others
     group = start_ulysses(ulysses) if ulysses > 1 else None
     finished = False
     try:
@@ -225,12 +228,13 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
                                                   defaulted=attn is None and choice is attention)) from exc
         check_offload(offload, device)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        check_video_fits(request, len(order))
         for choice in order:  # FP8 linears: refused before the pipeline loads, not after the reference ran
             reason = choice.fp8_linear and fp8_linear_unavailable_reason(device, dtype)
             if reason:
                 raise UserError(f"{choice.label}: {reason}")
         settings = GenerateSettings(folder, request, device, dtype, order, warmup, offload, group)
-        with (staged_run_dir(final_dir) if group is None or group.is_main else _scratch_dir()) as run_dir:
+        with (staged if group is None or group.is_main else _scratch_dir()) as run_dir:
             report = _generate(settings, run_dir)
         finished = True
     except torch.OutOfMemoryError as exc:
@@ -246,8 +250,37 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
     finally:
         if group:
             stop_ulysses(synchronize=finished)
-    console.print(f"\nwrote {final_dir}/: {', '.join(report['files'])}")
+    if staged.moved_note:
+        console.print(f"[yellow]note: {staged.moved_note}[/yellow]")
+    console.print(f"\nwrote {staged.final}/: {', '.join(report['files'])}")
     return report
+
+
+# Bytes per pixel of a decoded video the run holds on the host: the pipeline's float32 RGB frames, our copy, and
+# the uint8 frames the MP4 writer takes.
+VIDEO_HOST_BYTES_PER_PIXEL = 3 * (4 + 4 + 1)
+
+
+def check_video_fits(request: "Request", runs: int) -> None:
+    """A UserError, before the pipeline loads, when the decoded videos alone (one per run, float32 RGB and
+    their copies) exceed the host's available memory: a lower bound of what the run needs, so a size that
+    cannot work is refused in one line with the most frames that would fit, not by an allocation failure."""
+    import torch
+
+    from ..room import GiB, memory_room
+
+    if None in (request.frames, request.height, request.width):
+        return  # the pipeline's own defaults: its sizes are the ones it was made for
+    found = memory_room(torch.device("cpu"))
+    if found is None:
+        return
+    room, where = found
+    per_frame = request.height * request.width * VIDEO_HOST_BYTES_PER_PIXEL * runs
+    need = request.frames * per_frame
+    if need > room:
+        raise UserError(f"{runs} decoded video(s) of {request.frames} frames at {request.height}x{request.width} "
+                        f"alone need {need / GiB:.1f} GiB (float32 RGB and its copies): they do not fit in {where}; "
+                        f"lower --frames (at most {room // per_frame} fit), --height or --width")
 
 
 def check_attention(attention: Recipe, device: torch.device) -> None:

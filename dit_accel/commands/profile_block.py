@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -19,7 +20,7 @@ from ..errors import UserError
 from ..loading import OFFLOAD_CHOICES
 from ..profiling.progress import NO_PROGRESS, SessionProgress
 from ..report_io import console, err_console, to_json
-from ..run_dir import DEFAULT_OUTPUT_ROOT, default_run_name, staged_run_dir
+from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, default_run_name
 from .options import (ATTENTION_HELP, DEFAULT_FAMILY, MODEL_FAMILIES, AtLeast, DtypeChoice, MemorySize, OptionError,
                       RecipeParam, StageList, compile_option, linear_option)
 
@@ -221,6 +222,9 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
         workload = adapter.workload_from_seq_len(seq_len, batch)
     else:
         workload = adapter.default_workload(batch, scaled_down=scaled_down)
+    if compare_attn and click.get_current_context().get_parameter_source("attn") != ParameterSource.DEFAULT:
+        raise UserError(f"--attn {attn.label} and --compare-attn do not combine: --compare-attn names every recipe "
+                        f"that runs; add {attn.label} to it")
     recipes = tuple(r.with_options(fp8_linear=linear == "fp8", compile_mode=compile_mode)
                     for r in compare_attn or [attn])
     check_recipes(recipes, device, dtype, adapter)
@@ -243,7 +247,8 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
         offload=offload, memory_budget=memory_budget.text if memory_budget else None, trace=trace, seed=seed,
         scaled_down=scaled_down, stages=stage_specs)
 
-    final_dir = out or DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", adapter.family)
+    staged = StagedRun(out or DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", adapter.family),
+                       numbered=out is None)
     if memory_budget and device.type != "cuda":
         apply_memory_budget(device, memory_budget.nbytes)  # its one-line refusal on the CPU
     # Before anything large exists: weights, activations and what profiling adds, against the room there is.
@@ -252,7 +257,7 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
     out_console = err_console if as_json else console  # with --json stdout carries the report alone
     progress = contextlib.nullcontext(NO_PROGRESS) if quiet else _TerminalProgress(err_console if as_json else console)
     try:
-        with progress as shown, staged_run_dir(final_dir) as run_dir:
+        with progress as shown, staged as run_dir:
             # Measured (once per device) before the budget applies: the measurement itself takes ~4 GiB.
             with shown.stage("device ceilings (GEMM, FP8 GEMM where the GPU has one, and copy; measured once per "
                              "device, then cached)"):
@@ -277,5 +282,7 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
     else:
         render(console, report, result.runs, ceilings, result.validation)
     csv = ", whole_video.csv" if stages else ""
-    out_console.print(f"\nwrote {final_dir}/: report.json, ops.csv{csv}, breakdown.png{traces}")
+    if staged.moved_note:
+        out_console.print(f"[yellow]note: {staged.moved_note}[/yellow]")
+    out_console.print(f"\nwrote {staged.final}/: report.json, ops.csv{csv}, breakdown.png{traces}")
     return report

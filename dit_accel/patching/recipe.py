@@ -53,7 +53,12 @@ class Recipe:
                                                  or self.compile_mode)
 
     def with_options(self, *, fp8_linear: bool = False, compile_mode: str | None = None) -> "Recipe":
-        """This recipe with the run-wide `--linear fp8` / `--compile MODE` added (the label says so)."""
+        """This recipe with the run-wide `--linear fp8` / `--compile MODE` added (the label says so); a UserError
+        when `--compile MODE` would change the mode the recipe names."""
+        if compile_mode and self.compile_mode and compile_mode != self.compile_mode:
+            written = next(o for o, mode in COMPILE_MODES.items() if mode == compile_mode)
+            raise UserError(f"{self.label} compiles already, in mode {self.compile_mode}, and --compile asks for "
+                            f"{compile_mode}: keep one (+{written} in the recipe instead, or drop --compile)")
         recipe = dataclasses.replace(self, fp8_linear=self.fp8_linear or fp8_linear,
                                      compile_mode=self.compile_mode or compile_mode)
         return recipe if recipe == self else dataclasses.replace(recipe, label=_label(recipe, self.label))

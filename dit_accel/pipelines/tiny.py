@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import UserError
-from ..run_dir import staged_run_dir
+from ..run_dir import StagedRun
 
 DEFAULTS_FILE = "dit_accel.json"
 
@@ -59,29 +59,30 @@ def make_tiny_pipeline(family: str, directory: Path, seed: int = 0) -> dict:
     from .loading import quiet_libraries
 
     quiet_libraries()
-    with staged_run_dir(directory) as staging:  # a failed build leaves nothing behind
+    staged = StagedRun(directory)
+    with staged as staging:  # a failed build leaves nothing behind
         info = TINY_BUILDERS[family](staging, seed)
-        _point_modular_index_at(staging, directory)
         (staging / DEFAULTS_FILE).write_text(json.dumps({"family": family, "seed": seed, **info["defaults"]},
                                                         indent=2) + "\n")
-    return info
+    _point_modular_index_at(staged.final, staging)
+    return {**info, "folder": staged.final, "moved_note": staged.moved_note}
 
 
-def _point_modular_index_at(saved_to: Path, final: Path) -> None:
+def _point_modular_index_at(folder: Path, saved_to: Path) -> None:
     """`ModularPipeline.save_pretrained` records the folder it saved into as every component's
-    `pretrained_model_name_or_path` in modular_model_index.json; the build saved into a staging folder
-    that is about to become `final`, so those entries are rewritten to `final` (absolute, as diffusers
-    writes them). A DiffusionPipeline folder has no such index and nothing to rewrite."""
+    `pretrained_model_name_or_path` in modular_model_index.json; the build saved into a staging folder that
+    became `folder`, so those entries are rewritten to `folder` (absolute, as diffusers writes them). A
+    DiffusionPipeline folder has no such index and nothing to rewrite."""
     from .loading import MODULAR_INDEX
 
-    index_path = saved_to / MODULAR_INDEX
+    index_path = folder / MODULAR_INDEX
     if not index_path.is_file():
         return
     index = json.loads(index_path.read_text())
     for entry in index.values():
         spec = entry[2] if isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], dict) else {}
         if spec.get("pretrained_model_name_or_path") == str(saved_to):
-            spec["pretrained_model_name_or_path"] = str(final.resolve())
+            spec["pretrained_model_name_or_path"] = str(folder.resolve())
     index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 

@@ -43,7 +43,6 @@ FIXED_BYTES for the interpreter's and the profiler's own buffers.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -54,6 +53,7 @@ from ..adapters.stages import StageSpec
 from ..attention.reference import REFERENCE_CHUNK_SCORES
 from ..errors import UserError
 from ..loading.block import loaded_param_bytes
+from ..room import FIXED_BYTES, MARGIN, GiB, memory_room
 from .outside import outside_weight_bytes
 
 if TYPE_CHECKING:
@@ -61,9 +61,6 @@ if TYPE_CHECKING:
 
 # Transient peak of one forward, in elements of the block's dtype per row and per hidden unit.
 FORWARD_ELEMENTS = {"cpu": 22.0, "cuda": 14.0}
-MARGIN = 0.20
-FIXED_BYTES = 256 * 2**20
-GiB = 2**30
 
 
 @dataclass(frozen=True)
@@ -147,20 +144,6 @@ def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = No
                           kind, int(outside_bytes))
 
 
-def host_available_bytes() -> int | None:
-    """The host's available memory (MemAvailable: free plus what the kernel can reclaim), or None."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _rows_that_fit(settings: "ProfileSettings", weights: int, room: int, outside: int | None = None) -> int:
     """The largest --seq-len (same batch) whose estimate fits in `room` bytes; 0 if none does. `outside`: the
     bytes outside the blocks (None: the estimate's own)."""
@@ -175,22 +158,6 @@ def _rows_that_fit(settings: "ProfileSettings", weights: int, room: int, outside
         mid = (low + high + 1) // 2
         low, high = (mid, high) if fits(mid) else (low, mid - 1)
     return low
-
-
-def _room(settings: "ProfileSettings", budget_bytes: int | None, budget_text: str | None) -> tuple[int, str] | None:
-    """(bytes, in words) of the tightest room the session must fit: the GPU's free memory and the
-    budget, or the host's available memory; None when it cannot be read."""
-    rooms: list[tuple[int, str]] = []
-    if settings.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(settings.device)
-        rooms.append((free, f"this GPU's {free / GiB:.1f} GiB of free memory"))
-        if budget_bytes is not None:
-            rooms.append((budget_bytes, f"the {budget_text} budget"))
-    else:
-        available = host_available_bytes()
-        if available is not None:
-            rooms.append((available, f"this host's {available / GiB:.1f} GiB of available memory"))
-    return min(rooms, key=lambda pair: pair[0]) if rooms else None
 
 
 def _check_stages(settings: "ProfileSettings", block_bytes: int, room: int, where: str,
@@ -219,7 +186,7 @@ def check_fits(settings: "ProfileSettings", budget_bytes: int | None = None,
     lower) when it exceeds the budget, the GPU's free memory, or the host's available memory."""
     s = settings
     estimate = estimate_session(s)
-    found = _room(s, budget_bytes, budget_text)
+    found = memory_room(s.device, budget_bytes, budget_text)
     if found is None:
         return estimate
     room, where = found

@@ -126,6 +126,8 @@ def test_cpu_default_is_the_scaled_down_shape(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--shapes", "1x2x128"], "cannot read the shape"),
     (["--backends", "math,flash3"], "unknown attention backend 'flash3'"),
+    # a size no machine here holds: refused before anything is allocated, with the longest that fits
+    (["--shapes", "1x56x100000000x128", "--backends", "native"], "the longest that fits here is 1x56x"),
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_no_folder(tmp_path, args, message):
     result = CliRunner().invoke(main, ["bench-attention", "--device", "cpu", *args, "--out", str(tmp_path / "run")])

@@ -21,7 +21,7 @@ from dit_accel import cli, run_dir
 from dit_accel.cli import main
 from dit_accel.device import pick_device
 from dit_accel.errors import UserError
-from dit_accel.run_dir import remove_stale_staging, staged_run_dir
+from dit_accel.run_dir import StagedRun, remove_stale_staging
 
 FAST = ["--seq-len", "64", "--runs", "2", "--warmup", "1"]
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without a GPU")
@@ -54,14 +54,15 @@ def _dit_accel(*args, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def _assert_one_error_line(result, outputs: Path, words: str, *, ran: bool = False) -> None:
-    """Exit 2, one line `error: ...` holding `words` on stderr, and nothing under `outputs` (hidden folders
-    too). Nothing on stdout either, unless the run had started (`ran`: profile-block's progress lines)."""
+    """Exit 2, one line `error: ...` holding `words` on stderr, and no `outputs` folder (a run removes the folders
+    it made to hold its output). Nothing on stdout either, unless the run had started (`ran`: profile-block's
+    progress lines)."""
     exit_code = getattr(result, "exit_code", getattr(result, "returncode", None))
     assert exit_code == 2, result.stdout + result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], result.stderr
     assert (ran or result.stdout == "") and "Traceback" not in result.stdout, result.stdout
-    assert not outputs.exists() or list(outputs.iterdir()) == [], list(outputs.iterdir())
+    assert not outputs.exists(), list(outputs.iterdir())
 
 
 @pytest.fixture
@@ -139,6 +140,14 @@ def test_a_size_the_wan_pipeline_refuses_is_one_line(tiny_wan, tmp_path, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_a_video_no_host_holds_is_refused_before_the_pipeline_loads(tiny_wan, tmp_path):
+    outputs = tmp_path / "outputs"
+    result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--frames", "100000", "--height",
+                                       "4096", "--width", "4096", "--steps", "1", "--out", str(outputs / "run")])
+    _assert_one_error_line(result, outputs, "1 decoded video(s) of 100000 frames at 4096x4096 alone need")
+    assert "lower --frames (at most" in result.output
+
+
 @NO_GPU
 def test_compare_on_the_cpu_says_the_fp8_candidate_is_the_default(tiny_wan, tmp_path):
     outputs = tmp_path / "outputs"
@@ -205,7 +214,7 @@ def _wait_for_staging(parent: Path, proc: subprocess.Popen, timeout: float = 90)
                                                      (signal.SIGINT, 130, "interrupted")])
 def test_a_signal_mid_run_leaves_nothing_behind(tmp_path, signum, exit_code, line):
     """`kill` (SIGTERM) or Ctrl-C (SIGINT) while the block is profiled: one line, the conventional exit
-    status, and neither the run folder nor its hidden staging folder remains."""
+    status, and neither the run folder, nor its hidden staging folder, nor the folder made to hold them remains."""
     outputs = tmp_path / "outputs"
     proc = _python("-m", "dit_accel", "profile-block", "--device", "cpu", "--seq-len", "64", "--warmup", "0",
                    "--runs", "1000000", "--out", str(outputs / "run"))
@@ -219,7 +228,7 @@ def test_a_signal_mid_run_leaves_nothing_behind(tmp_path, signum, exit_code, lin
         raise AssertionError(f"still running 30 s after {signum!r}")
     assert proc.returncode == exit_code, stderr
     assert stderr.strip().splitlines()[-1] == line and "Traceback" not in stderr, stderr
-    assert list(outputs.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # nor the outputs/ folder the run made to hold them
 
 
 def test_ctrl_c_during_the_imports_is_one_line(tmp_path):
@@ -246,7 +255,7 @@ def test_a_killed_runs_staging_folder_is_removed_by_the_next_run(tmp_path):
     for folder in (stale, live, *unrelated):
         folder.mkdir()
     (stale / "ops.csv").write_text("half")
-    with staged_run_dir(tmp_path / "new-run") as staging:
+    with StagedRun(tmp_path / "new-run") as staging:
         assert staging.name.startswith(f".new-run.{host}-{os.getpid()}.")
     assert not stale.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "new-run", *(p.name for p in unrelated)])

@@ -188,6 +188,10 @@ def test_trace_writes_a_chrome_trace_with_the_named_ranges(tmp_path):
     (["--validate", "-2"], "--validate must be at least 0"),
     (["--frames", "1", "--height", "16", "--width", "16"], "a 16x16 video gives no tokens"),
     (["--frames", "0", "--height", "64", "--width", "64"], "--frames must be at least 1"),
+    # options that would be ignored are refused instead
+    (["--attn", "fp8", "--compare-attn", "native,cudnn"], "--attn fp8 and --compare-attn do not combine"),
+    (["--compare-attn", "native+compile", "--compile", "max-autotune"],
+     "native+compile compiles already, in mode default, and --compile asks for max-autotune: keep one"),
 ])
 def test_bad_numbers_are_one_line_errors(tmp_path, args, message):
     result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", "--runs", "1", *args,

@@ -17,6 +17,7 @@ from dit_accel.adapters.stages import STAGE_KEYS, StageSkip, StageSpec
 from dit_accel.cli import main
 from dit_accel.commands.options import STAGE_CHOICES
 from dit_accel.errors import UserError
+from dit_accel import room
 from dit_accel.profiling import memory
 from dit_accel.profiling.classify import classify
 from dit_accel.profiling import stages as stages_module
@@ -192,9 +193,9 @@ def test_the_stage_check_passes_what_fits(monkeypatch):
     workload = adapter.workload_from_seq_len(256, 1)
     settings = ProfileSettings(adapter, workload, torch.float32, CPU, (parse_recipe("native"),),
                                stages=tuple(adapter.pipeline_stages(workload, ("vae",), scaled_down=True)))
-    monkeypatch.setattr(memory, "host_available_bytes", lambda: 64 * 2**30)
+    monkeypatch.setattr(room, "host_available_bytes", lambda: 64 * 2**30)
     memory.check_fits(settings)
-    monkeypatch.setattr(memory, "host_available_bytes", lambda: 300 * 2**20)
+    monkeypatch.setattr(room, "host_available_bytes", lambda: 300 * 2**20)
     with pytest.raises(UserError, match="VAE decode stage"):
         memory._check_stages(settings, 0, 260 * 2**20, "x", None)
 

@@ -15,6 +15,7 @@ from dit_accel.cli import main
 from dit_accel.errors import UserError
 from dit_accel.loading.block import param_bytes, synthetic_block, synthetic_outside
 from dit_accel.patching.recipe import parse_recipe
+from dit_accel import room
 from dit_accel.profiling import memory
 from dit_accel.profiling.extrapolate import Validation
 from dit_accel.profiling.session import ProfileSettings
@@ -150,7 +151,7 @@ def _full_h3_settings(offload):
 
 def test_the_full_size_resident_model_is_refused_on_16_gib_and_fits_streamed_or_on_an_h200(monkeypatch):
     budget = 16 * memory.GiB
-    monkeypatch.setattr(memory, "_room", lambda settings, b, text: (budget, "the 16GiB budget"))
+    monkeypatch.setattr(memory, "memory_room", lambda device, b=None, text=None: (budget, "the 16GiB budget"))
     with pytest.raises(UserError) as refused:
         memory.check_fits(_full_h3_settings("resident"), budget, "16GiB")
     message = str(refused.value)
@@ -160,7 +161,7 @@ def test_the_full_size_resident_model_is_refused_on_16_gib_and_fits_streamed_or_
     assert 64e9 < resident.weights_bytes + resident.validate_bytes + resident.outside_bytes < 68e9
     streamed = memory.check_fits(_full_h3_settings("stream"), budget, "16GiB")
     assert streamed.validate_bytes == streamed.weights_bytes and streamed.total_bytes < budget
-    monkeypatch.setattr(memory, "_room", lambda settings, b, text: (139 * memory.GiB, "an H200's free memory"))
+    monkeypatch.setattr(memory, "memory_room", lambda device, b=None, text=None: (139 * memory.GiB, "H200 free"))
     assert memory.check_fits(_full_h3_settings("resident")).total_bytes < 139 * memory.GiB
 
 
@@ -171,7 +172,7 @@ def test_a_resident_model_too_large_for_the_host_is_one_line_and_leaves_no_folde
                                (parse_recipe("native"),), measure_outside=True, validate_blocks=50, validate_model=True)
     e = memory.estimate_session(settings)
     held = (e.weights_bytes + e.outside_bytes + e.validate_bytes) * (1 + memory.MARGIN) + memory.FIXED_BYTES
-    monkeypatch.setattr(memory, "host_available_bytes", lambda: math.floor(held) - 1)
+    monkeypatch.setattr(room, "host_available_bytes", lambda: math.floor(held) - 1)
     result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", *FAST, "--validate", "model",
                                        "--out", str(tmp_path / "run")])
     assert result.exit_code == 2, result.output
