@@ -250,7 +250,11 @@ class BlockAdapter:
         """The pass a user would run: the pipeline's default video (the family's default sequence for a packed
         family); scaled down, a small video the CPU runs in seconds."""
         if self.spec.default_seq_len is not None:
-            return self.workload_from_seq_len(1024 if scaled_down else self.spec.default_seq_len, batch)
+            seq_len = 1024 if scaled_down else self.spec.default_seq_len
+            workload = self.workload_from_seq_len(seq_len, batch)
+            why = "the CPU's short run" if scaled_down else f"{self.display_name}'s default"
+            return dataclasses.replace(workload, source=workload.source.replace(f"--seq-len {seq_len}",
+                                                                                f"S = {seq_len}, {why}", 1))
         frames, height, width = self.spec.scaled_down_video if scaled_down else self.facts.video
         return self.workload_from_video(frames, height, width, batch)
 

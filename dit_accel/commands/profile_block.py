@@ -221,7 +221,8 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
     elif seq_len is not None:
         workload = adapter.workload_from_seq_len(seq_len, batch)
     else:
-        workload = adapter.default_workload(batch, scaled_down=scaled_down)
+        # on the CPU a checkpoint's block too runs the short workload (its weights are full size)
+        workload = adapter.default_workload(batch, scaled_down=device.type == "cpu")
     if compare_attn and click.get_current_context().get_parameter_source("attn") != ParameterSource.DEFAULT:
         raise UserError(f"--attn {attn.label} and --compare-attn do not combine: --compare-attn names every recipe "
                         f"that runs; add {attn.label} to it")

@@ -13,8 +13,9 @@ from rich.table import Table
 from ..adapters.stages import STAGE_TITLES
 from ..device import FP8, Ceilings
 from ..report_io import write_csv, write_json
+from .classify import CATEGORIES
 from .extrapolate import Validation
-from .results import BackendRun
+from .results import GAPS_LABEL, GAPS_NOTE, BackendRun
 from .stages import StageMeasurement
 
 
@@ -73,8 +74,9 @@ def breakdown_table(run: BackendRun, ceilings: Ceilings, *, name_stack: bool = F
     rows = run.category_rows(ceilings)
     rates_fp8 = any(row.get("precision") == FP8 or FP8 in row.get("by_precision", {}) for row in rows.values())
     where = f" — a block of {run.stack}" if name_stack else ""
+    gaps = [GAPS_NOTE[label] for label in rows if label in GAPS_NOTE]
     table = Table(title=f"Where one block's time goes — attention backend: {run.backend}{where}",
-                  caption=ceilings_note(ceilings, rates_fp8=rates_fp8))
+                  caption="\n".join([ceilings_note(ceilings, rates_fp8=rates_fp8), *gaps]))
     for col, justify in (("kind of work", "left"), ("ms / block", "right"), ("share", "right"), ("rate", "right")):
         table.add_column(col, justify=justify)
     for category, row in rows.items():
@@ -91,8 +93,10 @@ def render(console: Console, report: dict[str, Any], runs: list[BackendRun], cei
            validation: Validation | None) -> None:
     head = report["header"]
     title = "[bold]dit-accel profile-block[/bold]"
-    if report["run_kind"] != "gpu":
+    if report["run_kind"] == "cpu-scaled-down":
         title += "  [bold red]CPU SCALED-DOWN RUN: not representative of any GPU[/bold red]"
+    elif report["run_kind"] == "cpu":
+        title += "  [bold red]CPU RUN (the checkpoint's block, a short video): not representative of any GPU[/bold red]"
     lines = [f"{k}: {v}" for k, v in head.items()]
     console.print(Panel("\n".join(lines), title=title, expand=False))
 
@@ -240,6 +244,29 @@ def write_files(run_dir: Path, report: dict[str, Any], runs: list[BackendRun],
     plot_breakdown(run_dir / "breakdown.png", report)
 
 
+# One colour per kind of work and per module, the same in every run's plot (not by rank, which changes
+# between runs): the kinds and the common modules each in their own tab20 slot (the two panels may share
+# colours), any other module by a stable hash of its name into the slots left.
+KIND_COLOURS = (*CATEGORIES, *GAPS_LABEL.values())
+MODULE_COLOURS = ("attention core", "qkv projection", "ffn", "output projection", "qk-norm", "cross-attention",
+                  "norms", "AdaLN modulation", "modulation + residual (block body)", "rope", "attention (other)")
+
+
+def colour_of(label: str) -> tuple[float, ...]:
+    """`label`'s tab20 colour: its slot in KIND_COLOURS or MODULE_COLOURS, else one of the slots after
+    MODULE_COLOURS picked by a hash of the name."""
+    import zlib
+
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab20"]
+    for names in (KIND_COLOURS, MODULE_COLOURS):
+        if label in names:
+            return palette(names.index(label))
+    spare = 20 - len(MODULE_COLOURS)
+    return palette(len(MODULE_COLOURS) + zlib.crc32(label.encode()) % spare)
+
+
 def plot_breakdown(path: Path, report: dict[str, Any]) -> None:
     """Stacked bars of each backend's block time by kind of work, and by module."""
     import matplotlib
@@ -252,12 +279,11 @@ def plot_breakdown(path: Path, report: dict[str, Any]) -> None:
     fig, axes = plt.subplots(2, 1, figsize=(11, 2 * (1.4 + 0.6 * len(runs))), squeeze=False)
     for ax, key, title in ((axes[0][0], "categories", "by kind of work"), (axes[1][0], "modules", "by module")):
         labels = list(dict.fromkeys(label for run in runs for label in run[key]))
-        cmap = plt.get_cmap("tab20")
         for y, run in enumerate(runs):
             left = 0.0
-            for i, label in enumerate(labels):
+            for label in labels:
                 ms = run[key].get(label, {}).get("ms", 0.0)
-                ax.barh(y, ms, left=left, color=cmap(i % 20), label=label if y == 0 else None,
+                ax.barh(y, ms, left=left, color=colour_of(label), label=label if y == 0 else None,
                         alpha=0.45 if scaled else 1.0, hatch="//" if scaled else None)
                 left += ms
         ax.set_yticks(range(len(runs)), [r["backend"] for r in runs])
@@ -266,7 +292,10 @@ def plot_breakdown(path: Path, report: dict[str, Any]) -> None:
                      color="dimgray" if scaled else "black")
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.tight_layout()
+    notes = [GAPS_NOTE[label] for label in GAPS_NOTE if any(label in run["categories"] for run in runs)]
     if scaled:
-        fig.text(0.01, -0.02, f"* {report['scaled_down_note']}", fontsize=8, color="dimgray", ha="left", va="top")
+        notes.append(f"* {report['scaled_down_note']}")
+    if notes:
+        fig.text(0.01, -0.02, "\n".join(notes), fontsize=8, color="dimgray", ha="left", va="top")
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

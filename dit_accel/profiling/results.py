@@ -24,6 +24,12 @@ from .profiler import BlockProfile
 # The timed block minus the work the profiler saw: launch gaps on a GPU; Python and framework
 # overhead between aten ops on the CPU.
 GAPS_LABEL = {"cuda": "gaps between kernels", "cpu": "outside aten ops"}
+GAPS_NOTE = {  # what the gaps row holds, under each table and plot that shows it
+    "gaps between kernels": "gaps between kernels: timed block time in which the GPU ran none of its kernels "
+                            "(launch latency, host work, waits)",
+    "outside aten ops": "outside aten ops: timed block time no aten op held (Python, module hooks, dispatch, the "
+                        "timer's own work); large in a scaled-down CPU run, whose ops are tiny",
+}
 
 COMPILED_RANGE_NOTE = "compiled graph (kernels fused across modules: not attributed to them)"
 
@@ -90,7 +96,6 @@ def category_rows(profile: BlockProfile, timed_ms: float, work_flops: dict[str, 
     `work_flops` gives (`fp8_flops`: how many of a kind's FLOPs are on FP8 operands, where the model
     knows; see the module docstring), GB/s from the ops' bytes for the others; the rest of the timed
     run is gaps."""
-    kernel_total_ms = profile.kernel_time_us / 1e3
     scale = profiled_to_timed(profile, timed_ms)
     rows: dict[str, dict[str, Any]] = {}
     for category, sums in profile.by_category().items():
@@ -106,21 +111,28 @@ def category_rows(profile: BlockProfile, timed_ms: float, work_flops: dict[str, 
             row.update(bytes_est=sums["bytes_est"], gbps_est=gbps, pct_of_ceiling=100 * gbps / ceilings.copy_gbps,
                        ceiling="copy")
         rows[category] = row
-    gaps_ms = timed_ms - kernel_total_ms
-    if gaps_ms > 0:
-        rows[GAPS_LABEL[profile.device_kind]] = {"ms": gaps_ms, "share_pct": 100 * gaps_ms / timed_ms}
+    rows.update(_gaps_row(profile, timed_ms))
     return rows
+
+
+def _gaps_row(profile: BlockProfile, timed_ms: float) -> dict[str, dict[str, float]]:
+    """The timed run's time no kernel (GPU) or aten op (CPU) holds, as a row, when there is some: by kind of
+    work and by module alike, so both add up to the block's time."""
+    gaps_ms = timed_ms - profile.kernel_time_us / 1e3
+    return {GAPS_LABEL[profile.device_kind]: {"ms": gaps_ms, "share_pct": 100 * gaps_ms / timed_ms}} \
+        if gaps_ms > 0 else {}
 
 
 def range_rows(profile: BlockProfile, timed_ms: float, one_range: str | None = None) -> dict[str, dict[str, float]]:
     """Per named range: ms per run and share of the timed run (all of it under `one_range`, for a
-    compiled graph, whose kernels no range holds)."""
+    compiled graph, whose kernels no range holds), and the gaps row as `category_rows` has it."""
     scale = profiled_to_timed(profile, timed_ms)
     ranges = profile.by_range()
     if one_range is not None:
         ranges = {one_range: {"time_us": sum(r["time_us"] for r in ranges.values())}}
-    return {label: {"ms": scale * s["time_us"] / 1e3, "share_pct": 100 * scale * s["time_us"] / 1e3 / timed_ms}
+    rows = {label: {"ms": scale * s["time_us"] / 1e3, "share_pct": 100 * scale * s["time_us"] / 1e3 / timed_ms}
             for label, s in ranges.items()}
+    return {**rows, **_gaps_row(profile, timed_ms)}
 
 
 @dataclass

@@ -103,19 +103,22 @@ def test_pick_device_takes_cuda_and_cpu_only():
             pick_device(name)
 
 
-def test_a_tiny_wan_checkpoint_with_the_default_workload_is_one_line(tiny_wan, tmp_path):
-    """The default Wan workload lays 75600 rows on a 45x80 grid; the tiny model's RoPE table has 64
-    positions per axis (it was `IndexError: index 64 is out of bounds` deep in the block)."""
+def test_a_checkpoint_on_the_cpu_runs_a_short_video_and_a_size_its_rope_cannot_reach_is_one_line(tiny_wan, tmp_path):
+    """On the CPU a checkpoint's block runs the short video a scaled-down run uses (its weights are full size), and
+    says so; a video the user asks for that the tiny model's RoPE table (64 positions per axis) cannot reach is one
+    line naming that video (it was `IndexError: index 64 is out of bounds` deep in the block)."""
     outputs = tmp_path / "outputs"
     result = CliRunner().invoke(main, ["profile-block", "--checkpoint", str(tiny_wan), "--device", "cpu",
-                                       "--runs", "1", "--warmup", "0", "--out", str(outputs / "run")])
-    _assert_one_error_line(result, outputs, "needs 80 RoPE positions on one axis")
-    assert "--frames 9 --height 64 --width 64" in result.output
-    # The video size it suggests runs.
-    result = CliRunner().invoke(main, ["profile-block", "--checkpoint", str(tiny_wan), "--device", "cpu",
-                                       "--frames", "9", "--height", "64", "--width", "64", "--runs", "1",
-                                       "--warmup", "0", "--out", str(outputs / "ok")])
+                                       "--runs", "1", "--warmup", "0", "--out", str(outputs / "ok")])
     assert result.exit_code == 0, result.output
+    assert "CPU RUN (the checkpoint's block, a short video)" in result.output and "9 frames 64x64" in result.output
+    result = CliRunner().invoke(main, ["profile-block", "--checkpoint", str(tiny_wan), "--device", "cpu", "--frames",
+                                       "81", "--height", "720", "--width", "1280", "--runs", "1", "--warmup", "0",
+                                       "--out", str(outputs / "run")])
+    assert result.exit_code == 2 and "the 81 frames 720x1280 workload" in result.output
+    assert "needs 80 RoPE positions on one axis" in result.output
+    assert "--frames 9 --height 64 --width 64" in result.output
+    assert not (outputs / "run").exists()
 
 
 @pytest.mark.parametrize("case, words", [

@@ -125,3 +125,17 @@ def test_report_json_keeps_its_keys_and_adds_the_precisions():
     assert set(gemm["by_precision"]) == {"fp8", "bfloat16"}
     fp8_kernels = {k["kernel"] for k in run["top_kernels"] if k["fp8"]}
     assert fp8_kernels == {FP8_GEMM, FP8_ATTENTION}  # ops.csv's rows carry the same tag
+
+
+def test_the_gaps_row_is_in_both_breakdowns_and_explained_under_the_table():
+    """1 ms of the 10 ms block ran no kernel: the gaps row is a kind of work and a module alike, so both add up to
+    the block's time (breakdown.png's two panels share a scale), and the table's footnote says what it holds."""
+    run = fp8_recipe_run()
+    by_kind, by_module = run.category_rows(H200), run.module_rows()
+    assert by_kind["gaps between kernels"]["ms"] == by_module["gaps between kernels"]["ms"] == pytest.approx(1.0)
+    assert sum(r["ms"] for r in by_kind.values()) == pytest.approx(sum(r["ms"] for r in by_module.values())) \
+        == pytest.approx(10.0)
+    console = Console(width=200, record=True)
+    console.print(breakdown_table(run, H200))
+    text = " ".join(console.export_text().split())  # the caption wraps at the table's width
+    assert "gaps between kernels: timed block time in which the GPU ran none of its kernels" in text
