@@ -1,6 +1,7 @@
 """`dit-accel bench-attention`: the attention backends side by side on the same tensors."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -122,9 +123,13 @@ def _bench(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, de
         check_bench_fits(shape, dtype, backends, device)
     with staged as staging:
         rows: list[BenchRow] = []
-        for shape in shapes:
+        for number, shape in enumerate(shapes, 1):
+            started = time.perf_counter()
+            console.print(f"[dim]{shape.label} ({number} of {len(shapes)}): the reference, then {len(backends)} "
+                          f"backend(s), {warmup} warm-up call(s) and {runs} interleaved rounds...[/dim]")
             rows += bench_shape(shape, backends, dtype=dtype, device=device, inputs=inputs,
                                 warmup=warmup, runs=runs, seed=seed)
+            console.print(f"[dim]{shape.label}: done in {time.perf_counter() - started:.1f} s[/dim]")
         write_json(staging / "report.json", {
             "command_line": command_line(),
             "provenance": provenance(seed=seed, device=device),
@@ -154,7 +159,6 @@ def _bench(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, de
 
 def _measure_crossover(choices, dtype, warmup, runs, seed, device, out_dir) -> None:
     """bench-attention --crossover: the grid timed, the crossover file written and shown."""
-    import time
 
     from ..attention.backends import get_backend
     from ..attention.crossover import DEFAULT_BACKENDS, GRIDS, Crossover, data_file_name, measure_crossover

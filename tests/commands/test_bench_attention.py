@@ -103,6 +103,7 @@ def test_cpu_run_through_the_cli_writes_report_csv_and_plot(tmp_path):
                                        "--backends", "math,native,fa4", "--outliers", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "NOT representative" in result.output and "fa4 needs a CUDA GPU" in result.output
+    assert "1x2x128x32 (1 of 2): the reference" in result.output and "1x1x64x96x32: done in" in result.output
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "results.csv", "tflops.png"]
     report = json.loads((out / "report.json").read_text())
     assert report["cpu_run_not_representative"] is True and report["device"]["kind"] == "cpu"
