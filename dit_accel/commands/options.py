@@ -64,6 +64,27 @@ class AtLeast(click.IntRange):
             raise OptionError(f"must be at least {self.min}, got {value}", ctx=ctx, param=param) from None
 
 
+class FiniteFloat(click.ParamType):
+    """A finite number >= minimum (nan and inf refused: they would reach the arithmetic unnoticed)."""
+
+    name = "number"
+
+    def __init__(self, minimum: float):
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):
+        import math
+
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise OptionError(f"must be a number, got {value!r}", ctx=ctx, param=param) from None
+        if not math.isfinite(number) or number < self.minimum:
+            raise OptionError(f"must be a finite number of at least {self.minimum:g}, got {value}", ctx=ctx,
+                              param=param)
+        return number
+
+
 class DtypeChoice(click.Choice):
     """bf16 | fp16 | fp32 (or a subset), converted to the torch dtype."""
 

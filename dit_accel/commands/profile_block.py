@@ -21,8 +21,8 @@ from ..loading import OFFLOAD_CHOICES
 from ..profiling.progress import NO_PROGRESS, SessionProgress
 from ..report_io import console, err_console, to_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, default_run_name
-from .options import (ATTENTION_HELP, DEFAULT_FAMILY, MODEL_FAMILIES, AtLeast, DtypeChoice, MemorySize, OptionError,
-                      RecipeParam, StageList, compile_option, linear_option)
+from .options import (ATTENTION_HELP, DEFAULT_FAMILY, MODEL_FAMILIES, AtLeast, DtypeChoice, FiniteFloat, MemorySize,
+                      OptionError, RecipeParam, StageList, compile_option, linear_option)
 
 # torch, diffusers (through the adapters) and the library load inside the command, not at import:
 # `dit-accel profile-block --help` costs click alone.
@@ -136,7 +136,7 @@ class _TerminalProgress(SessionProgress):
 @click.option("--guidance-passes", type=AtLeast(1), default=None,
               help="Transformer passes per step, for the extrapolation (default: the family's: 1 for the "
                    "guidance-distilled MiniMax-H3, 2 for Wan 2.1 with classifier-free guidance).")
-@click.option("--outside-ms", type=float, default=None,
+@click.option("--outside-ms", type=FiniteFloat(0), default=None,
               help="Time per pass outside the block stack (embeddings, refiner, heads), if you measured it.")
 @click.option("--outside", "outside_mode", type=click.Choice(["measure"]), default=None,
               help="measure: time the transformer without its blocks (embeddings, refiner layers, output norm and "

@@ -188,6 +188,8 @@ def test_trace_writes_a_chrome_trace_with_the_named_ranges(tmp_path):
     (["--validate", "-2"], "--validate must be at least 0"),
     (["--frames", "1", "--height", "16", "--width", "16"], "a 16x16 video gives no tokens"),
     (["--frames", "0", "--height", "64", "--width", "64"], "--frames must be at least 1"),
+    (["--outside-ms", "nan"], "--outside-ms must be a finite number of at least 0, got nan"),
+    (["--outside-ms", "-1"], "--outside-ms must be a finite number of at least 0, got -1"),
     # options that would be ignored are refused instead
     (["--attn", "fp8", "--compare-attn", "native,cudnn"], "--attn fp8 and --compare-attn do not combine"),
     (["--compare-attn", "native+compile", "--compile", "max-autotune"],
