@@ -15,7 +15,7 @@ from ..device import FP8, Ceilings
 from ..report_io import write_csv, write_json
 from .classify import CATEGORIES
 from .extrapolate import Validation
-from .results import GAPS_LABEL, GAPS_NOTE, BackendRun
+from .results import COMPILED_CPU_NOTE, GAPS_LABEL, GAPS_NOTE, BackendRun
 from .stages import StageMeasurement
 
 
@@ -75,6 +75,8 @@ def breakdown_table(run: BackendRun, ceilings: Ceilings, *, name_stack: bool = F
     rates_fp8 = any(row.get("precision") == FP8 or FP8 in row.get("by_precision", {}) for row in rows.values())
     where = f" — a block of {run.stack}" if name_stack else ""
     gaps = [GAPS_NOTE[label] for label in rows if label in GAPS_NOTE]
+    if run.compile_stats is not None and run.profile.device_kind == "cpu":
+        gaps.append(COMPILED_CPU_NOTE)
     table = Table(title=f"Where one block's time goes — attention backend: {run.backend}{where}",
                   caption="\n".join([ceilings_note(ceilings, rates_fp8=rates_fp8), *gaps]))
     for col, justify in (("kind of work", "left"), ("ms / block", "right"), ("share", "right"), ("rate", "right")):

@@ -31,6 +31,9 @@ GAPS_NOTE = {  # what the gaps row holds, under each table and plot that shows i
                         "timer's own work); large in a scaled-down CPU run, whose ops are tiny",
 }
 
+COMPILED_CPU_NOTE = ("torch.compile on the CPU: inductor's fused C++ kernels are not ops the profiler sees, so these "
+                     "rows hold only the ops the graph calls out to (GEMMs, attention), fitted to the timed block: "
+                     "their shares mislead; compare block times only")
 COMPILED_RANGE_NOTE = "compiled graph (kernels fused across modules: not attributed to them)"
 
 # Timed runs this spread out make the median a guess: the report and the terminal say so.

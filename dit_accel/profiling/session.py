@@ -24,7 +24,7 @@ from .extrapolate import Extrapolation, StackTime, Validation
 from .outside import OutsideMeasurement, measure_outside
 from .profiler import profile_block
 from .progress import NO_PROGRESS, SessionProgress
-from .results import BackendRun, CompileStats
+from .results import COMPILED_CPU_NOTE, BackendRun, CompileStats
 from .stages import StageMeasurement, measure_stage
 from .validate import validate_chain
 
@@ -230,6 +230,8 @@ def _profile_stack(s: ProfileSettings, adapter: BlockAdapter, run_dir: Path,
                 # would overwrite its own output buffer
             attention_calls = _calls_since(calls_before, _attention_calls(applied))
             notes += applied.notes()
+            if compile_stats is not None and s.device.type == "cpu":
+                notes.append(f"{label}: {COMPILED_CPU_NOTE}")
             if compile_stats is not None and compile_stats.graphs_after_first_call:
                 notes.append(f"{label}: {compile_stats.graphs_after_first_call} graph(s) recompiled after the "
                              f"first call, during warm-up or the timed runs (the timings may include compiling)")
