@@ -41,9 +41,11 @@ def test_every_family_profiles_a_block_of_each_stack(name, tmp_path, fake_backen
     unnamed = [(op["range"], op["kernel"]) for op in ops if op["stage"] == "block"
                and op["category"] in ("gemm", "attention") and op["range"] in (body, "attention (other)")]
     assert not unnamed, unnamed
-    # The attention modules' own tensor work is named by kind (copies and joins, elementwise); what is left is
-    # small on every family.
-    assert all(run["modules"].get("attention (other)", {"share_pct": 0})["share_pct"] < 5 for run in report["runs"])
+    # The attention modules' own tensor work is named by kind (copies and joins, elementwise, norms): what stays
+    # "attention (other)" is only work of no named kind (views, slices). (Its share is not asserted: on a CPU
+    # these tiny ops' times are mostly host noise.)
+    rest = {op["category"] for op in ops if op["range"] == "attention (other)"}
+    assert rest <= {"other"}, rest
     # A routed backend reaches every attention call of every family, through diffusers' dispatch or (CogVideoX,
     # Mochi, Allegro) torch's SDPA in the processor's file, masked text padding included (HunyuanVideo,
     # HunyuanVideo 1.5, Motif-Video, LTX-Video, Allegro); the report counts them for one block call.
