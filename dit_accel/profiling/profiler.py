@@ -66,6 +66,10 @@ def kineto_markers_dropped():
                 os.write(2, kept.encode())
 
 
+# The range of every kernel of a compiled block: inductor fuses across modules, so no module range holds them.
+COMPILED_RANGE_NOTE = "compiled graph (kernels fused across modules: not attributed to them)"
+
+
 @dataclass(frozen=True)
 class KernelRecord:
     """One kernel name within one range: how often it ran and its total time per block run."""
@@ -264,5 +268,6 @@ def profile_block(block: nn.Module, inputs: dict[str, Any], adapter: BlockAdapte
                 prof.__exit__(None, None, None)
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
-    kernels = _collect(prof, profiled_runs / profile_scale, device.type, adapter.body_label, op_bytes)
+    kernels = _collect(prof, profiled_runs / profile_scale, device.type,
+                       adapter.body_label if named_ranges else COMPILED_RANGE_NOTE, op_bytes)
     return BlockProfile(timing, kernels, peak, param_bytes(block), profiled_runs, device.type, trace_path)

@@ -34,7 +34,6 @@ GAPS_NOTE = {  # what the gaps row holds, under each table and plot that shows i
 COMPILED_CPU_NOTE = ("torch.compile on the CPU: inductor's fused C++ kernels are not ops the profiler sees, so these "
                      "rows hold only the ops the graph calls out to (GEMMs, attention), fitted to the timed block: "
                      "their shares mislead; compare block times only")
-COMPILED_RANGE_NOTE = "compiled graph (kernels fused across modules: not attributed to them)"
 
 # Timed runs this spread out make the median a guess: the report and the terminal say so.
 NOISY_MAX_OVER_MIN = 1.3  # slowest run / fastest run
@@ -126,13 +125,11 @@ def _gaps_row(profile: BlockProfile, timed_ms: float) -> dict[str, dict[str, flo
         if gaps_ms > 0 else {}
 
 
-def range_rows(profile: BlockProfile, timed_ms: float, one_range: str | None = None) -> dict[str, dict[str, float]]:
-    """Per named range: ms per run and share of the timed run (all of it under `one_range`, for a
-    compiled graph, whose kernels no range holds), and the gaps row as `category_rows` has it."""
+def range_rows(profile: BlockProfile, timed_ms: float) -> dict[str, dict[str, float]]:
+    """Per named range (a compiled block's kernels are all in `profiler.COMPILED_RANGE_NOTE`): ms per run and
+    share of the timed run, and the gaps row as `category_rows` has it."""
     scale = profiled_to_timed(profile, timed_ms)
     ranges = profile.by_range()
-    if one_range is not None:
-        ranges = {one_range: {"time_us": sum(r["time_us"] for r in ranges.values())}}
     rows = {label: {"ms": scale * s["time_us"] / 1e3, "share_pct": 100 * scale * s["time_us"] / 1e3 / timed_ms}
             for label, s in ranges.items()}
     return {**rows, **_gaps_row(profile, timed_ms)}
@@ -187,7 +184,7 @@ class BackendRun:
         return sorted(rows, key=lambda row: -row["ms"])[:count]
 
     def module_rows(self) -> dict[str, dict[str, float]]:
-        return range_rows(self.profile, self.block_ms, COMPILED_RANGE_NOTE if self.compile_stats else None)
+        return range_rows(self.profile, self.block_ms)
 
     def as_dict(self, ceilings: Ceilings) -> dict[str, Any]:
         p = self.profile

@@ -102,12 +102,14 @@ def test_profile_block_compares_an_eager_and_a_compiled_recipe(tmp_path):
     time reported apart, the module table saying the compiled kernels are not attributed, and the
     compiled block's output equal to eager's within fp32 reordering, and what the CPU profiler cannot see of
     it said."""
+    import csv
     import json
 
     from click.testing import CliRunner
 
     from dit_accel.cli import main
-    from dit_accel.profiling.results import COMPILED_CPU_NOTE, COMPILED_RANGE_NOTE
+    from dit_accel.profiling.profiler import COMPILED_RANGE_NOTE
+    from dit_accel.profiling.results import COMPILED_CPU_NOTE
 
     torch._dynamo.reset()
     out = tmp_path / "run"
@@ -121,6 +123,10 @@ def test_profile_block_compares_an_eager_and_a_compiled_recipe(tmp_path):
     assert compiled["compile"]["graphs"] >= 1 and compiled["compile"]["first_call_s"] > 0
     assert set(compiled["modules"]) <= {COMPILED_RANGE_NOTE, "outside aten ops"} and COMPILED_RANGE_NOTE in \
         compiled["modules"]
+    # ops.csv says the same of the compiled recipe's kernels (not "the block body")
+    with (out / "ops.csv").open() as f:
+        ranges = {row["range"] for row in csv.DictReader(f) if row["backend"] == "native+compile"}
+    assert ranges == {COMPILED_RANGE_NOTE}
     assert compiled["output_vs_reference"]["rel_l2"] < 1e-4
     assert "torch.compile mode default: first call" in result.output
     # What the CPU profiler cannot see of a compiled graph is said, not left to mislead.
