@@ -35,12 +35,15 @@ EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
 
 @dataclass(frozen=True)
 class LazyCommand:
-    """Where a command lives: `dit_accel.commands.<module>.<function>` (a click command), and the
-    noisy third-party modules it uses later on, imported quietly before it runs (`quiet`)."""
+    """Where a command lives: `dit_accel.commands.<module>.<function>` (a click command), the noisy
+    third-party modules it uses later on, imported quietly before it runs (`quiet`), and `precheck`: a
+    function of the same module called with the command's arguments before those imports, for the
+    mistakes a user makes most that need no torch (a wrong path), so they cost a second, not the imports."""
 
     module: str
     function: str
     preload: tuple[str, ...] = ()
+    precheck: str | None = None
 
     @property
     def module_path(self) -> str:
@@ -57,10 +60,11 @@ _PLOTS = ("matplotlib.pyplot",)  # imported at plot time, by the library; its fo
 COMMANDS: dict[str, LazyCommand] = {
     "bench-attention": LazyCommand("bench_attention", "bench_attention", preload=_PLOTS),
     "compare": LazyCommand("compare", "compare"),
-    "generate": LazyCommand("generate", "generate", preload=_DIFFUSERS),
+    "generate": LazyCommand("generate", "generate", preload=_DIFFUSERS, precheck="precheck"),
     "make-tiny-pipeline": LazyCommand("generate", "make_tiny_pipeline", preload=_DIFFUSERS),
     "models": LazyCommand("models", "models", preload=_DIFFUSERS),
-    "profile-block": LazyCommand("profile_block", "profile_block", preload=(*_DIFFUSERS, *_PLOTS)),
+    "profile-block": LazyCommand("profile_block", "profile_block", preload=(*_DIFFUSERS, *_PLOTS),
+                                 precheck="precheck"),
 }
 
 
@@ -131,9 +135,11 @@ class _Group(click.Group):
         from .quiet import quiet_imports
 
         with quiet_imports():
-            command = getattr(importlib.import_module(entry.module_path), entry.function)
+            module = importlib.import_module(entry.module_path)
+        command = getattr(module, entry.function)
         if not getattr(command.callback, "_dit_accel_quiet", False):
-            command.callback = _quietly(command.callback, entry.preload)
+            precheck = getattr(module, entry.precheck) if entry.precheck else None
+            command.callback = _quietly(command.callback, entry.preload, precheck)
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -163,13 +169,15 @@ class _Group(click.Group):
             sys.exit(EXIT_TERMINATED)
 
 
-def _quietly(callback, preload: tuple[str, ...]):
-    """The command's callback as the CLI runs it: the `preload` modules imported quietly first (when the
-    command runs, not for its --help), and the run inside `quiet.quiet_run`."""
+def _quietly(callback, preload: tuple[str, ...], precheck=None):
+    """The command's callback as the CLI runs it: its `precheck` first, then the `preload` modules imported
+    quietly (when the command runs, not for its --help), and the run inside `quiet.quiet_run`."""
     from .quiet import quiet_import, quiet_run
 
     @functools.wraps(callback)
     def run(*args, **kwargs):
+        if precheck is not None:
+            precheck(**kwargs)
         quiet_import(*preload)
         with quiet_run():
             return callback(*args, **kwargs)

@@ -51,6 +51,14 @@ def make_tiny_pipeline(family, directory, seed):
                   f"generate defaults {d['frames']} frames at {d['height']}x{d['width']}, {d['steps']} steps")
 
 
+def precheck(pipeline_dir: Path | None = None, **_) -> None:
+    """What is checked before torch and diffusers load (`cli.LazyCommand.precheck`): the pipeline folder."""
+    if pipeline_dir is not None:
+        from ..loading.folders import pipeline_index
+
+        pipeline_index(pipeline_dir)
+
+
 def _progress() -> Progress:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -28,6 +28,14 @@ from .options import (ATTENTION_HELP, DEFAULT_FAMILY, MODEL_FAMILIES, AtLeast, D
 # `dit-accel profile-block --help` costs click alone.
 
 
+def precheck(checkpoint: Path | None = None, **_) -> None:
+    """What is checked before torch and diffusers load (`cli.LazyCommand.precheck`): the checkpoint folder."""
+    if checkpoint is not None:
+        from ..loading.folders import transformer_folder
+
+        transformer_folder(checkpoint)
+
+
 def _adapter(model: str | None, preset: str | None, checkpoint: Path | None):
     from ..adapters import adapter_for_config, adapter_for_preset, read_transformer_config
     from ..loading.checkpoint import CONFIG_NAME, transformer_folder

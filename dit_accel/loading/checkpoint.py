@@ -16,8 +16,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import UserError
+from .folders import CONFIG_NAME, transformer_folder  # noqa: F401 (re-exported: block.py, the commands)
 
-CONFIG_NAME = "config.json"
 
 
 @dataclass(frozen=True)
@@ -46,21 +46,6 @@ class LoadStats:
     def as_dict(self) -> dict:
         return {"tensors": self.tensors, "bytes_read": self.bytes_read, "seconds": self.seconds,
                 "gbps": self.gbps, "shards": list(self.shards)}
-
-
-def transformer_folder(path: Path) -> Path:
-    """The transformer folder itself, or the `transformer/` folder of a pipeline folder."""
-    path = Path(path)
-    if path.is_file():
-        raise UserError(f"--checkpoint {path} is a file; pass the folder that holds it, with config.json and the "
-                        f"safetensors (a diffusers transformer folder, or a pipeline folder)")
-    if not path.is_dir():
-        raise UserError(f"checkpoint folder {path} does not exist; pass a local diffusers transformer folder")
-    if not (path / CONFIG_NAME).is_file() and (path / "transformer" / CONFIG_NAME).is_file():
-        return path / "transformer"
-    if not (path / CONFIG_NAME).is_file():
-        raise UserError(f"{path} has no {CONFIG_NAME}; pass a diffusers transformer folder (or a pipeline folder)")
-    return path
 
 
 def read_layout(folder: Path) -> CheckpointLayout:

@@ -21,10 +21,9 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
+from ..loading.folders import MODEL_INDEX, MODULAR_INDEX, pipeline_index
 from ..loading.offload import stack_bytes, stream_blocks
 
-MODEL_INDEX = "model_index.json"
-MODULAR_INDEX = "modular_model_index.json"
 
 # The modular pipelines generate runs, and the workflow of their blocks it runs: text (and nothing else) in.
 MODULAR_WORKFLOWS = {"MiniMaxH3ModularPipeline": "t2va"}
@@ -92,16 +91,8 @@ def _workflow_components(path: Path, index: dict, class_name: str) -> tuple[str,
 def inspect_pipeline_folder(path: Path) -> PipelineFolder:
     """Check a pipeline folder without loading anything; UserError with what to do when it is not one."""
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"pipeline folder {path} does not exist; make one with "
-                        f"`dit-accel make-tiny-pipeline wan {path}`")
-    if not path.is_dir():
-        raise UserError(f"--pipeline {path} is a file; pass the folder that holds model_index.json")
-    modular = (path / MODULAR_INDEX).is_file()
-    index_path = path / (MODULAR_INDEX if modular else MODEL_INDEX)
-    if not index_path.is_file():
-        raise UserError(f"{path} has no {MODEL_INDEX} (nor {MODULAR_INDEX}), so it is not a diffusers pipeline "
-                        f"folder; pass the folder save_pretrained wrote")
+    index_path = pipeline_index(path)
+    modular = index_path.name == MODULAR_INDEX
     index, class_name = _read_index(index_path)
     if not modular and (class_name.endswith("ModularPipeline") or "_blocks_class_name" in index):
         raise UserError(f"{index_path} names {class_name}, a modular pipeline, whose index diffusers reads from "

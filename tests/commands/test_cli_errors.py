@@ -267,6 +267,22 @@ def test_a_killed_runs_staging_folder_is_removed_by_the_next_run(tmp_path):
 
 # --- --help is fast; a normal run is quiet -------------------------------------------------------
 
+@pytest.mark.parametrize("args, words", [
+    (["generate", "--pipeline", "/nonexistent"], "pipeline folder /nonexistent does not exist"),
+    (["profile-block", "--checkpoint", "/nonexistent"], "checkpoint folder /nonexistent does not exist"),
+])
+def test_a_wrong_path_is_refused_before_diffusers_loads(args, words):
+    """The mistakes a user makes most cost a second: a wrong folder is checked before the imports that take
+    several (`cli.LazyCommand.precheck`)."""
+    code = ("import sys; from click.testing import CliRunner; from dit_accel.cli import main; "
+            f"r = CliRunner().invoke(main, {args!r}); print(r.exit_code); print(r.output); "
+            "print('LOADED', 'diffusers.models.modeling_utils' in sys.modules)")
+    proc = _python("-c", code)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert stdout.startswith("2\n") and words in stdout and "LOADED False" in stdout, stdout
+
+
 @pytest.mark.parametrize("args", [["--help"], ["generate", "--help"], ["make-tiny-pipeline", "--help"],
                                   ["bench-attention", "--help"], ["profile-block", "--help"], ["compare", "--help"]])
 def test_help_imports_neither_torch_nor_diffusers(args):
