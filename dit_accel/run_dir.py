@@ -13,9 +13,9 @@ is gone. One whose process still runs (another run, writing now), and another ho
 Two runs, one folder: a run claims its folder's name with a lock (`.<name>.lock` beside it, released by
 the kernel when the process ends) before it stages anything. A run refuses a folder another live run
 holds (one line naming its process), and a default-named run (`numbered`) takes the next free
-`<name>-2`, `<name>-3`, ... instead. If the folder appears anyway
-while a run writes (a run on another host, a user's copy), the finished run goes to the next free
-numbered sibling and says so: no result is ever left in a hidden folder.
+`<name>-2`, `<name>-3`, ... instead. If the folder appears anyway while a run writes (a run on another
+host, a user's copy), the finished run goes to the next free numbered sibling and says so: no result is
+ever left in a hidden folder.
 """
 from __future__ import annotations
 
@@ -99,13 +99,16 @@ class _Claim:
     kernel releases when its process ends however it ends, holding the claimant's process id."""
 
     def __init__(self, final_dir: Path):
+        """Raises BlockingIOError when a live process holds the claim."""
         self.path = final_dir.with_name(f".{final_dir.name}.lock")
-        self._file = open(self.path, "a+")  # noqa: SIM115 (held until release)
+        try:
+            self._file = open(self.path, "a+")  # noqa: SIM115 (held until release)
+        except OSError as exc:
+            raise UserError(f"cannot write in the output folder {final_dir.parent} ({exc.strerror}); "
+                            f"pass --out DIR") from exc
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._file.seek(0)
-            self.holder = self._file.read().strip() or "?"
+        except BlockingIOError:
             self._file.close()
             raise
         self._file.seek(0)
@@ -125,7 +128,7 @@ def _claim(final_dir: Path) -> "_Claim | str":
     """The claim on `final_dir`'s name, or the process id of the live run that holds it."""
     try:
         return _Claim(final_dir)
-    except OSError:
+    except BlockingIOError:
         try:
             return final_dir.with_name(f".{final_dir.name}.lock").read_text().strip() or "?"
         except OSError:
