@@ -214,10 +214,10 @@ def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | N
     the op, inputs autograd could ask a gradient of are refused first (`Fp8AttentionNoGrad`; the router
     declines such calls before they get here)."""
     if torch.compiler.is_compiling():  # imported here: dynamo warns on functools.cache functions it traces
-        from ..kernels.fp8_attention.op import FP8_ATTENTION, can_implement, refuse_grad
+        from ..kernels.fp8_attention.op import FP8_ATTENTION, refuse_grad
 
         refuse_grad(q, k, v)
-        reason = can_implement(q, k, v, kernel)
+        reason = _fp8_serves_reason(q, k, v, kernel=kernel)
         if reason is not None:
             raise BackendCannotServe(reason)
         return FP8_ATTENTION(q, k, v, scale, kernel)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 DROPPED_BIAS = -1e4
 """An additive bias at or below this drops its key: exp(-1e4) is 0 in every float format."""
 
+
 def shape_reason(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> str | None:
     """Why `mask` cannot be key padding for [B, S, H, D] query/key, from its metadata alone, or None: bool or
     floating, [B or 1, H or 1, 1, S_kv] (one row for every query), or bool [B or 1, H or 1, S_q, S_kv] (a
@@ -58,11 +59,6 @@ class _Kept:
 
     queries: torch.Tensor | None  # bool [S_q] on the CPU
     keys: torch.Tensor  # bool [S_kv] on the CPU
-
-    def same_as(self, other: "_Kept | None") -> bool:
-        return other is not None and torch.equal(self.keys, other.keys) and (
-            self.queries is None and other.queries is None
-            or self.queries is not None and other.queries is not None and torch.equal(self.queries, other.queries))
 
 
 JOINT_CHECK_ROWS = 4096  # rows of a joint mask compared at a time (bounds the check's temporary)
@@ -108,8 +104,8 @@ def key_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
 
     run = get_backend(backend).run
     kept = [_kept(mask[b if mask.shape[0] > 1 else 0]) for b in range(q.shape[0])]
-    if kept[0] is not None and kept[0].queries is None and all(kept[0].same_as(other) for other in kept[1:]):
-        keys = _selection(kept[0].keys)
+    if all(one is not None and one.queries is None and torch.equal(one.keys, kept[0].keys) for one in kept):
+        keys = _selection(kept[0].keys)  # every element keeps the same keys, and every query: one call
         return run(q, k[:, keys], v[:, keys], scale)
     out = q.new_empty((*q.shape[:3], v.shape[3]))
     for b, one in enumerate(kept):

@@ -160,8 +160,10 @@ def _unservable_reason(arguments: dict[str, Any], key_padding_served: bool) -> s
     mask = arguments["attn_mask"]
     if mask is not None:
         why = key_padding.shape_reason(mask, arguments["query"], arguments["key"]) if key_padding_served else None
-        if not key_padding_served or why is not None or arguments.get("parallel_config") is not None:
-            return f"attn_mask given ({why})" if why else "attn_mask given"
+        if why is not None:
+            return f"attn_mask given ({why})"
+        if not key_padding_served or arguments.get("parallel_config") is not None:
+            return "attn_mask given"
     if arguments["dropout_p"]:
         return "dropout_p > 0"
     if arguments["is_causal"]:
