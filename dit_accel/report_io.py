@@ -23,6 +23,12 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 # Progress and warnings when stdout carries data (`--json`): the same look, on stderr.
 err_console = Console(highlight=False, stderr=True, width=None if sys.stderr.isatty() else 150)
 
+
+def print_note(note: str | None, out: Console = console) -> None:
+    """A yellow `note: ...` line for the user, when there is a note."""
+    if note:
+        out.print(f"[yellow]note: {note}[/yellow]")
+
 # Distributions whose versions a report names (importlib.metadata names; None where not installed).
 PROVENANCE_PACKAGES = {"dit-accel": "dit-accel", "torch": "torch", "diffusers": "diffusers",
                        "cutlass-dsl": "nvidia-cutlass-dsl", "torchao": "torchao"}

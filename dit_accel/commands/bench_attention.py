@@ -9,7 +9,7 @@ import click
 from rich.table import Table
 
 from ..errors import UserError
-from ..report_io import console
+from ..report_io import console, print_note
 from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, default_run_name
 from .options import ATTENTION_BACKENDS, AtLeast, DtypeChoice, RecipeParam
 
@@ -153,7 +153,7 @@ def _bench(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, de
         console.print(_routing_table(routing, crossover_note))
     elif routed:
         console.print(f"routing: {crossover_note}")
-    _say_moved(staged)
+    print_note(staged.moved_note)
     console.print(f"wrote {staged.final}/ (report.json, results.csv, tflops.png)")
 
 
@@ -197,7 +197,7 @@ def _measure_crossover(choices, dtype, warmup, runs, seed, device, out_dir) -> N
         table = Crossover.from_data(data, file_name)  # what the router will read, checked as it will be
     for head_dim in table.head_dims:
         console.print(_crossover_grid(table, head_dim))
-    _say_moved(staged)
+    print_note(staged.moved_note)
     console.print(f"measured in {data['elapsed_s']} s; wrote {staged.final}/ (report.json, results.csv, {file_name}); "
                   f"the router reads it once it is copied to dit_accel/attention/crossover_data/, or with "
                   f"DIT_ACCEL_CROSSOVER={staged.final / file_name}")
@@ -265,10 +265,6 @@ def _results_table(rows: list[BenchRow], title: str) -> Table:
     return table
 
 
-def _say_moved(staged: StagedRun) -> None:
-    if staged.moved_note:
-        console.print(f"[yellow]note: {staged.moved_note}[/yellow]")
-
 
 def check_bench_fits(shape: "AttentionShape", dtype: "torch.dtype", backends: list, device: "torch.device") -> None:
     """A UserError, before anything is allocated, when benchmarking `shape` would not fit in the device's room:
@@ -276,8 +272,8 @@ def check_bench_fits(shape: "AttentionShape", dtype: "torch.dtype", backends: li
     import dataclasses
 
     from ..attention.bench import bench_bytes
-    from .options import DTYPE_NAMES
     from ..room import FIXED_BYTES, MARGIN, GiB, memory_room
+    from .options import DTYPE_NAMES
 
     found = memory_room(device)
     if found is None:
@@ -291,12 +287,10 @@ def check_bench_fits(shape: "AttentionShape", dtype: "torch.dtype", backends: li
         return
     scaled = lambda factor: dataclasses.replace(shape, seq_q=max(1, int(shape.seq_q * factor)),  # noqa: E731
                                                 seq_kv=max(1, int(shape.seq_kv * factor)))
-    low, high = 0.0, 1.0
+    low, high = 0.0, 1.0  # scaled(low) fits (low > 0), or nothing tried did (low == 0)
     for _ in range(40):
         middle = (low + high) / 2
         low, high = (middle, high) if need(scaled(middle)) <= room else (low, middle)
-    fits = scaled(low)
-    hint = (f"the longest that fits here is {fits.label}" if low > 0 and need(fits) <= room
-            else "lower the batch or heads")
+    hint = f"the longest that fits here is {scaled(low).label}" if low > 0 else "lower the batch or heads"
     raise UserError(f"attention at {shape.label} ({DTYPE_NAMES[dtype]}) needs about {need(shape) / GiB:.1f} GiB with "
                     f"its reference and the backends asked for; it does not fit in {where}: {hint}")

@@ -15,7 +15,7 @@ from rich.table import Table
 from ..errors import UserError
 from ..loading import OFFLOAD_CHOICES
 from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
-from ..report_io import console
+from ..report_io import console, print_note
 from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, check_run_dir, default_run_name
 from .options import ATTENTION_HELP, AtLeast, DtypeChoice, FiniteFloat, RecipeParam, compile_option, linear_option
 
@@ -45,8 +45,7 @@ def make_tiny_pipeline(family, directory, seed):
     info = build_tiny(family, directory, seed)
     params = ", ".join(f"{name} {m:.2f} M" for name, m in info["params_m"].items())
     d = info["defaults"]
-    if info["moved_note"]:
-        console.print(f"[yellow]note: {info['moved_note']}[/yellow]")
+    print_note(info["moved_note"])
     console.print(f"wrote {info['folder']}/: tiny random {info['pipeline']} ({params} params); "
                   f"generate defaults {d['frames']} frames at {d['height']}x{d['width']}, {d['steps']} steps")
 
@@ -258,8 +257,7 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
     finally:
         if group:
             stop_ulysses(synchronize=finished)
-    if staged.moved_note:
-        console.print(f"[yellow]note: {staged.moved_note}[/yellow]")
+    print_note(staged.moved_note)
     console.print(f"\nwrote {staged.final}/: {', '.join(report['files'])}")
     return report
 

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..errors import UserError
 from ..loading import OFFLOAD_CHOICES
 from ..profiling.progress import NO_PROGRESS, SessionProgress
-from ..report_io import console, err_console, to_json
+from ..report_io import console, err_console, print_note, to_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, default_run_name
 from .options import (ATTENTION_HELP, DEFAULT_FAMILY, MODEL_FAMILIES, AtLeast, DtypeChoice, FiniteFloat, MemorySize,
                       OptionError, RecipeParam, StageList, compile_option, linear_option)
@@ -282,7 +282,7 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
                         f"{workload.batch}) with its profiling{' and --validate' if validate_blocks else ''} does not "
                         f"fit in {budget}; lower --seq-len or --batch, or raise --memory-budget") from exc
     for note in result.notes:
-        out_console.print(f"[yellow]note: {note}[/yellow]")
+        print_note(note, out_console)
     traces = "".join(f", {settings.trace_name(recipe)}" for recipe in settings.recipes) if trace else ""
     if as_json:
         for warning in report["warnings"]:
@@ -291,7 +291,6 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
     else:
         render(console, report, result.runs, ceilings, result.validation)
     csv = ", whole_video.csv" if stages else ""
-    if staged.moved_note:
-        out_console.print(f"[yellow]note: {staged.moved_note}[/yellow]")
+    print_note(staged.moved_note, out_console)
     out_console.print(f"\nwrote {staged.final}/: report.json, ops.csv{csv}, breakdown.png{traces}")
     return report
