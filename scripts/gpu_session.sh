@@ -3,7 +3,8 @@
 #   bash scripts/gpu_session.sh [STEP ...]     steps: env fp8 profile budget compare offload bench tests-kernels tests tests-full
 #                                              sweep variants sanitize generate compile-check recipes recipes-wan
 #                                              generate-compile crossover validate-model stages
-#                                              families families-validate (those two: not in the default)
+#                                              families families-validate compile-startup (those three: not in
+#                                              the default)
 #                                              (default: all)
 # Wheels carried in .whl/ (e.g. imageio-ffmpeg, which the GPU image lacks) are installed first.
 # Results go under $OUT (or ./gpu-results): one log per step and one archive, because the device
@@ -61,6 +62,9 @@ step generate 240 bash -c "python3 -m dit_accel make-tiny-pipeline wan $work/tin
   && python3 -m dit_accel generate --pipeline $work/tiny-wan --compare bf16 --out $work/generate"
 
 step compile-check 200 python3 scripts/check_compile.py --out "$work/compile-check"
+# What a compiled recipe's first call costs, phase by phase, ours beside the torchao recipe, each case in a fresh
+# process on empty caches (and ours again on the caches its first run left).
+step compile-startup 560 python3 scripts/compile_startup.py --suite "$work/compile-startup"
 # Recipes side by side, one process, same block and inputs: diffusers' default eager, compiled, compiled with
 # torchao FP8 linears (what a user assembles without us), and ours.
 recipes=cudnn,cudnn+compile,cudnn+fp8-linear+compile,fp8+rope+fp8-linear+compile,fp8+prologue+fp8-linear+compile,fp8+rope

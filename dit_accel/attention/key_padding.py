@@ -131,10 +131,12 @@ SCHEMA = "key_padded_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float?
 
 
 def _register() -> torch.library.Library:
-    """The op, pt2-compliant, one Python implementation for CPU and CUDA and a fake. Kept alive by the
-    module: a Library unregisters when freed."""
+    """The op, pt2-compliant, one Python implementation for CPU and CUDA and a fake. Tagged cudagraph-unsafe
+    (its host syncs), so inductor leaves CUDA graphs off around it (`+max-autotune` turns them on). Kept alive
+    by the module: a Library unregisters when freed."""
     library = torch.library.Library("dit_accel", "FRAGMENT")
-    library.define(SCHEMA, tags=(torch.Tag.pt2_compliant_tag,))
+    unsafe = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()  # torch >= 2.8
+    library.define(SCHEMA, tags=(torch.Tag.pt2_compliant_tag, *unsafe))
     for device in ("CPU", "CUDA"):
         library.impl("key_padded_attention", key_padded_attention, device)
     torch.library.register_fake("dit_accel::key_padded_attention", _fake, lib=library)

@@ -64,7 +64,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.hooks import RemovableHandle
 
 from ..errors import UserError
-from ..patching.counts import CallCounts, CountedCalls
+from ..patching.counts import CallCounts, CountedCalls, module_device
 from ..patching.model_globals import ModelGlobalSwap, Namespace, model_file
 from . import key_padding
 from .backends import BACKENDS, TORCH_SDPA_KERNELS, AttentionBackend, BackendCannotServe, get_backend
@@ -84,7 +84,7 @@ class RoutedBackend(CountedCalls):
     default backend instead, or, for the reason "routed: <name> measured faster", to the diffusers
     backend the crossover measured faster at their shape. Every dispatch made by a processor holding
     this object counts in exactly one of the two, also inside a torch.compile'd model
-    (`patching.counts.CallCounts`: 0-d CPU tensors bumped in place, with its limits under CUDA graphs).
+    (`patching.counts.CallCounts`: 0-d tensors on the model's device, bumped in place).
     """
 
     backend: AttentionBackend
@@ -355,11 +355,6 @@ def _attention_processors(module: nn.Module,
     return list(processors.values()), sdpa_calling
 
 
-def _module_device(module: nn.Module) -> torch.device:
-    parameter = next(module.parameters(), None)
-    return parameter.device if parameter is not None else torch.device("cpu")
-
-
 def set_attention_backend_by_name(module: nn.Module, name: str, *, exclude: tuple[nn.Module, ...] = (),
                                   hold_reason: Callable[[], str | None] | None = None) -> AttentionBackendSwap:
     """Make every attention processor under `module` (but those under `exclude`) use backend `name`;
@@ -369,7 +364,7 @@ def set_attention_backend_by_name(module: nn.Module, name: str, *, exclude: tupl
     benchmark-only backend, or a module without attention processors.
     """
     backend = get_backend(name)
-    reason = backend.unavailable_reason(_module_device(module))
+    reason = backend.unavailable_reason(module_device(module))
     if reason is not None:
         raise UserError(f"attention backend {name!r} is unavailable here: {reason}")
     if backend.diffusers_backend is None and not backend.routed:
@@ -383,8 +378,9 @@ def set_attention_backend_by_name(module: nn.Module, name: str, *, exclude: tupl
 
     if backend.routed:
         router_modules = list({m.__name__: m for m in map(_dispatch_module, processors)}.values())
-        crossover, crossover_note = crossover_for(_module_device(module))
-        value: Any = RoutedBackend(backend, hold_reason=hold_reason, crossover=crossover, crossover_note=crossover_note)
+        crossover, crossover_note = crossover_for(module_device(module))
+        value: Any = RoutedBackend(backend, hold_reason=hold_reason, crossover=crossover, crossover_note=crossover_note,
+                                   counts=CallCounts.on_device_of(module))
         _ROUTERS.acquire_all(router_modules, value)
         sdpa_choice: RoutedBackend | SDPBackend | None = value
     else:

@@ -21,7 +21,8 @@ rotary embeddings and no mask, no context parallelism is on (each rank would hol
 sequence), and nothing needs autograd; every other call runs the original
 processor unchanged (its projections are recomputed: fallbacks are meant to be rare) and is
 counted by reason. Served calls also count as served in the router, so its totals stay complete.
-Both counters are 0-d tensors, so they count inside torch.compile'd graphs too; the wrapper itself
+Both counters are 0-d tensors on the model's device (`counts.CallCounts`), so they count inside torch.compile'd
+graphs and CUDA graphs too; the wrapper itself
 is traced by dynamo (the op is one opaque node).
 """
 from __future__ import annotations
@@ -154,8 +155,9 @@ def fused_prologue(model_or_pipeline: Any) -> FusedPrologue:
     model has no MiniMax-H3 attention."""
     from .attention import denoisers
 
-    handle = FusedPrologue()
-    for model in denoisers(model_or_pipeline):
+    models = denoisers(model_or_pipeline)
+    handle = FusedPrologue(counts=CallCounts.on_device_of(models[0]))
+    for model in models:
         for module in model.modules():
             processor = getattr(module, "processor", None)
             if type(processor).__name__ != PROCESSOR_CLASS or type(processor).__module__ != PROCESSOR_MODULE:

@@ -168,3 +168,11 @@ def test_the_fp8_kernel_serves_key_padding_as_it_serves_the_kept_keys():
     joint = KEY_PADDED_ATTENTION(q, k, v, joint_mask, None, "fp8")
     assert torch.equal(joint[:, :kept], backend.run(q[:, :kept], k[:, :kept], v[:, :kept]))
     torch.testing.assert_close(joint[:, kept:], _sdpa(q[:, kept:], k, v, joint_mask[:, :, kept:]))
+
+
+def test_the_op_is_tagged_cudagraph_unsafe():
+    """Its host syncs cannot be captured: inductor must leave CUDA graphs off around it (+max-autotune turns them on,
+    and nothing else in a patched GPU graph keeps them off now that the router's counters live on the GPU)."""
+    if not hasattr(torch.Tag, "cudagraph_unsafe"):
+        pytest.skip("this torch has no cudagraph_unsafe tag")
+    assert torch.Tag.cudagraph_unsafe in KEY_PADDED_ATTENTION.tags

@@ -192,3 +192,55 @@ def test_the_fp8_backend_emits_the_op_when_traced_and_refuses_grad_first_either_
     compiled = torch.compile(run, backend=counter, fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v), emulate_fp8_attention(q, k, v, out_dtype=q.dtype), rtol=0, atol=0)
     assert counter.frame_count == 1 and counter.op_count >= 1
+
+
+def test_the_counters_live_on_the_device_the_model_computes_on(op_backend):
+    """A GPU model's counters are GPU tensors: a CPU counter would be a CPU kernel in its compiled graph (a C++
+    toolchain check and build on each process's first compile, and no CUDA graphs); the meta device stands in."""
+    from dit_accel.patching.counts import CallCounts
+
+    assert CallCounts.on_device_of(torch.nn.Linear(2, 2, device="meta")).device == torch.device("meta")
+    assert CallCounts.on_device_of(torch.nn.ReLU()).device == torch.device("cpu")  # no parameters: the CPU
+    model, _ = tiny_h3_transformer(H3_LAYERS, H3_REFINER_LAYERS)
+    with use_attention_backend(model.to("meta"), "fp8-op") as routed:
+        assert routed.counts.device == torch.device("meta")
+        assert {count.device for count in routed.counts._counts.values()} == {torch.device("meta")}
+
+
+@pytest.mark.gpu
+def test_gpu_a_compiled_patched_block_has_no_cpu_kernel_and_counts_cuda_graph_replays(monkeypatch):
+    """On the GPU the router's counters are GPU tensors: the compiled graph holds no C++ (CPU) kernel, and a CUDA
+    graph of the compiled call counts every replay (a scaled-down Wan block: self- and cross-attention served)."""
+    from testing import small_block
+    from torch._inductor.utils import run_and_get_code
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("the FP8 kernel needs sm_89 or newer")
+    monkeypatch.setenv("DIT_ACCEL_CROSSOVER", "off")  # the counters are under test, not the routing
+    torch._dynamo.reset()
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    adapter, block = small_block("wan", dtype, "cuda")
+    inputs = adapter.make_inputs(adapter.default_workload(1, scaled_down=True), device, dtype,
+                                 torch.Generator(device=device).manual_seed(0))
+    with torch.no_grad(), use_attention_backend(block, "fp8") as routed:
+        assert routed.counts.device.type == "cuda"
+        compiled = torch.compile(block, fullgraph=True)
+        _, code = run_and_get_code(lambda: compiled(**inputs))
+        calls_per_forward = routed.served_calls
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            compiled(**inputs)  # warm-up on a side stream, as CUDA graph capture wants
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            compiled(**inputs)  # captured, not run: counts nothing
+        before_replays = routed.served_calls
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        after_replays = routed.served_calls
+    assert not any("cpp_fused" in source or "extern \"C\"" in source for source in code)
+    assert calls_per_forward == 2 and routed.fallback_total == 0  # self- and cross-attention
+    assert before_replays == 2 * calls_per_forward
+    assert after_replays == before_replays + 3 * calls_per_forward
