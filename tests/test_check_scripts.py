@@ -1,6 +1,6 @@
 """The device check scripts on the CPU: check_fp8_sm90's arguments and variant names, check_fp8_attention's timing
-report entries and report file, check_compile.per_call_rounds; CUDA events and the host clock replaced by
-clocks the test controls (the interleaved timer itself: tests/test_timing_interleaved.py)."""
+report entries and report file, check_compile.per_call_rounds, compile_startup's suite; CUDA events, the host
+clock and subprocesses replaced by ones the test controls (the interleaved timer: tests/test_timing_interleaved.py)."""
 import importlib.util
 import json
 import os
@@ -117,3 +117,36 @@ def test_per_call_rounds_interleaves_candidates_so_a_drift_falls_on_each(monkeyp
     assert calls[40:] == (["a"] * 10 + ["b"] * 10) * 10
     assert syncs == [40] + [40 + 10 * i for i in range(1, 21)]  # after the warm-up, then after each candidate's turn
     assert result["a"] == result["b"] == {"median_us": 2.0, "min_us": 1.0, "max_us": 2.0}
+
+
+def test_the_compile_startup_suite_names_real_cases_and_shares_caches_only_with_a_next_run(tmp_path, monkeypatch):
+    """Every case is a family and a recipe the package knows; each runs in its own process on its own caches, but
+    a "next run" on the caches its first run left; a failed case is reported, not fatal."""
+    from dit_accel.adapters import adapter_for_preset
+    from dit_accel.patching.recipe import parse_recipe
+
+    startup = load_script("compile_startup")
+    for _, model, seq_len, recipe, _ in startup.SUITE:
+        adapter_for_preset(model).workload_from_seq_len(seq_len, 1)
+        assert parse_recipe(recipe).compile_mode == "default"
+    seen = []
+
+    def fake_run(command, env, capture_output, text):
+        case = command[command.index("--out") + 1]
+        seen.append((os.path.basename(case), env["TORCHINDUCTOR_CACHE_DIR"], env["CUTE_DSL_CACHE_DIR"]))
+        failed = "wan-ours-next-run" in case
+        if not failed:
+            with open(case, "w") as f:
+                json.dump({"phases_s": {"block: first call": 1.5}}, f)
+        return type("Done", (), {"returncode": 1 if failed else 0, "stdout": "", "stderr": "boom" if failed else ""})()
+
+    monkeypatch.setattr(startup.subprocess, "run", fake_run)
+    startup.run_suite(tmp_path, ["h3-ours", "h3-ours-next-run", "wan-ours", "wan-ours-next-run"])
+    caches = {name: inductor for name, inductor, _ in seen}
+    assert caches["h3-ours.json"] == caches["h3-ours-next-run.json"] != caches["wan-ours.json"]
+    assert all(inductor.startswith(str(tmp_path)) and cute.startswith(str(tmp_path)) for _, inductor, cute in seen)
+    results = json.loads((tmp_path / "suite.json").read_text())
+    assert [(r["case"], r["exit"]) for r in results] == [("h3-ours", 0), ("h3-ours-next-run", 0), ("wan-ours", 0),
+                                                         ("wan-ours-next-run", 1)]
+    assert results[0]["phases_s"] == {"block: first call": 1.5}
+    assert (tmp_path / "wan-ours-next-run.log").read_text() == "boom"
