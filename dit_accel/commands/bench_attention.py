@@ -11,7 +11,7 @@ from rich.table import Table
 from ..errors import UserError
 from ..report_io import console, print_note
 from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, default_run_name
-from .options import ATTENTION_BACKENDS, AtLeast, DtypeChoice, RecipeParam
+from .options import ATTENTION_BACKENDS, AtLeast, DtypeChoice, RecipeParam, Seed
 
 if TYPE_CHECKING:  # torch loads when the command runs, not for --help (see cli.py)
     import torch
@@ -49,7 +49,7 @@ HELP_CROSSOVER_BACKENDS = ("fp8", "native", "cudnn", "flash")
 @click.option("--runs", type=AtLeast(10), default=10, show_default=True,
               help="Rounds: in each, every backend runs once untimed and once timed, in turn; the median is "
                    "reported.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--seed", type=Seed(), default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--device", "device_name", default=None,
               help="cuda, cuda:1 or cpu. [default: the GPU if there is one]")
 @click.option("--crossover", is_flag=True,

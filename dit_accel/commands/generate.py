@@ -17,7 +17,7 @@ from ..loading import OFFLOAD_CHOICES
 from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
 from ..report_io import console, print_note
 from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, check_run_dir, default_run_name
-from .options import ATTENTION_HELP, AtLeast, DtypeChoice, FiniteFloat, RecipeParam, compile_option, linear_option
+from .options import ATTENTION_HELP, AtLeast, DtypeChoice, FiniteFloat, RecipeParam, Seed, compile_option, linear_option
 
 if TYPE_CHECKING:  # torch and diffusers load when a command runs, not for --help (see cli.py)
     import torch
@@ -35,7 +35,7 @@ MAX_FRAMES_LISTED = 32  # per-frame quality rows printed; report.json has them a
 @click.command("make-tiny-pipeline")
 @click.argument("family", type=click.Choice(sorted(TINY_BUILDERS)))
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights.")
+@click.option("--seed", type=Seed(), default=0, show_default=True, help="Seed of the random weights.")
 def make_tiny_pipeline(family, directory, seed):
     """Build a tiny RANDOM pipeline of FAMILY into DIRECTORY, offline (save_pretrained layout).
 
@@ -159,7 +159,7 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
 @click.option("--height", type=AtLeast(1), default=None)
 @click.option("--width", type=AtLeast(1), default=None)
 @click.option("--steps", type=AtLeast(1), default=None, help="Denoising steps (default: the pipeline's).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=Seed(), default=0, show_default=True)
 @click.option("--guidance", type=FiniteFloat(0), default=None, help="Guidance scale (default: the pipeline's).")
 @click.option("--device", "device_name", default=None, help="cuda, cuda:1 or cpu (default: cuda when present).")
 @click.option("--dtype", type=DtypeChoice(), default=None, help="Default bf16 on a GPU, fp32 on the CPU.")

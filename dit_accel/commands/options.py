@@ -64,6 +64,21 @@ class AtLeast(click.IntRange):
             raise OptionError(f"must be at least {self.min}, got {value}", ctx=ctx, param=param) from None
 
 
+class Seed(click.IntRange):
+    """A seed torch's generators take: an integer from 0 to 2^64 - 1 (a larger one overflows inside torch)."""
+
+    name = "seed"
+
+    def __init__(self):
+        super().__init__(min=0, max=2**64 - 1)
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            raise OptionError(f"must be an integer from 0 to 2^64 - 1, got {value}", ctx=ctx, param=param) from None
+
+
 class FiniteFloat(click.ParamType):
     """A finite number >= minimum (nan and inf refused: they would reach the arithmetic unnoticed)."""
 

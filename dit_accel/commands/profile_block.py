@@ -22,7 +22,7 @@ from ..profiling.progress import NO_PROGRESS, SessionProgress
 from ..report_io import console, err_console, print_note, to_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, default_run_name
 from .options import (ATTENTION_HELP, DEFAULT_FAMILY, MODEL_FAMILIES, AtLeast, DtypeChoice, FiniteFloat, MemorySize,
-                      OptionError, RecipeParam, StageList, compile_option, linear_option)
+                      OptionError, RecipeParam, Seed, StageList, compile_option, linear_option)
 
 # torch, diffusers (through the adapters) and the library load inside the command, not at import:
 # `dit-accel profile-block --help` costs click alone.
@@ -172,7 +172,7 @@ class _TerminalProgress(SessionProgress):
 @click.option("--trace/--no-trace", default=False,
               help="Also write a Chrome trace of the profiled runs (trace_<backend>.json).")
 @click.option("--device", "device_name", default=None, help="cuda, cuda:1 or cpu (default: cuda when present).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=Seed(), default=0, show_default=True)
 @click.option("--refresh-ceilings", is_flag=True, help="Measure the device's GEMM and copy ceilings again.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run folder (default outputs/profile-block_<model>_<time>/).")

@@ -129,6 +129,24 @@ def apply_recipe(target: Any, recipe: Recipe, *, adapter: BlockAdapter | None = 
         applied.unpatch()
 
 
+@contextlib.contextmanager
+def compile_failures_as_user_errors(what: str, hint: str) -> Iterator[None]:
+    """torch.compile failing in the body (dynamo or inductor: e.g. a library's tensor subclass this torch cannot
+    trace, as torchao's FP8 linears on Mochi's block under torch 2.11) as one UserError line: what failed, the
+    error's first line, and `hint`."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    from ..errors import UserError
+
+    try:
+        yield
+    except TorchDynamoException as exc:
+        cause = getattr(exc, "inner_exception", None) or exc  # a backend's failure: what the backend raised
+        first_line = next((line.strip() for line in str(cause).splitlines() if line.strip()), "")[:200]
+        raise UserError(f"{what}: torch {torch.__version__} could not compile it ({type(cause).__name__}: "
+                        f"{first_line}); {hint}") from exc
+
+
 def _quantize(model: nn.Module, adapter: BlockAdapter | None) -> list[Fp8LinearSwap]:
     """The model's large linears in FP8 by its family's rule, the bf16 weights kept to be put back: a block's
     (with `adapter`), or a whole diffusers model's block linears, stack by stack (its family from its config)."""

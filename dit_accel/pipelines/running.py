@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..patching.apply import apply_recipe
+from ..patching.apply import apply_recipe, compile_failures_as_user_errors
 from ..patching.recipe import Recipe
 from .stages import StageTimer, StageTimes
 
@@ -152,9 +152,12 @@ def _without_block_error_logs():
         logger.removeFilter(drop)
 
 
+_COMPILE_FAILED = ("the pipeline's transformer", "run without torch.compile (--compile, +compile)")
+
+
 def _call_h3(pipe: Any, request: Request, generator: torch.Generator) -> dict:
     try:
-        with _without_block_error_logs():
+        with _without_block_error_logs(), compile_failures_as_user_errors(*_COMPILE_FAILED):
             return pipe(**_h3_call(request, generator), output=["videos", "audio", "sampling_rate"])
     except ValueError as exc:  # the pipeline's own checks of the request (duration, frame count, size multiple...)
         raise _refused(pipe, exc) from exc
@@ -162,7 +165,8 @@ def _call_h3(pipe: Any, request: Request, generator: torch.Generator) -> dict:
 
 def _call_diffusion(pipe: Any, kwargs: dict) -> Any:
     try:
-        return pipe(**kwargs)
+        with compile_failures_as_user_errors(*_COMPILE_FAILED):
+            return pipe(**kwargs)
     except ValueError as exc:
         if _raised_in(exc, "check_inputs"):  # e.g. WanPipeline: height and width divisible by 16
             raise _refused(pipe, exc) from exc

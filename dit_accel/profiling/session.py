@@ -16,7 +16,7 @@ import torch
 from ..adapters import BlockAdapter, Workload
 from ..adapters.stages import StageSkip, StageSpec
 from ..loading.block import LoadedBlock, load_block_from_checkpoint, synthetic_block
-from ..patching.apply import apply_recipe
+from ..patching.apply import apply_recipe, compile_failures_as_user_errors
 from ..patching.recipe import Recipe
 from ..timing import wall_seconds
 from .attention_error import attention_errors, capture_attention_inputs, output_error
@@ -94,12 +94,12 @@ def _dynamo_counts() -> tuple[int, int]:
     return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
 
 
-def _first_compiled_call(block: torch.nn.Module, inputs: dict[str, Any], mode: str,
-                         device: torch.device) -> CompileStats:
+def _first_compiled_call(block: torch.nn.Module, inputs: dict[str, Any], mode: str, device: torch.device,
+                         label: str) -> CompileStats:
     """The first call of a block `apply_recipe` compiled (tracing, inductor, autotuning, the run), timed apart
-    from the runs, with the graphs it compiled and the graph breaks it met."""
+    from the runs, with the graphs it compiled and the graph breaks it met; a compile that fails is one line."""
     breaks_before, graphs_before = _dynamo_counts()
-    with torch.no_grad():
+    with torch.no_grad(), compile_failures_as_user_errors(f"{label} on this block", "run the recipe without +compile"):
         seconds = wall_seconds(lambda: block(**inputs), device=device)
     breaks, graphs = _dynamo_counts()
     return CompileStats(mode, seconds, breaks - breaks_before, graphs - graphs_before)
@@ -216,7 +216,7 @@ def _profile_stack(s: ProfileSettings, adapter: BlockAdapter, run_dir: Path,
             compile_stats = None
             if recipe.compile_mode is not None:
                 with progress.stage(f"{label}: torch.compile and its first call"):
-                    compile_stats = _first_compiled_call(block, inputs, recipe.compile_mode, s.device)
+                    compile_stats = _first_compiled_call(block, inputs, recipe.compile_mode, s.device, label)
                 graphs_after_compile = _dynamo_counts()[1]  # dynamo's counters are process-wide
             profile = profile_block(block, inputs, adapter, device=s.device, warmup=s.warmup, runs=s.runs,
                                     trace_path=run_dir / s.trace_name(recipe, adapter.stack) if s.trace else None,

@@ -143,6 +143,23 @@ def test_a_size_the_wan_pipeline_refuses_is_one_line(tiny_wan, tmp_path, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_a_transformer_torch_compile_cannot_compile_is_one_line(tiny_wan, tmp_path, capfd, monkeypatch):
+    """generate --compile when torch.compile fails on the pipeline's transformer (inductor raising here)."""
+    import torch._inductor.compile_fx as compile_fx
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("Polyfill handler for this method is missing\nsecond line")
+
+    monkeypatch.setattr(compile_fx, "compile_fx", fails)
+    torch._dynamo.reset()
+    outputs = tmp_path / "outputs"
+    result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--compile", "--steps", "1",
+                                       "--out", str(outputs / "run")])
+    _assert_one_error_line(result, outputs, "the pipeline's transformer: torch", ran=True)
+    assert "Polyfill handler" in result.stderr and "(--compile, +compile)" in result.stderr
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_a_video_no_host_holds_is_refused_before_the_pipeline_loads(tiny_wan, tmp_path):
     outputs = tmp_path / "outputs"
     result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--frames", "100000", "--height",

@@ -190,6 +190,8 @@ def test_trace_writes_a_chrome_trace_with_the_named_ranges(tmp_path):
     (["--frames", "0", "--height", "64", "--width", "64"], "--frames must be at least 1"),
     (["--outside-ms", "nan"], "--outside-ms must be a finite number of at least 0, got nan"),
     (["--outside-ms", "-1"], "--outside-ms must be a finite number of at least 0, got -1"),
+    (["--seed", "18446744073709551616"], "--seed must be an integer from 0 to 2^64 - 1, got 18446744073709551616"),
+    (["--seed", "-1"], "--seed must be an integer from 0 to 2^64 - 1, got -1"),
     # options that would be ignored are refused instead
     (["--attn", "fp8", "--compare-attn", "native,cudnn"], "--attn fp8 and --compare-attn do not combine"),
     (["--compare-attn", "native+compile", "--compile", "max-autotune"],

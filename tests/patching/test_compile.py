@@ -244,3 +244,27 @@ def test_gpu_a_compiled_patched_block_has_no_cpu_kernel_and_counts_cuda_graph_re
     assert calls_per_forward == 2 and routed.fallback_total == 0  # self- and cross-attention
     assert before_replays == 2 * calls_per_forward
     assert after_replays == before_replays + 3 * calls_per_forward
+
+
+def test_a_block_torch_compile_cannot_compile_is_one_line_naming_the_recipe(tmp_path, monkeypatch):
+    """torch.compile failing inside a recipe (here inductor raising, as dynamo failed on Mochi's torchao FP8 linears
+    under torch 2.11) ends the run with one error line naming the recipe, exit 2, and no run folder."""
+    import torch._inductor.compile_fx as compile_fx
+    from click.testing import CliRunner
+
+    from dit_accel.cli import main
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("Polyfill handler for this method is missing\nsecond line")
+
+    monkeypatch.setattr(compile_fx, "compile_fx", fails)
+    torch._dynamo.reset()
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", "--seq-len", "64", "--runs", "1",
+                                       "--warmup", "1", "--compare-attn", "native,native+compile", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "native+compile on this block: torch" in error[0] and "could not compile it" in error[0]
+    assert "run the recipe without +compile" in error[0]
+    assert "Polyfill handler" in error[0] and "second line" not in result.output
+    assert "Traceback" not in result.output and not out.exists()
