@@ -350,6 +350,24 @@ class BlockAdapter:
         except Exception:  # noqa: BLE001 (a forward with a data-dependent step cannot run on meta)
             return None
 
+    def block_work(self, workload: Workload) -> dict[str, Any] | None:
+        """The work of this stack's block in `workload`'s pass, as report.json keeps it for predictions
+        (`dit-accel plan`): every attention call's shape and every linear's rows and features with its FP8
+        choice. None where the pass cannot be captured on meta and nothing has run yet."""
+        try:
+            capture = self._pass_capture(workload)
+        except Exception:  # noqa: BLE001 (a forward with a data-dependent step cannot run on meta)
+            return None
+        fp8 = set(self.fp8_linear_modules)
+        return {
+            "attention_calls": [{"module": c.module, "kind": c.kind, "batch": c.batch, "heads": c.heads,
+                                 "q_len": c.q_len, "kv_len": c.kv_len, "head_dim": c.head_dim, "masked": c.masked,
+                                 "key_padding": c.key_padding, "flops": c.flops} for c in capture.attention_calls],
+            "linears": [{"name": name, "rows": capture.linear_rows.get(name, 0), "in_features": shape[0],
+                         "out_features": shape[1], "fp8": name in fp8}
+                        for name, shape in capture.linear_shapes.items()],
+        }
+
     def flops_per_linear(self, block: nn.Module, workload: Workload) -> dict[str, float]:
         """Each nn.Linear of the block by name: 2 * rows * in * out FLOPs, with the rows it saw in the pass."""
         rows = self._pass_capture(workload).linear_rows

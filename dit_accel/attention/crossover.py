@@ -119,6 +119,16 @@ def crossover_for(device: torch.device) -> tuple["Crossover | None", str]:
     return _load(packaged), f"crossover data {DATA_PACKAGE_DIR}/{name}"
 
 
+def packaged_for_gpu(gpu_name: str) -> "Crossover | None":
+    """The package's crossover data measured on a GPU of this name (any torch and cuDNN; the first file by name),
+    None without one: what `dit-accel plan` reads a measured rate ratio from."""
+    folder = resources.files(__package__) / DATA_PACKAGE_DIR
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".json") and json.loads(entry.read_text()).get("device", {}).get("gpu") == gpu_name:
+            return _load(entry)
+    return None
+
+
 @functools.lru_cache(maxsize=8)
 def _load(path: Any) -> "Crossover":
     """Read once per process (per path)."""

@@ -41,7 +41,7 @@ def read_run(folder: Path) -> dict[str, Any]:
     if not isinstance(runs, list) or not runs or not isinstance(report.get("header"), dict) or \
             not all(isinstance(run, dict) and all(key in run for key in RUN_KEYS) for run in runs):
         raise UserError(f"{path} is not a profile-block report (no runs with block_ms, categories and modules); "
-                        f"compare takes two profile-block run folders")
+                        f"give a profile-block run folder")
     return report
 
 

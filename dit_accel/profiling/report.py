@@ -79,6 +79,7 @@ def build_report(settings: ProfileSettings, result: SessionResult, ceilings: Cei
         "header": header, "device": info.as_dict(), "ceilings": {**ceilings.as_dict(), "from_cache": ceilings_cached},
         "model": adapter.describe(), "block": result.loaded[0].as_dict(),
         "blocks": {stack: loaded.as_dict() for loaded, stack in blocks}, "workload": workload.as_dict(),
+        "block_work": {stack: adapter.for_stack(stack).block_work(workload) for _, stack in blocks},
         "dtype": dtype, "memory_budget": s.memory_budget, "offload": s.offload,
         "attention_reference": result.attention_reference,
         "runs": [r.as_dict(ceilings) for r in runs],

@@ -301,7 +301,8 @@ def test_a_wrong_path_is_refused_before_diffusers_loads(args, words):
 
 
 @pytest.mark.parametrize("args", [["--help"], ["generate", "--help"], ["make-tiny-pipeline", "--help"],
-                                  ["bench-attention", "--help"], ["profile-block", "--help"], ["compare", "--help"]])
+                                  ["bench-attention", "--help"], ["profile-block", "--help"], ["compare", "--help"],
+                                  ["plan", "--help"]])
 def test_help_imports_neither_torch_nor_diffusers(args):
     code = ("import sys; from click.testing import CliRunner; from dit_accel.cli import main; "
             f"r = CliRunner().invoke(main, {args!r}); assert r.exit_code == 0, r.output; print(r.output); "

@@ -1,0 +1,247 @@
+"""`dit-accel plan RUN`: from one profiled block, what each knob and each other GPU would give.
+
+It reads a profile-block run folder (report.json: the measured kinds of work, this GPU's ceilings, the attention
+calls and linears of the block) and predicts, with the models of `planning.predict`: every combination of FP8
+attention, FP8 linears and torch.compile on this GPU (beside what the run measured of them), streaming under a
+memory budget, context parallelism over several GPUs, step caching, and the baseline and the full recipe on
+each GPU of the datasheet table. Every figure says whether it is measured, predicted from this run's
+measurements, or scaled by datasheets.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from ..errors import UserError
+from ..report_io import console, write_csv, write_json
+from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, default_run_name
+from .options import AtLeast, FiniteFloat, MemorySize, OptionError
+
+
+class SkipRatio(FiniteFloat):
+    """A fraction of passes skipped: 0 <= r < 1."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if number >= 1:
+            raise OptionError(f"must be below 1 (a fraction of the passes), got {value}", ctx=ctx, param=param)
+        return number
+
+
+@click.command("plan")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("--gpu", "gpu_keys", default=None,
+              help="GPUs of the datasheet table to predict for, comma-separated (default: all of them).")
+@click.option("--memory-budget", type=MemorySize(), default=None,
+              help="Predict streaming the blocks from host memory under this budget (e.g. 16GiB).")
+@click.option("--host-link-gbps", type=FiniteFloat(1), default=None,
+              help="Host-to-GPU GB/s for streaming (default: the GPU's datasheet host link, per direction).")
+@click.option("--gpus", type=AtLeast(1), default=1, show_default=True,
+              help="Predict Ulysses context parallelism over this many GPUs.")
+@click.option("--link-gbps", type=FiniteFloat(1), default=None,
+              help="GPU-to-GPU GB/s per direction for --gpus (default: the datasheet NVLink figure).")
+@click.option("--cache-skip", type=SkipRatio(0), default=None,
+              help="Predict step caching that skips this fraction of the passes (e.g. 0.4).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for plan.json and plan.csv (default: outputs/plan_<run>_<time>).")
+def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip, out_dir):
+    """Predict what each knob and each other GPU would give, from one profile-block run."""
+    from ..attention.crossover import packaged_for_gpu
+    from ..planning.gpus import datasheets, gpu_named, gpu_of_device
+    from ..planning.measured import read_baseline
+    from ..planning.predict import Rates
+
+    baseline = read_baseline(run)
+    here = gpu_of_device(baseline.device_name)
+    targets = [gpu_named(key.strip()) for key in gpu_keys.split(",")] if gpu_keys else list(datasheets()[1].values())
+    if here is None and ((memory_budget and host_link_gbps is None) or (gpus > 1 and link_gbps is None)):
+        raise UserError(f"{baseline.device_name} is not in the datasheet table: pass --host-link-gbps (with "
+                        "--memory-budget) and --link-gbps (with --gpus)")
+    if gpus > 1 and link_gbps is None and here is not None and here.nvlink_gbps is None:
+        raise UserError(f"{here.name} has no NVLink figure in the datasheet table; pass --link-gbps for --gpus {gpus}")
+    staged = StagedRun(out_dir or DEFAULT_OUTPUT_ROOT / default_run_name("plan", run.resolve().name),
+                       numbered=out_dir is None)
+    rates = Rates.of(baseline)
+    crossover = packaged_for_gpu(baseline.device_name)
+    plan_data = build_plan(baseline, rates, crossover, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,
+                           cache_skip)
+    with staged as folder:
+        write_json(folder / "plan.json", plan_data)
+        write_csv(folder / "plan.csv", [{"table": table, **row} for table in ("knobs", "gpus")
+                                        for row in plan_data[table]])
+    render(plan_data)
+    console.print(f"wrote {staged.final}/: plan.json, plan.csv")
+
+
+def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,
+               cache_skip) -> dict[str, Any]:
+    from ..planning.gpus import datasheets
+    from ..planning.predict import (ASSUMPTIONS, GIB, KNOB_MODELS, fits, knob_sets, on_other_gpu, predict_block,
+                                    streamed_pass_ms, video_seconds, weights_bytes)
+
+    largest_block = max(s.param_bytes for s in baseline.stacks)
+    measured = {m.knobs: m for m in baseline.measured}
+    knobs_rows = []
+    full = None
+    for knobs in knob_sets():
+        blocks = {s.stack: predict_block(s, baseline, knobs, rates, crossover) for s in baseline.stacks}
+        pass_ms = sum(s.num_blocks * blocks[s.stack].ms for s in baseline.stacks) + baseline.outside_ms
+        memory = weights_bytes(baseline, knobs) + baseline.activation_bytes
+        row = {"knobs": " + ".join(sorted(knobs)) or "baseline", "gpu": baseline.device_name,
+               "block_ms": {s: round(b.ms, 2) for s, b in blocks.items()}, "pass_ms": round(pass_ms, 1),
+               "video_s": round(video_seconds(baseline, pass_ms), 1), "memory_gib": round(memory / GIB, 2),
+               "fits": fits(memory, largest_block, baseline.outside_bytes, baseline.activation_bytes,
+                            baseline.device_memory_gib),
+               "basis": "measured" if not knobs else "predicted from this run",
+               "parts_ms": {s: {k: round(v, 2) for k, v in b.parts.items()} for s, b in blocks.items()},
+               "model": "; ".join(KNOB_MODELS[k] for k in sorted(knobs)) or f"measured: {baseline.recipe}"}
+        if knobs in measured and knobs:
+            m = measured[knobs]
+            row["measured"] = {"recipe": m.label, "block_ms": m.block_ms, "attention_rel_err": m.attention_rel_err,
+                               "output_rel_l2": m.output_rel_l2,
+                               "difference_pct": {s: round(100 * (blocks[s].ms / ms - 1), 1)
+                                                  for s, ms in m.block_ms.items() if s in blocks}}
+        knobs_rows.append(row)
+        if len(knobs) == 3:
+            full = (knobs, blocks, pass_ms, memory)
+    knobs_rows += _scaling_rows(baseline, here, full, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip)
+
+    gpu_rows = []
+    for target in targets:
+        for knobs in (frozenset(), full[0]):
+            blocks = {s.stack: predict_block(s, baseline, knobs, rates, crossover) for s in baseline.stacks}
+            row = {"gpu": target.key, "name": target.name, "knobs": " + ".join(sorted(knobs)) or "baseline",
+                   "basis": "datasheet-scaled from this run"}
+            if here is None:
+                row["note"] = f"{baseline.device_name} is not in the datasheet table: nothing to scale from"
+                gpu_rows.append(row)
+                continue
+            scaled = {s: on_other_gpu(b, here, target) for s, b in blocks.items()}
+            missing = next((why for ms, why in scaled.values() if ms is None), None)
+            if missing:
+                row["note"] = missing
+                gpu_rows.append(row)
+                continue
+            memory = weights_bytes(baseline, knobs) + baseline.activation_bytes
+            where = fits(memory, largest_block, baseline.outside_bytes, baseline.activation_bytes, target.memory_gb
+                         * 1e9 / GIB)
+            block_ms = {s: ms for s, (ms, _) in scaled.items()}
+            pass_ms = sum(s.num_blocks * block_ms[s.stack] for s in baseline.stacks) + baseline.outside_ms
+            if where == "streamed":
+                pass_ms = streamed_pass_ms(baseline, block_ms, target.host_link_gbps)
+            row.update({"block_ms": {s: round(v, 2) for s, v in block_ms.items()}, "pass_ms": round(pass_ms, 1),
+                        "video_s": round(video_seconds(baseline, pass_ms), 1) if where != "no" else None,
+                        "memory_gib": round(memory / GIB, 2), "fits": where,
+                        "note": {"model": "", "no": "neither the model nor two blocks fit",
+                                 "streamed": f"blocks streamed over {target.host_link} "
+                                             f"({target.host_link_gbps:g} GB/s)"}[where]})
+            gpu_rows.append(row)
+    ranking = sorted((row for row in knobs_rows if row["knobs"] in ("fp8-attention", "fp8-linear", "compile")),
+                     key=lambda row: row["video_s"])
+    return {
+        "run": str(baseline.run_dir), "device": baseline.device_name, "baseline_recipe": baseline.recipe,
+        "rates_here": {"bf16_gemm_tflops": rates.bf16, "fp8_gemm_tflops": rates.fp8, "copy_gbps": rates.copy,
+                       "gemm_efficiency": rates.gemm_efficiency, "memory_efficiency": rates.memory_efficiency},
+        "crossover": crossover.source if crossover else None,
+        "video": {"steps": baseline.steps, "passes_per_step": baseline.passes, "outside_ms": baseline.outside_ms,
+                  "outside_source": baseline.outside_source},
+        "knobs": knobs_rows, "gpus": gpu_rows,
+        "ranking": [{"knob": row["knobs"], "video_s": row["video_s"], **_error_of(row["knobs"], baseline)}
+                    for row in ranking],
+        "assumptions": list(ASSUMPTIONS),
+        "datasheet_conventions": list(datasheets()[0]),
+        "datasheet_here": here.key if here else None,
+    }
+
+
+def _error_of(knob: str, baseline) -> dict[str, Any]:
+    """The errors the run measured with `knob` alone, else with the smallest recipe that turns it (said so)."""
+    runs = sorted((m for m in baseline.measured if knob in m.knobs), key=lambda m: len(m.knobs))
+    if not runs:
+        return {"error": "not measured in this run"}
+    m = runs[0]
+    alone = m.knobs == {knob}
+    return {"error_from": m.label if alone else f"{m.label} (not alone)", "attention_rel_err": m.attention_rel_err,
+            "output_rel_l2": m.output_rel_l2}
+
+
+def _scaling_rows(baseline, here, full, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip) -> list[dict]:
+    """Streaming, context parallelism and step caching, each on top of the full recipe."""
+    from ..planning.predict import GIB, cached_video_seconds, context_parallel_pass_ms, streamed_pass_ms, video_seconds
+
+    knobs, blocks, pass_ms, memory = full
+    block_ms = {s: b.ms for s, b in blocks.items()}
+    name = " + ".join(sorted(knobs))
+    rows = []
+    if memory_budget is not None:
+        link = host_link_gbps or here.host_link_gbps
+        budget = memory_budget.nbytes
+        resident = memory <= budget
+        two_blocks = (2 * max(s.param_bytes for s in baseline.stacks) + baseline.outside_bytes
+                      + baseline.activation_bytes)
+        streamed = streamed_pass_ms(baseline, block_ms, link)
+        rows.append({"knobs": f"{name} + stream under {memory_budget.text}", "gpu": baseline.device_name,
+                     "pass_ms": round(pass_ms if resident else streamed, 1),
+                     "video_s": round(video_seconds(baseline, pass_ms if resident else streamed), 1)
+                     if resident or two_blocks <= budget else None,
+                     "memory_gib": round(min(memory, two_blocks) / GIB, 2),
+                     "fits": "model" if resident else ("streamed" if two_blocks <= budget else "no"),
+                     "basis": "predicted from this run",
+                     "model": f"each block the longer of its compute and its copy at {link:g} GB/s, the first copy "
+                              f"not hidden"})
+    if gpus > 1:
+        link = link_gbps or here.nvlink_gbps
+        parallel, why = context_parallel_pass_ms(baseline, block_ms, gpus, link)
+        rows.append({"knobs": f"{name} + Ulysses over {gpus} GPUs", "gpu": baseline.device_name,
+                     "pass_ms": round(parallel, 1) if parallel else None,
+                     "video_s": round(video_seconds(baseline, parallel), 1) if parallel else None,
+                     "basis": "predicted from this run", "note": why,
+                     "model": f"block work / {gpus} plus 4 all-to-alls per attention call at {link:g} GB/s, "
+                              f"not overlapped"})
+    if cache_skip is not None:
+        first = baseline.stacks[0]
+        rows.append({"knobs": f"{name} + step caching skipping {cache_skip:g} of the passes",
+                     "gpu": baseline.device_name, "pass_ms": round(pass_ms, 1),
+                     "video_s": round(cached_video_seconds(baseline, pass_ms, block_ms[first.stack], cache_skip), 1),
+                     "basis": "predicted from this run",
+                     "model": "skipped passes run only the first block and the outside (the cache's check)"})
+    return rows
+
+
+def render(plan_data: dict[str, Any]) -> None:
+    table = Table(title=f"What each knob would give on {plan_data['device']} (baseline: "
+                        f"{plan_data['baseline_recipe']}, measured)")
+    for column in ("knobs", "block ms", "measured", "diff", "video", "memory", "fits", "basis"):
+        table.add_column(column, justify="left" if column in ("knobs", "basis", "fits") else "right")
+    for row in plan_data["knobs"]:
+        measured = row.get("measured", {})
+        blocks = row.get("block_ms", {})
+        table.add_row(row["knobs"], " / ".join(f"{v:.2f}" for v in blocks.values()) or "—",
+                      " / ".join(f"{v:.2f}" for v in measured.get("block_ms", {}).values()) or "—",
+                      " / ".join(f"{v:+.1f}%" for v in measured.get("difference_pct", {}).values()) or "—",
+                      _minutes(row.get("video_s")), f"{row['memory_gib']:.1f} GiB" if "memory_gib" in row else "—",
+                      row.get("fits", "—"), row["basis"])
+    console.print(table)
+    gpus = Table(title="Other GPUs (datasheet-scaled from this run: compute by tensor rate, memory-bound work by "
+                       "bandwidth, at the efficiencies measured here)")
+    for column in ("GPU", "knobs", "block ms", "video", "memory", "fits", "note"):
+        gpus.add_column(column)
+    for row in plan_data["gpus"]:
+        gpus.add_row(row["gpu"], row["knobs"], " / ".join(f"{v:.2f}" for v in row.get("block_ms", {}).values()) or "—",
+                     _minutes(row.get("video_s")), f"{row['memory_gib']:.1f} GiB" if "memory_gib" in row else "—",
+                     row.get("fits", "—"), row.get("note", ""))
+    console.print(gpus)
+    for entry in plan_data["ranking"]:
+        error = (f"error measured with {entry['error_from']}: attention {entry['attention_rel_err']:.2%}, block "
+                 f"output {entry['output_rel_l2']:.2%}" if "error_from" in entry and entry["attention_rel_err"]
+                 is not None and entry["output_rel_l2"] is not None else entry.get("error", "error not measured"))
+        console.print(f"  {entry['knob']}: {_minutes(entry['video_s'])} a video; {error}")
+    for line in plan_data["assumptions"]:
+        console.print(f"[dim]assumes: {line}[/dim]")
+
+
+def _minutes(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds / 60:.1f} min"

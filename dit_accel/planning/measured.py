@@ -1,0 +1,126 @@
+"""What `dit-accel plan` predicts from: a profile-block run folder's report.json, read into the measured baseline
+(its first recipe, which must be eager with bf16 linears) and the recipes the run also measured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..commands.compare import read_run
+from ..errors import UserError
+from ..patching.recipe import parse_recipe
+
+COMPUTE_KINDS = ("attention", "gemm")  # rates against tensor-core ceilings; everything with bytes is memory-bound
+KNOBS = ("fp8-attention", "fp8-linear", "compile")  # the knobs a recipe turns, in the order the tables show them
+
+
+def knobs_of(label: str) -> frozenset[str] | None:
+    """The knobs a recipe label turns, or None for a recipe outside the vocabulary of predictions (another
+    attention backend than the baseline's or ours)."""
+    recipe = parse_recipe(label)
+    on = {"fp8-attention"} if recipe.backend == "fp8" else set()
+    if recipe.backend not in ("fp8", "cudnn", "native", "flash", "efficient"):
+        return None
+    if recipe.fp8_linear:
+        on.add("fp8-linear")
+    if recipe.compile_mode:
+        on.add("compile")
+    return frozenset(on)
+
+
+@dataclass
+class StackBaseline:
+    """One stack's measured block (the baseline recipe) and the work the report says it does."""
+
+    stack: str
+    num_blocks: int
+    block_ms: float
+    categories: dict[str, dict[str, Any]]
+    attention_calls: list[dict[str, Any]]
+    linears: list[dict[str, Any]]
+    param_bytes: int
+
+
+@dataclass
+class Measured:
+    """A recipe the run measured: its knobs, block ms per stack, errors."""
+
+    label: str
+    knobs: frozenset[str]
+    block_ms: dict[str, float]
+    attention_rel_err: float | None
+    output_rel_l2: float | None
+
+
+@dataclass
+class Baseline:
+    run_dir: Path
+    recipe: str  # the baseline's label
+    attention_backend: str
+    device_name: str
+    device_memory_gib: float
+    ceilings: dict[str, float]  # bf16 and fp8 GEMM TFLOP/s, copy GB/s, measured at the start of the run
+    stacks: list[StackBaseline]
+    outside_ms: float
+    outside_source: str
+    steps: int
+    passes: int
+    peak_memory_bytes: int
+    outside_bytes: int
+    dtype: str
+    measured: list[Measured] = field(default_factory=list)
+
+    @property
+    def pass_ms(self) -> float:
+        return sum(s.num_blocks * s.block_ms for s in self.stacks) + self.outside_ms
+
+    @property
+    def weights_bytes(self) -> int:
+        """Every block of every stack and the transformer outside them."""
+        return sum(s.num_blocks * s.param_bytes for s in self.stacks) + self.outside_bytes
+
+    @property
+    def activation_bytes(self) -> int:
+        """The measured block's peak beyond its own weights: its inputs and activations."""
+        return max(0, self.peak_memory_bytes - max(s.param_bytes for s in self.stacks))
+
+
+def read_baseline(folder: Path) -> Baseline:
+    """The run in `folder` as a Baseline; one UserError line when it cannot be one."""
+    report = read_run(folder)
+    if report.get("run_kind") != "gpu":
+        raise UserError(f"{folder} is a {report.get('run_kind', 'CPU')} run: predictions scale what a GPU measured, "
+                        "so profile the block on a GPU first")
+    work = report.get("block_work")
+    if not work or any(w is None for w in work.values()):
+        raise UserError(f"{folder}'s report has no block_work (attention shapes, linears): it predates "
+                        "`dit-accel plan`; run profile-block again")
+    runs = report["runs"]
+    first = runs[0]["backend"].split(" of ")[0]
+    knobs = knobs_of(first)
+    if knobs is None or knobs:
+        raise UserError(f"{folder}'s first recipe is {first}: predictions start from an eager recipe with the "
+                        "model's own attention and bf16 linears (e.g. --compare-attn cudnn,...)")
+    extrapolation = runs[0]["extrapolation"]
+    counts = {s["stack"]: s["num_blocks"] for s in extrapolation["stacks"]}
+    base_runs = [r for r in runs if r["backend"].split(" of ")[0] == first]
+    stacks = [StackBaseline(r["stack"], counts[r["stack"]], r["block_ms"], r["categories"],
+                            work[r["stack"]]["attention_calls"], work[r["stack"]]["linears"],
+                            report["blocks"][r["stack"]]["param_bytes"]) for r in base_runs]
+    ceilings = report["ceilings"]
+    baseline = Baseline(
+        folder, first, parse_recipe(first).backend, report["device"]["name"], report["device"]["total_memory_gib"],
+        {"bf16": ceilings["gemm_tflops"], "fp8": ceilings.get("fp8_gemm_tflops"), "copy": ceilings["copy_gbps"]},
+        stacks, extrapolation["outside_ms"], extrapolation["outside_source"], extrapolation["steps"],
+        extrapolation["guidance_passes"], max(r["peak_memory_bytes"] or 0 for r in base_runs),
+        (report.get("memory_estimate") or {}).get("outside_bytes", 0), report["dtype"])
+    for label in dict.fromkeys(r["backend"].split(" of ")[0] for r in runs[len(base_runs):]):
+        recipe_knobs = knobs_of(label)
+        if recipe_knobs is None:
+            continue
+        these = [r for r in runs if r["backend"].split(" of ")[0] == label]
+        output = these[0].get("output_vs_reference") or {}
+        baseline.measured.append(Measured(label, recipe_knobs, {r["stack"]: r["block_ms"] for r in these},
+                                          these[0].get("attention_rel_err"), output.get("rel_l2")))
+    return baseline

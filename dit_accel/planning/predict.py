@@ -1,0 +1,263 @@
+"""The models that turn one measured block into predictions: each knob (FP8 attention, FP8 linears,
+torch.compile) and their combinations on this GPU, streaming under a memory budget, context parallelism, step
+caching, and other GPUs from their datasheets.
+
+A prediction rebuilds the block from its measured kinds of work (report.json's categories), changing only what a
+knob changes, each by one stated model:
+  - FP8 attention: each attention call's measured time times our kernel's time over the baseline attention's at
+    the nearest point this GPU's crossover data measured (prep included); calls our kernel does not serve (head
+    dims other than 64 and 128) keep their time.
+  - FP8 linears: the FP8 linears' FLOPs at the FP8 GEMM ceiling, the rest at the bf16 one, both at the fraction
+    of its ceiling this run's bf16 GEMMs reached; plus the activations' quantization (torchao, per row) at the
+    best rate a memory-bound kind reached in this run: compiled, 5 bytes an element (inductor's amax pass reads
+    2, its quantize pass reads 2 and writes 1); eager, 25 (torchao's own ops, one pass each: abs 2 + 2, amax 2,
+    the fp32 divide 2 + 4, clamp 4 + 4, the e4m3 cast 4 + 1).
+  - torch.compile: the memory-bound kinds (norms, RoPE, modulation, copies) as fused chains, which read what the
+    compute-bound ops wrote and write what they read: the distinct linear inputs, the linear outputs and the
+    attention's q, k, v, 2 bytes an element, at that same best memory-bound rate.
+Kernel gaps and unclassified time are kept as measured.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from .gpus import Gpu
+from .measured import COMPUTE_KINDS, KNOBS, Baseline, StackBaseline
+
+GIB = 2**30
+SERVED_HEAD_DIMS = (64, 128)
+QUANTIZE_BYTES_PER_ELEMENT = {"compiled": 5, "eager": 25}  # see the module docstring
+FUSED_BYTES_PER_ELEMENT = 2  # bf16
+ROOFLINE_FP8_ATTENTION = 0.537  # ours at B1 H56 S30272 D128 on the H200: 848 TFLOP/s of its 1579 FP8 GEMM ceiling
+KNOB_MODELS = {
+    "fp8-attention": "attention calls x our kernel's measured time over the baseline's at the nearest crossover "
+                     "point (prep included); head dims other than 64/128 unchanged",
+    "fp8-linear": "FP8 linears' FLOPs at the FP8 GEMM ceiling x this run's GEMM efficiency, plus their inputs' "
+                  "quantization (25 B/element eager, 5 compiled) at this run's best memory-bound rate",
+    "compile": "memory-bound kinds fused: linear inputs and outputs and attention q/k/v once (2 B/element) at "
+               "this run's best memory-bound rate",
+}
+
+
+@dataclass(frozen=True)
+class Rates:
+    """This run's ceilings and the fractions of them its kinds reached (what predictions carry over)."""
+
+    bf16: float  # TFLOP/s
+    fp8: float | None
+    copy: float  # GB/s
+    gemm_efficiency: float
+    memory_efficiency: float
+
+    @classmethod
+    def of(cls, baseline: Baseline) -> "Rates":
+        gemm_rates, memory_rates = [], []
+        for stack in baseline.stacks:
+            for kind, c in stack.categories.items():
+                if kind == "gemm" and c.get("flops") and c["ms"]:
+                    gemm_rates.append(c["flops"] / (c["ms"] * 1e9) / baseline.ceilings["bf16"])
+                elif c.get("bytes_est") and c["ms"]:
+                    memory_rates.append(c["bytes_est"] / (c["ms"] * 1e6) / baseline.ceilings["copy"])
+        return cls(baseline.ceilings["bf16"], baseline.ceilings["fp8"], baseline.ceilings["copy"],
+                   min(1.0, max(gemm_rates, default=1.0)), min(1.0, max(memory_rates, default=1.0)))
+
+
+@dataclass
+class BlockPrediction:
+    """One stack's block under a set of knobs: ms per part, each part's precision or 'memory'."""
+
+    parts: dict[str, float]
+    bound: dict[str, str]  # part -> "bf16", "fp8" (tensor-core rate) or "memory" or "host" (unchanged)
+
+    @property
+    def ms(self) -> float:
+        return sum(self.parts.values())
+
+
+def _attention_ratio(call: dict[str, Any], baseline_backend: str, crossover, fp8_ceiling: float | None,
+                     call_ms: float) -> float | None:
+    """Our kernel's time over the baseline attention's for this call (None: not served)."""
+    if call["head_dim"] not in SERVED_HEAD_DIMS:
+        return None
+    if crossover is not None and call["head_dim"] in crossover.head_dims:
+        seq_q, seq_kv = crossover.nearest_point(call["batch"], call["heads"], call["q_len"], call["kv_len"])
+        ms = crossover.ms[call["head_dim"], seq_q, seq_kv]
+        base = ms.get(baseline_backend) or ms.get("cudnn")
+        if base and ms.get("fp8"):
+            return ms["fp8"] / base
+    if fp8_ceiling:
+        return call["flops"] / (ROOFLINE_FP8_ATTENTION * fp8_ceiling * 1e9) / call_ms
+    return None
+
+
+def _distinct_linear_inputs(linears: list[dict[str, Any]]) -> int:
+    """Elements of the linears' inputs, counting once an input several linears share (q, k and v of one
+    attention module: the same parent, rows and in features)."""
+    seen = {(lin["name"].rsplit(".", 1)[0], lin["rows"], lin["in_features"]) for lin in linears if lin["rows"]}
+    return sum(rows * features for _, rows, features in seen)
+
+
+def predict_block(stack: StackBaseline, baseline: Baseline, knobs: frozenset[str], rates: Rates,
+                  crossover=None) -> BlockPrediction:
+    parts: dict[str, float] = {}
+    bound: dict[str, str] = {}
+    attention = stack.categories.get("attention", {})
+    if attention.get("ms"):
+        total_flops = sum(call["flops"] for call in stack.attention_calls) or 1.0
+        served = unserved = 0.0
+        for call in stack.attention_calls:
+            call_ms = attention["ms"] * call["flops"] / total_flops
+            ratio = (_attention_ratio(call, baseline.attention_backend, crossover, rates.fp8, call_ms)
+                     if "fp8-attention" in knobs else None)
+            if ratio is None:
+                unserved += call_ms
+            else:
+                served += call_ms * ratio
+        if served:
+            parts["attention (fp8)"], bound["attention (fp8)"] = served, "fp8"
+        if unserved:
+            parts["attention"], bound["attention"] = unserved, "bf16"
+    gemm = stack.categories.get("gemm", {})
+    if gemm.get("ms"):
+        if "fp8-linear" in knobs and rates.fp8:
+            fp8_flops = sum(2.0 * lin["rows"] * lin["in_features"] * lin["out_features"]
+                            for lin in stack.linears if lin["fp8"])
+            rest = max(0.0, gemm["flops"] - fp8_flops)
+            parts["gemm (fp8)"] = fp8_flops / (rates.fp8 * rates.gemm_efficiency * 1e9)
+            parts["gemm"] = rest / (rates.bf16 * rates.gemm_efficiency * 1e9)
+            bound.update({"gemm (fp8)": "fp8", "gemm": "bf16"})
+            elements = sum(lin["rows"] * lin["in_features"] for lin in stack.linears if lin["fp8"])
+            per_element = QUANTIZE_BYTES_PER_ELEMENT["compiled" if "compile" in knobs else "eager"]
+            parts["quantize"] = elements * per_element / (rates.copy * rates.memory_efficiency * 1e6)
+            bound["quantize"] = "memory"
+        else:
+            parts["gemm"], bound["gemm"] = gemm["ms"], "bf16"
+    memory_kinds = {kind: c for kind, c in stack.categories.items()
+                    if kind not in COMPUTE_KINDS and c.get("bytes_est") is not None}
+    if "compile" in knobs and memory_kinds:
+        elements = (_distinct_linear_inputs(stack.linears)
+                    + sum(lin["rows"] * lin["out_features"] for lin in stack.linears)
+                    + sum(c["batch"] * c["heads"] * c["head_dim"] * (c["q_len"] + 2 * c["kv_len"])
+                          for c in stack.attention_calls))
+        parts["fused elementwise"] = elements * FUSED_BYTES_PER_ELEMENT / (rates.copy * rates.memory_efficiency * 1e6)
+        bound["fused elementwise"] = "memory"
+    else:
+        for kind, c in memory_kinds.items():
+            parts[kind], bound[kind] = c["ms"], "memory"
+    for kind, c in stack.categories.items():
+        if kind not in COMPUTE_KINDS and kind not in memory_kinds and c.get("ms"):
+            parts[kind], bound[kind] = c["ms"], "host"
+    return BlockPrediction(parts, bound)
+
+
+ASSUMPTIONS = (
+    "this GPU's kinds of work keep the fraction of their ceiling measured here on every other GPU (compute by the "
+    "datasheet's dense tensor rate, memory-bound work by its bandwidth); kernel gaps and host time unchanged",
+    "FP8 attention elsewhere: our sm_90 kernel's efficiency carried over; on sm_89 and sm_120 (RTX 4090, 5080, "
+    "5090, PRO 6000, L40S) the package runs its mma.sync kernel instead, not measured there",
+    "memory: every block's weights, the transformer outside them and the measured block's activations; FP8 linears "
+    "keep one byte a weight; 'streamed' when two blocks, the rest and the activations fit",
+    "video time: the run's steps x passes per step x the pass (blocks x block time + outside the blocks)",
+)
+
+
+def on_other_gpu(block: BlockPrediction, here: Gpu, there: Gpu) -> tuple[float | None, str | None]:
+    """The block's ms on `there`: each compute-bound part by the datasheet tensor rates' ratio, each memory-bound
+    part by the bandwidths' (the efficiency measured here carried over), the rest unchanged; (None, why) when a
+    datasheet lacks a rate the block needs."""
+    ms = 0.0
+    for part, value in block.parts.items():
+        kind = block.bound[part]
+        if kind in ("bf16", "fp8"):
+            rate_here, rate_there = here.tflops(kind), there.tflops(kind)
+            if not rate_here or not rate_there:
+                missing = here if not rate_here else there
+                return None, (f"no dense {kind} rate for {missing.name} in the table (none sourced, or no {kind} "
+                              f"tensor cores)")
+            ms += value * rate_here / rate_there
+        elif kind == "memory":
+            ms += value * here.memory_gbps / there.memory_gbps
+        else:
+            ms += value
+    return ms, None
+
+
+@dataclass
+class Prediction:
+    """One row of the plan: a knob set on one GPU."""
+
+    knobs: frozenset[str]
+    gpu: str
+    blocks_ms: dict[str, float]  # per stack
+    pass_ms: float
+    video_s: float
+    memory_gib: float
+    fits: str
+    basis: str  # "measured", "predicted from this run", "datasheet-scaled"
+    note: str = ""
+    measured_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return " + ".join(k for k in KNOBS if k in self.knobs) or "baseline"
+
+
+def knob_sets() -> list[frozenset[str]]:
+    """Every combination of the knobs, the baseline first, then by how many knobs."""
+    return [frozenset(c) for n in range(len(KNOBS) + 1) for c in itertools.combinations(KNOBS, n)]
+
+
+def weights_bytes(baseline: Baseline, knobs: frozenset[str]) -> int:
+    """Every block and the outside weights; FP8 linears keep one byte a weight instead of two."""
+    saved = 0
+    if "fp8-linear" in knobs:
+        saved = sum(s.num_blocks * sum(lin["in_features"] * lin["out_features"] for lin in s.linears if lin["fp8"])
+                    for s in baseline.stacks)
+    return baseline.weights_bytes - saved
+
+
+def video_seconds(baseline: Baseline, pass_ms: float) -> float:
+    return baseline.steps * baseline.passes * pass_ms / 1e3
+
+
+def fits(memory_bytes: float, block_bytes: float, outside_bytes: float, activations: float, capacity_gib: float,
+         ) -> str:
+    """'model' (the whole transformer resident), 'streamed' (two blocks, the rest and activations) or 'no'."""
+    if memory_bytes <= capacity_gib * GIB:
+        return "model"
+    if 2 * block_bytes + outside_bytes + activations <= capacity_gib * GIB:
+        return "streamed"
+    return "no"
+
+
+def streamed_pass_ms(baseline: Baseline, blocks_ms: dict[str, float], link_gbps: float) -> float:
+    """A pass with every block copied from host memory over `link_gbps` while the one before it runs: each block
+    takes the longer of its compute and its copy, and the first copy is not hidden."""
+    total = baseline.outside_ms
+    for stack in baseline.stacks:
+        copy_ms = stack.param_bytes / (link_gbps * 1e6)
+        total += stack.num_blocks * max(blocks_ms[stack.stack], copy_ms)
+    return total + baseline.stacks[0].param_bytes / (link_gbps * 1e6)
+
+
+def context_parallel_pass_ms(baseline: Baseline, blocks_ms: dict[str, float], gpus: int,
+                             link_gbps: float) -> tuple[float | None, str]:
+    """Ulysses over `gpus` GPUs: each block's work / gpus, plus four all-to-alls per attention call (q, k, v in,
+    the output back), each GPU sending (gpus - 1) / gpus of its share, over `link_gbps`, not overlapped."""
+    total = baseline.outside_ms
+    for stack in baseline.stacks:
+        if any(call["heads"] % gpus for call in stack.attention_calls):
+            return None, f"{stack.stack}'s heads do not divide by {gpus} (Ulysses shards the heads)"
+        exchange_bytes = sum(4 * call["batch"] * call["q_len"] * call["heads"] * call["head_dim"] * 2
+                             * (gpus - 1) / gpus**2 for call in stack.attention_calls)
+        total += stack.num_blocks * (blocks_ms[stack.stack] / gpus + exchange_bytes / (link_gbps * 1e6))
+    return total, ""
+
+
+def cached_video_seconds(baseline: Baseline, pass_ms: float, first_block_ms: float, skip: float) -> float:
+    """Step caching that skips a fraction `skip` of the passes, each skipped pass still running the first block
+    and the outside to decide (first-block caching): the rest of the pass saved."""
+    check_ms = first_block_ms + baseline.outside_ms
+    return baseline.steps * baseline.passes * ((1 - skip) * pass_ms + skip * check_ms) / 1e3

@@ -1,0 +1,169 @@
+"""`dit-accel plan`: predictions from a saved profile-block report reproduce exactly (the models checked by hand on
+a report whose numbers are round), a real report's contract (block_work, categories, ceilings) is what the models
+read, and bad inputs are one line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dit_accel.cli import main
+from dit_accel.planning.gpus import datasheets, gpu_of_device
+
+GB = 1e9
+
+
+def _report(tmp_path, *, runs=None, block_work=True, run_kind="gpu"):
+    """A run folder of one stack: 10 blocks of 100 ms (attention 50 at 1 TFLOP per ms... round numbers), one
+    attention call and two linears (one FP8, one kept), on the H200 whose ceilings are round too."""
+    categories = {
+        "attention": {"ms": 50.0, "flops": 50e12},
+        "gemm": {"ms": 30.0, "flops": 15e12},  # 500 TFLOP/s: half the 1000 TFLOP/s bf16 ceiling
+        "norm": {"ms": 10.0, "bytes_est": 10e9},  # 1000 GB/s: a quarter of the 4000 GB/s copy ceiling
+        "modulation-elementwise": {"ms": 5.0, "bytes_est": 10e9},  # 2000 GB/s: half of it, the best
+        "gaps between kernels": {"ms": 5.0},
+    }
+    base = {"backend": "cudnn", "stack": "blocks", "block_ms": 100.0, "categories": categories, "modules": {},
+            "peak_memory_bytes": 3 * GB, "attention_rel_err": 0.002, "output_vs_reference": None,
+            "extrapolation": {"stacks": [{"stack": "blocks", "num_blocks": 10, "block_ms": 100.0}], "outside_ms": 0.0,
+                              "outside_source": "not measured", "steps": 50, "guidance_passes": 2}}
+    report = {
+        "run_kind": run_kind, "header": {"model": "m"}, "dtype": "bfloat16",
+        "device": {"name": "NVIDIA H200", "total_memory_gib": 139.8},
+        "ceilings": {"gemm_tflops": 1000.0, "fp8_gemm_tflops": 2000.0, "copy_gbps": 4000.0},
+        "blocks": {"blocks": {"param_bytes": 1 * GB}}, "memory_estimate": {"outside_bytes": 0},
+        "runs": [base] + (runs or []),
+        "block_work": {"blocks": {
+            "attention_calls": [{"module": "attn", "kind": "self", "batch": 1, "heads": 8, "q_len": 1000,
+                                 "kv_len": 1000, "head_dim": 96, "masked": False, "key_padding": False,
+                                 "flops": 50e12}],
+            "linears": [{"name": "attn.to_q", "rows": 1000, "in_features": 1000, "out_features": 5000, "fp8": True},
+                        {"name": "proj", "rows": 1, "in_features": 10, "out_features": 10, "fp8": False}]}}
+        if block_work else None,
+    }
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "report.json").write_text(json.dumps(report))
+    return folder
+
+
+def _plan(*args):
+    return CliRunner().invoke(main, ["plan", *map(str, args)])
+
+
+def test_predictions_reproduce_the_models_by_hand_and_exactly_twice(tmp_path):
+    run = _report(tmp_path, runs=[{"backend": "cudnn+fp8-linear+compile", "stack": "blocks", "block_ms": 50.0,
+                                   "categories": {}, "modules": {}, "extrapolation": {},
+                                   "attention_rel_err": 0.002, "output_vs_reference": {"rel_l2": 0.004}}])
+    first = _plan(run, "--gpu", "h100-sxm,b200", "--out", tmp_path / "a")
+    assert first.exit_code == 0, first.output
+    assert _plan(run, "--gpu", "h100-sxm,b200", "--out", tmp_path / "b").exit_code == 0
+    plan = json.loads((tmp_path / "a" / "plan.json").read_text())
+    assert plan == json.loads((tmp_path / "b" / "plan.json").read_text())  # a saved report: the same predictions
+    rows = {row["knobs"]: row for row in plan["knobs"]}
+    assert plan["rates_here"]["gemm_efficiency"] == 0.5 and plan["rates_here"]["memory_efficiency"] == 0.5
+    # head dim 96: our kernel serves no call, so FP8 attention changes nothing
+    assert rows["fp8-attention"]["block_ms"] == {"blocks": 100.0}
+    # FP8 linears: 10 GFLOP... 2*1000*1000*5000 = 1e10 FLOP at 2000 TFLOP/s x 0.5 = 0.01 ms; the rest
+    # (15e12 - 1e10) at 1000 x 0.5 = 29.98 ms; eager quantization 1e6 elements x 25 B at 4000 GB/s x 0.5 = 0.0125 ms
+    parts = rows["fp8-linear"]["parts_ms"]["blocks"]
+    assert parts["gemm (fp8)"] == 0.01 and parts["gemm"] == 29.98 and parts["quantize"] == 0.01
+    # compile: the memory-bound kinds become the fused traffic: linear inputs (1e6 + 10) and outputs (5e6 + 10),
+    # attention q/k/v (8 x 96 x 3000 = 2.304e6) elements, 2 B each, at 2000 GB/s
+    fused = rows["compile"]["parts_ms"]["blocks"]["fused elementwise"]
+    assert fused == round((1e6 + 10 + 5e6 + 10 + 2.304e6) * 2 / 2000e6, 2)
+    assert rows["compile"]["parts_ms"]["blocks"]["gaps between kernels"] == 5.0
+    # the run measured the torchao recipe: it is shown beside the prediction, with the difference
+    measured = rows["compile + fp8-linear"]["measured"]
+    predicted = rows["compile + fp8-linear"]["block_ms"]["blocks"]
+    assert measured["block_ms"] == {"blocks": 50.0} and measured["difference_pct"]["blocks"] == round(
+        100 * (predicted / 50.0 - 1), 1)
+    # video: 50 steps x 2 passes x 10 blocks x 100 ms
+    assert rows["baseline"]["video_s"] == 100.0 and rows["baseline"]["basis"] == "measured"
+    # other GPUs: compute parts by the datasheets' bf16 rates, memory-bound parts by their bandwidths
+    gpus = datasheets()[1]
+    h100, h200 = gpus["h100-sxm"], gpus["h200"]
+    row = next(r for r in plan["gpus"] if r["gpu"] == "h100-sxm" and r["knobs"] == "baseline")
+    assert row["block_ms"]["blocks"] == round((50 + 30) * h200.bf16_tflops / h100.bf16_tflops
+                                              + 15 * h200.memory_gbps / h100.memory_gbps + 5, 2)
+    assert "fp8-linear" in {e["knob"] for e in plan["ranking"]}
+    assert "compile + fp8-linear" in first.output and "b200" in first.output
+
+
+def test_streaming_parallelism_and_caching_rows(tmp_path):
+    run = _report(tmp_path)
+    result = _plan(run, "--memory-budget", "8GiB", "--host-link-gbps", "10", "--gpus", "2", "--cache-skip", "0.5",
+                   "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "p" / "plan.json").read_text())["knobs"]
+    full = next(r for r in rows if r["knobs"] == "compile + fp8-attention + fp8-linear")
+    stream = next(r for r in rows if "stream under 8GiB" in r["knobs"])
+    # FP8 linears halve the FP8 linear's weights: 10 x (1 GB - 5e6 B) + 3 GB - 1 GB of activations > 8 GiB
+    assert stream["fits"] == "streamed"
+    # each 1 GB block copies in 100 ms at 10 GB/s, longer than its compute: 10 x 100 + the first copy 100
+    assert stream["pass_ms"] == 1100.0 and full["pass_ms"] < 1100
+    parallel = next(r for r in rows if "Ulysses over 2" in r["knobs"])
+    exchange_ms = 4 * 1000 * 8 * 96 * 2 * (2 - 1) / 4 / (450 * 1e6)  # NVLink 450 GB/s per direction, H200
+    assert parallel["pass_ms"] == pytest.approx(10 * (full["block_ms"]["blocks"] / 2 + exchange_ms), abs=0.1)
+    cached = next(r for r in rows if "step caching" in r["knobs"])
+    assert cached["video_s"] == pytest.approx(100 * (0.5 * full["pass_ms"] + 0.5 * full["block_ms"]["blocks"]) / 1e3,
+                                              abs=0.1)
+
+
+def test_a_real_profile_block_report_is_what_plan_reads(tmp_path):
+    """The contract: a CPU profile-block report, its device renamed to a GPU of the table, gives a full plan."""
+    out = tmp_path / "cpu-run"
+    result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", "--seq-len", "64", "--runs", "1", "--warmup",
+                                       "1", "--compare-attn", "native,native+compile", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    refused = _plan(out, "--out", tmp_path / "x")
+    assert refused.exit_code == 2 and "is a cpu-scaled-down run" in refused.output and not (tmp_path / "x").exists()
+    report = json.loads((out / "report.json").read_text())
+    report["run_kind"], report["device"]["name"], report["device"]["total_memory_gib"] = "gpu", "NVIDIA H200", 139.8
+    report["ceilings"]["fp8_gemm_tflops"] = 2 * report["ceilings"]["gemm_tflops"]
+    (out / "report.json").write_text(json.dumps(report))
+    result = _plan(out, "--out", tmp_path / "plan")
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert len(plan["knobs"]) == 8 and {r["gpu"] for r in plan["gpus"]} == set(datasheets()[1])
+    assert next(r for r in plan["knobs"] if r["knobs"] == "compile")["measured"]["recipe"] == "native+compile"
+
+
+@pytest.mark.parametrize("case, args, words", [
+    ("not a run", ["--gpu", "h200"], "has no report.json"),
+    ("unknown gpu", ["--gpu", "h300"], "unknown GPU 'h300'; the datasheet table has: rtx-5080"),
+    ("skip 1", ["--cache-skip", "1"], "--cache-skip must be below 1"),
+    ("no work", [], "predates `dit-accel plan`"),
+    ("compiled first", [], "predictions start from an eager recipe"),
+])
+def test_bad_inputs_are_one_line(tmp_path, case, args, words):
+    if case == "not a run":
+        run = tmp_path / "empty"
+        run.mkdir()
+    elif case == "no work":
+        run = _report(tmp_path, block_work=False)
+    else:
+        run = _report(tmp_path)
+    if case == "compiled first":
+        report = json.loads((run / "report.json").read_text())
+        report["runs"][0]["backend"] = "cudnn+compile"
+        (run / "report.json").write_text(json.dumps(report))
+    result = _plan(run, *args, "--out", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and words in result.output and result.output.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_datasheet_figure_has_a_source_and_the_h200_is_found():
+    conventions, gpus = datasheets()
+    assert any("dense" in line for line in conventions)
+    for gpu in gpus.values():
+        for figure in ("memory_gbps", "host_link_gbps"):
+            assert getattr(gpu, figure) > 0
+        # each figure's source: a page (its address and the words quoted) or this project's own measurement
+        assert gpu.sources and all(source["quote"] and (source.get("url", "").startswith("http")
+                                                        or "measured" in source) for source in gpu.sources.values())
+    for key in ("rtx-5080", "rtx-5090", "rtx-pro-6000-ws", "l40s", "h100-sxm", "h200", "b200"):
+        assert key in gpus
+    assert gpu_of_device("NVIDIA H200").key == "h200" and gpu_of_device("Intel CPU") is None
