@@ -45,9 +45,12 @@ class SkipRatio(FiniteFloat):
               help="GPU-to-GPU GB/s per direction for --gpus (default: the datasheet NVLink figure).")
 @click.option("--cache-skip", type=SkipRatio(0), default=None,
               help="Predict step caching that skips this fraction of the passes (e.g. 0.4).")
+@click.option("--verify", is_flag=True,
+              help="Run every knob combination this GPU can run on the run's block and inputs (profile-block with "
+                   "the run's options, into the plan's folder) and put measured beside predicted.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for plan.json and plan.csv (default: outputs/plan_<run>_<time>).")
-def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip, out_dir):
+def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip, verify, out_dir):
     """Predict what each knob and each other GPU would give, from one profile-block run."""
     from ..attention.crossover import packaged_for_gpu
     from ..planning.gpus import datasheets, gpu_named, gpu_of_device
@@ -64,16 +67,75 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
         raise UserError(f"{here.name} has no NVLink figure in the datasheet table; pass --link-gbps for --gpus {gpus}")
     staged = StagedRun(out_dir or DEFAULT_OUTPUT_ROOT / default_run_name("plan", run.resolve().name),
                        numbered=out_dir is None)
+    verify_run = None
+    if verify:  # a run of its own (profile-block's folder, name and messages), the plan made from it
+        verify_run = _verify_run(run, baseline, DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify"))
+        baseline = read_baseline(verify_run)
     rates = Rates.of(baseline)
     crossover = packaged_for_gpu(baseline.device_name)
     plan_data = build_plan(baseline, rates, crossover, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,
                            cache_skip)
+    plan_data["verified_in"] = str(verify_run) if verify_run else None
     with staged as folder:
         write_json(folder / "plan.json", plan_data)
         write_csv(folder / "plan.csv", [{"table": table, **row} for table in ("knobs", "gpus")
                                         for row in plan_data[table]])
     render(plan_data)
     console.print(f"wrote {staged.final}/: plan.json, plan.csv")
+
+
+# profile-block options a verify run sets itself (the recipes, the output) or leaves out (what is not a knob's
+# block time: the validate and stage passes, traces, run-wide linear and compile options).
+_NOT_CARRIED = ("--compare-attn", "--attn", "--out", "--validate", "--offload", "--memory-budget", "--stages",
+                "--trace", "--linear", "--compile", "--outside", "--outside-ms")
+
+
+def carried_options(words: list[str]) -> list[str]:
+    """A profile-block command line's words without the options `_NOT_CARRIED` names (and their values)."""
+    from .profile_block import profile_block
+
+    takes_value = {name: not option.is_flag for option in profile_block.params if isinstance(option, click.Option)
+                   for name in option.opts}
+    kept, skip = [], False
+    for word in words:
+        name = word.split("=", 1)[0]
+        if skip:
+            skip = False
+        elif name in _NOT_CARRIED:
+            skip = takes_value.get(name, False) and "=" not in word
+        else:
+            kept.append(word)
+    return kept
+
+
+def _verify_run(run: Path, baseline, out: Path) -> Path:
+    """profile-block again with the run's own options (model, workload, checkpoint, dtype, runs, seed...), the
+    baseline's attention and every knob combination this GPU can run side by side, into `out`."""
+    import shlex
+
+    import torch
+
+    from ..patching.recipe import check_recipes, parse_recipe
+    from ..planning.measured import KNOBS
+    from ..planning.predict import knob_sets
+    from .compare import read_run
+    from .profile_block import profile_block
+
+    if not torch.cuda.is_available():
+        raise UserError("--verify runs the knobs on this machine's GPU, and it has none; plan without --verify here")
+    kept = carried_options(shlex.split(read_run(run).get("command", ""))[2:])  # past "dit-accel profile-block"
+    recipes = []
+    for knobs in knob_sets():
+        name = ("fp8" if "fp8-attention" in knobs else baseline.attention_backend) + "".join(
+            f"+{k}" for k in KNOBS if k in knobs and k != "fp8-attention")
+        try:
+            check_recipes([parse_recipe(name)], torch.device("cuda"), getattr(torch, baseline.dtype))
+            recipes.append(name)
+        except UserError as exc:
+            console.print(f"[yellow]note:[/yellow] --verify leaves {name} out: {exc}")
+    console.print(f"[dim]--verify: profile-block {' '.join(kept)} --compare-attn {','.join(recipes)}[/dim]")
+    profile_block.main([*kept, "--compare-attn", ",".join(recipes), "--out", str(out)], standalone_mode=False)
+    return out
 
 
 def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,
