@@ -84,35 +84,10 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     console.print(f"wrote {staged.final}/: plan.json, plan.csv")
 
 
-# profile-block options a verify run sets itself (the recipes, the output) or leaves out (what is not a knob's
-# block time: the validate and stage passes, traces, run-wide linear and compile options).
-_NOT_CARRIED = ("--compare-attn", "--attn", "--out", "--validate", "--offload", "--memory-budget", "--stages",
-                "--trace", "--linear", "--compile", "--outside", "--outside-ms")
-
-
-def carried_options(words: list[str]) -> list[str]:
-    """A profile-block command line's words without the options `_NOT_CARRIED` names (and their values)."""
-    from .profile_block import profile_block
-
-    takes_value = {name: not option.is_flag for option in profile_block.params if isinstance(option, click.Option)
-                   for name in option.opts}
-    kept, skip = [], False
-    for word in words:
-        name = word.split("=", 1)[0]
-        if skip:
-            skip = False
-        elif name in _NOT_CARRIED:
-            skip = takes_value.get(name, False) and "=" not in word
-        else:
-            kept.append(word)
-    return kept
-
-
 def _verify_run(run: Path, baseline, out: Path) -> Path:
-    """profile-block again with the run's own options (model, workload, checkpoint, dtype, runs, seed...), the
-    baseline's attention and every knob combination this GPU can run side by side, into `out`."""
-    import shlex
-
+    """profile-block again with the options that built the run's block and inputs (its report's rerun_options:
+    model, preset or checkpoint, block, workload, dtype, runs, seed), the baseline's attention and every knob
+    combination this GPU can run side by side, into `out`."""
     import torch
 
     from ..patching.recipe import check_recipes, parse_recipe
@@ -123,7 +98,9 @@ def _verify_run(run: Path, baseline, out: Path) -> Path:
 
     if not torch.cuda.is_available():
         raise UserError("--verify runs the knobs on this machine's GPU, and it has none; plan without --verify here")
-    kept = carried_options(shlex.split(read_run(run).get("command", ""))[2:])  # past "dit-accel profile-block"
+    kept = read_run(run).get("rerun_options")
+    if kept is None:
+        raise UserError(f"{run}'s report predates --verify (no rerun_options); run profile-block again")
     recipes = []
     for knobs in knob_sets():
         name = ("fp8" if "fp8-attention" in knobs else baseline.attention_backend) + "".join(

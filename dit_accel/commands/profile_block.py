@@ -245,8 +245,16 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
         raise UserError("--text-encoder-config is read by the text stage: add --stages text (or --stages all)")
     stage_specs = tuple(adapter.pipeline_stages(workload, stages, scaled_down=scaled_down,
                                                 text_encoder_config=text_encoder_config)) if stages else ()
+    # The options that rebuild this run's block and inputs on another call (`dit-accel plan --verify`).
+    from .options import DTYPE_NAMES
+
+    rerun = [f"--{name}={value}" for name, value in (
+        ("model", model), ("preset", preset), ("checkpoint", checkpoint), ("block", block_spec), ("seq-len", seq_len),
+        ("frames", frames), ("height", height), ("width", width), ("batch", batch), ("warmup", warmup),
+        ("runs", runs), ("steps", steps), ("guidance-passes", guidance_passes), ("device", device_name),
+        ("seed", seed), ("dtype", DTYPE_NAMES[dtype] if dtype is not None else None)) if value is not None]
     settings = ProfileSettings(
-        adapter, workload, dtype, device, recipes, checkpoint=checkpoint,
+        adapter, workload, dtype, device, recipes, checkpoint=checkpoint, rerun_options=tuple(rerun),
         block_index=block_index, stacks=stacks, warmup=warmup, runs=runs, steps=steps, guidance_passes=guidance_passes,
         outside_ms=outside_ms,
         # A whole-video figure wants the pass whole: --stages measures outside the blocks unless it is stated.

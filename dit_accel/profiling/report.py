@@ -70,7 +70,7 @@ def build_report(settings: ProfileSettings, result: SessionResult, ceilings: Cei
     validation = result.validation
     warnings = [w for w in (timing_noise(r.profile.timing, r.backend) for r in runs) if w]
     return {
-        "dit_accel_version": __version__, "command": command_line(),
+        "dit_accel_version": __version__, "command": command_line(), "rerun_options": list(s.rerun_options),
         "provenance": provenance(seed=s.seed, device=s.device),
         "run_kind": "gpu" if s.device.type == "cuda" else ("cpu-scaled-down" if s.scaled_down else "cpu"),
         "scaled_down": s.scaled_down, "scaled_down_note": SCALED_DOWN_NOTE if s.scaled_down else None,

@@ -55,6 +55,7 @@ class ProfileSettings:
     scaled_down: bool = False  # a CPU run of the family's scaled-down config
     stages: tuple[StageSpec | StageSkip, ...] = ()  # --stages: those to measure and those skipped, in pipeline order
     stacks: tuple[str, ...] = ()  # the block stacks profiled (a block of each); empty: every stack of the model
+    rerun_options: tuple[str, ...] = ()  # the command's options that rebuild this block and its inputs
 
     def stack_names(self) -> tuple[str, ...]:
         return self.stacks or tuple(name for name, _ in self.adapter.stacks)

@@ -169,12 +169,13 @@ def test_every_datasheet_figure_has_a_source_and_the_h200_is_found():
     assert gpu_of_device("NVIDIA H200").key == "h200" and gpu_of_device("Intel CPU") is None
 
 
-def test_verify_carries_the_runs_options_but_the_recipes_output_and_extra_passes():
-    from dit_accel.commands.plan import carried_options
-
-    words = ["--model", "wan", "--runs", "3", "--compare-attn", "cudnn,fp8", "--out", "x", "--trace",
-             "--validate=model", "--seq-len", "4096", "--memory-budget", "16GiB", "--seed", "7"]
-    assert carried_options(words) == ["--model", "wan", "--runs", "3", "--seq-len", "4096", "--seed", "7"]
+def test_a_report_carries_the_options_that_rebuild_its_block(tmp_path):
+    result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", "--model", "wan", "--seq-len", "64",
+                                       "--runs", "1", "--warmup", "1", "--seed", "7", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["rerun_options"] == ["--model=wan", "--block=0", "--seq-len=64", "--batch=1", "--warmup=1",
+                                       "--runs=1", "--device=cpu", "--seed=7", "--dtype=fp32"]
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal without a GPU")
