@@ -18,6 +18,7 @@ from rich.table import Table
 from ..errors import UserError
 from ..report_io import console, write_csv, write_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, default_run_name
+from .compare import read_run
 from .options import AtLeast, FiniteFloat, MemorySize, OptionError
 
 
@@ -54,7 +55,7 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     """Predict what each knob and each other GPU would give, from one profile-block run."""
     from ..attention.crossover import packaged_for_gpu
     from ..planning.gpus import datasheets, gpu_named, gpu_of_device
-    from ..planning.measured import read_baseline
+    from ..planning.measured import read_baseline, streamed_pass
     from ..planning.predict import Rates
 
     baseline = read_baseline(run)
@@ -67,21 +68,34 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
         raise UserError(f"{here.name} has no NVLink figure in the datasheet table; pass --link-gbps for --gpus {gpus}")
     staged = StagedRun(out_dir or DEFAULT_OUTPUT_ROOT / default_run_name("plan", run.resolve().name),
                        numbered=out_dir is None)
-    verify_run = None
-    if verify:  # a run of its own (profile-block's folder, name and messages), the plan made from it
+    verified_in = []
+    if verify:  # runs of their own (profile-block's folders, names and messages), the plan made from them
         verify_run = _verify_run(run, baseline, DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify"))
-        baseline = read_baseline(verify_run)
+        verified, verified_in = read_baseline(verify_run), [str(verify_run)]
+        if memory_budget is not None:
+            stream_run = _verify_streaming(run, verified, memory_budget,
+                                           DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify-stream"))
+            verified.streamed = streamed_pass(read_run(stream_run), stream_run)
+            verified_in.append(str(stream_run))
+        baseline = verified
     rates = Rates.of(baseline)
     crossover = packaged_for_gpu(baseline.device_name)
     plan_data = build_plan(baseline, rates, crossover, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,
                            cache_skip)
-    plan_data["verified_in"] = str(verify_run) if verify_run else None
+    plan_data["verified_in"] = verified_in
     with staged as folder:
         write_json(folder / "plan.json", plan_data)
         write_csv(folder / "plan.csv", [{"table": table, **row} for table in ("knobs", "gpus")
                                         for row in plan_data[table]])
     render(plan_data)
     console.print(f"wrote {staged.final}/: plan.json, plan.csv")
+
+
+def _rerun_options(run: Path) -> list[str]:
+    options = read_run(run).get("rerun_options")
+    if options is None:
+        raise UserError(f"{run}'s report predates --verify (no rerun_options); run profile-block again")
+    return options
 
 
 def _verify_run(run: Path, baseline, out: Path) -> Path:
@@ -93,14 +107,11 @@ def _verify_run(run: Path, baseline, out: Path) -> Path:
     from ..patching.recipe import check_recipes, parse_recipe
     from ..planning.measured import KNOBS
     from ..planning.predict import knob_sets
-    from .compare import read_run
     from .profile_block import profile_block
 
     if not torch.cuda.is_available():
         raise UserError("--verify runs the knobs on this machine's GPU, and it has none; plan without --verify here")
-    kept = read_run(run).get("rerun_options")
-    if kept is None:
-        raise UserError(f"{run}'s report predates --verify (no rerun_options); run profile-block again")
+    options = _rerun_options(run)
     recipes = []
     for knobs in knob_sets():
         name = ("fp8" if "fp8-attention" in knobs else baseline.attention_backend) + "".join(
@@ -110,8 +121,20 @@ def _verify_run(run: Path, baseline, out: Path) -> Path:
             recipes.append(name)
         except UserError as exc:
             console.print(f"[yellow]note:[/yellow] --verify leaves {name} out: {exc}")
-    console.print(f"[dim]--verify: profile-block {' '.join(kept)} --compare-attn {','.join(recipes)}[/dim]")
-    profile_block.main([*kept, "--compare-attn", ",".join(recipes), "--out", str(out)], standalone_mode=False)
+    console.print(f"[dim]--verify: profile-block {' '.join(options)} --compare-attn {','.join(recipes)}[/dim]")
+    profile_block.main([*options, "--compare-attn", ",".join(recipes), "--out", str(out)], standalone_mode=False)
+    return out
+
+
+def _verify_streaming(run: Path, baseline, budget, out: Path) -> Path:
+    """The whole transformer with its blocks streamed under `budget`, the baseline's attention, eager (what
+    profile-block --validate model --offload stream measures), into `out`."""
+    from .profile_block import profile_block
+
+    options = [*_rerun_options(run), "--compare-attn", baseline.attention_backend, "--validate", "model", "--offload",
+               "stream", "--memory-budget", budget.text, "--out", str(out)]
+    console.print(f"[dim]--verify: profile-block {' '.join(options[:-2])}[/dim]")
+    profile_block.main(options, standalone_mode=False)
     return out
 
 
@@ -207,9 +230,32 @@ def _error_of(knob: str, baseline) -> dict[str, Any]:
             "output_rel_l2": m.output_rel_l2}
 
 
+def _stream_row(baseline, name: str, block_ms: dict[str, float], memory: float, pass_ms: float, budget,
+                link: float) -> dict[str, Any]:
+    """A recipe with its blocks streamed from host memory under `budget` (resident when the model fits); the
+    baseline's row carries the streamed pass a run measured (--verify, or --validate model --offload stream)."""
+    from ..planning.predict import GIB, streamed_pass_ms, video_seconds
+
+    resident = memory <= budget.nbytes
+    two_blocks = 2 * max(s.param_bytes for s in baseline.stacks) + baseline.outside_bytes + baseline.activation_bytes
+    fits = "model" if resident else ("streamed" if two_blocks <= budget.nbytes else "no")
+    predicted = pass_ms if resident else streamed_pass_ms(baseline, block_ms, link)
+    row = {"knobs": f"{name} + stream under {budget.text}", "gpu": baseline.device_name,
+           "pass_ms": round(predicted, 1), "video_s": round(video_seconds(baseline, predicted), 1) if fits != "no"
+           else None, "memory_gib": round(min(memory, two_blocks) / GIB, 2), "fits": fits,
+           "basis": "predicted from this run",
+           "model": f"each block the longer of its compute and its copy at {link:g} GB/s, the first copy not hidden"}
+    streamed = baseline.streamed
+    if name == "baseline" and streamed and streamed["budget"] == budget.text:
+        row["measured"] = {"recipe": f"{baseline.recipe}, --validate model --offload stream", "run": streamed["run"],
+                           "pass_ms": round(streamed["pass_ms"], 1), "h2d_gbps": round(streamed["h2d_gbps"], 1),
+                           "difference_pct": {"pass": round(100 * (predicted / streamed["pass_ms"] - 1), 1)}}
+    return row
+
+
 def _scaling_rows(baseline, here, full, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip) -> list[dict]:
     """Streaming, context parallelism and step caching, each on top of the full recipe."""
-    from ..planning.predict import GIB, cached_video_seconds, context_parallel_pass_ms, streamed_pass_ms, video_seconds
+    from ..planning.predict import cached_video_seconds, context_parallel_pass_ms, video_seconds, weights_bytes
 
     knobs, blocks, pass_ms, memory = full
     block_ms = {s: b.ms for s, b in blocks.items()}
@@ -217,20 +263,10 @@ def _scaling_rows(baseline, here, full, memory_budget, host_link_gbps, gpus, lin
     rows = []
     if memory_budget is not None:
         link = host_link_gbps or here.host_link_gbps
-        budget = memory_budget.nbytes
-        resident = memory <= budget
-        two_blocks = (2 * max(s.param_bytes for s in baseline.stacks) + baseline.outside_bytes
-                      + baseline.activation_bytes)
-        streamed = streamed_pass_ms(baseline, block_ms, link)
-        rows.append({"knobs": f"{name} + stream under {memory_budget.text}", "gpu": baseline.device_name,
-                     "pass_ms": round(pass_ms if resident else streamed, 1),
-                     "video_s": round(video_seconds(baseline, pass_ms if resident else streamed), 1)
-                     if resident or two_blocks <= budget else None,
-                     "memory_gib": round(min(memory, two_blocks) / GIB, 2),
-                     "fits": "model" if resident else ("streamed" if two_blocks <= budget else "no"),
-                     "basis": "predicted from this run",
-                     "model": f"each block the longer of its compute and its copy at {link:g} GB/s, the first copy "
-                              f"not hidden"})
+        base = {s.stack: s.block_ms for s in baseline.stacks}
+        rows.append(_stream_row(baseline, "baseline", base, weights_bytes(baseline, frozenset())
+                                + baseline.activation_bytes, baseline.pass_ms, memory_budget, link))
+        rows.append(_stream_row(baseline, name, block_ms, memory, pass_ms, memory_budget, link))
     if gpus > 1:
         link = link_gbps or here.nvlink_gbps
         parallel, why = context_parallel_pass_ms(baseline, block_ms, gpus, link)
@@ -258,8 +294,9 @@ def render(plan_data: dict[str, Any]) -> None:
     for row in plan_data["knobs"]:
         measured = row.get("measured", {})
         blocks = row.get("block_ms", {})
-        table.add_row(row["knobs"], " / ".join(f"{v:.2f}" for v in blocks.values()) or "—",
-                      " / ".join(f"{v:.2f}" for v in measured.get("block_ms", {}).values()) or "—",
+        table.add_row(row["knobs"], " / ".join(f"{v:.2f}" for v in blocks.values()) or _pass(row.get("pass_ms")),
+                      " / ".join(f"{v:.2f}" for v in measured.get("block_ms", {}).values())
+                      or _pass(measured.get("pass_ms")),
                       " / ".join(f"{v:+.1f}%" for v in measured.get("difference_pct", {}).values()) or "—",
                       _minutes(row.get("video_s")), f"{row['memory_gib']:.1f} GiB" if "memory_gib" in row else "—",
                       row.get("fits", "—"), row["basis"])
@@ -280,6 +317,10 @@ def render(plan_data: dict[str, Any]) -> None:
         console.print(f"  {entry['knob']}: {_minutes(entry['video_s'])} a video; {error}")
     for line in plan_data["assumptions"]:
         console.print(f"[dim]assumes: {line}[/dim]")
+
+
+def _pass(ms: float | None) -> str:
+    return "—" if ms is None else f"pass {ms:.0f}"
 
 
 def _minutes(seconds: float | None) -> str:

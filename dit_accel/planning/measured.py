@@ -70,6 +70,9 @@ class Baseline:
     outside_bytes: int
     dtype: str
     measured: list[Measured] = field(default_factory=list)
+    # A whole-transformer pass streamed from host memory that a run measured (profile-block --validate model
+    # --offload stream --memory-budget B): its pass ms, host-to-device GB/s and budget, and the run's folder.
+    streamed: dict[str, Any] | None = None
 
     @property
     def pass_ms(self) -> float:
@@ -84,6 +87,15 @@ class Baseline:
     def activation_bytes(self) -> int:
         """The measured block's peak beyond its own weights: its inputs and activations."""
         return max(0, self.peak_memory_bytes - max(s.param_bytes for s in self.stacks))
+
+
+def streamed_pass(report: dict[str, Any], folder: Path) -> dict[str, Any] | None:
+    """The streamed whole-transformer pass a report's --validate measured, or None."""
+    validation = report.get("validation") or {}
+    if not validation.get("whole_model") or validation.get("residency") != "streamed":
+        return None
+    return {"pass_ms": validation["measured_ms"], "h2d_gbps": validation["streamed"]["h2d_gbps"],
+            "budget": report.get("memory_budget"), "run": str(folder)}
 
 
 def read_baseline(folder: Path) -> Baseline:
@@ -115,6 +127,7 @@ def read_baseline(folder: Path) -> Baseline:
         stacks, extrapolation["outside_ms"], extrapolation["outside_source"], extrapolation["steps"],
         extrapolation["guidance_passes"], max(r["peak_memory_bytes"] or 0 for r in base_runs),
         (report.get("memory_estimate") or {}).get("outside_bytes", 0), report["dtype"])
+    baseline.streamed = streamed_pass(report, folder)
     for label in dict.fromkeys(r["backend"].split(" of ")[0] for r in runs[len(base_runs):]):
         recipe_knobs = knobs_of(label)
         if recipe_knobs is None:

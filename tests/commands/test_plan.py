@@ -111,6 +111,28 @@ def test_streaming_parallelism_and_caching_rows(tmp_path):
                                               abs=0.1)
 
 
+def test_a_streamed_pass_the_run_measured_stands_beside_the_baselines_streaming_prediction(tmp_path):
+    run = _report(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    report["memory_budget"] = "8GiB"
+    report["validation"] = {"whole_model": True, "residency": "streamed", "measured_ms": 1150.0,
+                            "streamed": {"h2d_gbps": 9.5}}
+    (run / "report.json").write_text(json.dumps(report))
+    result = _plan(run, "--memory-budget", "8GiB", "--host-link-gbps", "10", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "p" / "plan.json").read_text())["knobs"]
+    base = next(r for r in rows if r["knobs"] == "baseline + stream under 8GiB")
+    # 10 blocks of 100 ms, each 1 GB copied in 100 ms at 10 GB/s, the first copy not hidden: 1100 ms
+    assert base["fits"] == "streamed" and base["pass_ms"] == 1100.0
+    assert base["measured"]["pass_ms"] == 1150.0 and base["measured"]["difference_pct"] == {"pass": -4.3}
+    assert "pass 1150" in result.output
+    # another budget than the one measured: nothing beside the prediction
+    other = _plan(run, "--memory-budget", "9GiB", "--host-link-gbps", "10", "--out", tmp_path / "q")
+    rows = json.loads((tmp_path / "q" / "plan.json").read_text())["knobs"]
+    assert "measured" not in next(r for r in rows if r["knobs"] == "baseline + stream under 9GiB") and \
+        other.exit_code == 0
+
+
 def test_a_real_profile_block_report_is_what_plan_reads(tmp_path):
     """The contract: a CPU profile-block report, its device renamed to a GPU of the table, gives a full plan."""
     out = tmp_path / "cpu-run"
@@ -196,7 +218,7 @@ def test_gpu_verify_measures_every_knob_beside_its_prediction(tmp_path, monkeypa
     result = _plan(tmp_path / "run", "--verify", "--gpu", "h100-sxm", "--out", tmp_path / "plan")
     assert result.exit_code == 0, result.output
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
-    assert plan["verified_in"] and (tmp_path / plan["verified_in"]).is_dir()
+    assert len(plan["verified_in"]) == 1 and (tmp_path / plan["verified_in"][0]).is_dir()
     rows = [row for row in plan["knobs"] if row["basis"] == "predicted from this run"]
     assert len(rows) == 7 and all("measured" in row for row in rows)
     for row in rows:  # a loose bound on a short block; the H200 figures at full size are in docs/plan.md
