@@ -63,7 +63,7 @@ COMMANDS: dict[str, LazyCommand] = {
     "generate": LazyCommand("generate", "generate", preload=_DIFFUSERS, precheck="precheck"),
     "make-tiny-pipeline": LazyCommand("generate", "make_tiny_pipeline", preload=_DIFFUSERS),
     "models": LazyCommand("models", "models", preload=_DIFFUSERS),
-    "plan": LazyCommand("plan", "plan"),
+    "plan": LazyCommand("plan", "plan", precheck="precheck"),
     "profile-block": LazyCommand("profile_block", "profile_block", preload=(*_DIFFUSERS, *_PLOTS),
                                  precheck="precheck"),
 }

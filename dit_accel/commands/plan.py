@@ -22,6 +22,11 @@ from .compare import read_run
 from .options import AtLeast, FiniteFloat, MemorySize, OptionError
 
 
+def precheck(run: Path, **_) -> None:
+    """What is checked before torch loads (`cli.LazyCommand.precheck`): RUN is a profile-block run folder."""
+    read_run(run)
+
+
 class SkipRatio(FiniteFloat):
     """A fraction of passes skipped: 0 <= r < 1."""
 

@@ -223,3 +223,15 @@ def test_gpu_verify_measures_every_knob_beside_its_prediction(tmp_path, monkeypa
     assert len(rows) == 7 and all("measured" in row for row in rows)
     for row in rows:  # a loose bound on a short block; the H200 figures at full size are in docs/plan.md
         assert all(abs(d) < 50 for d in row["measured"]["difference_pct"].values()), row
+
+
+def test_a_folder_that_is_not_a_run_is_refused_before_torch_loads():
+    import subprocess
+    import sys
+
+    code = ("import sys; from click.testing import CliRunner; from dit_accel.cli import main; "
+            "r = CliRunner().invoke(main, ['plan', '/nonexistent']); print(r.exit_code); print(r.output); "
+            "print('TORCH', 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.startswith("2\n") and "/nonexistent is not a folder" in done.stdout, done.stdout + done.stderr
+    assert "TORCH False" in done.stdout
