@@ -17,7 +17,7 @@ from rich.table import Table
 
 from ..errors import UserError
 from ..report_io import console, write_csv, write_json
-from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, default_run_name
+from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, check_run_dir, default_run_name
 from .compare import read_run
 from .options import AtLeast, FiniteFloat, MemorySize, OptionError
 
@@ -73,6 +73,8 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
         raise UserError(f"{here.name} has no NVLink figure in the datasheet table; pass --link-gbps for --gpus {gpus}")
     staged = StagedRun(out_dir or DEFAULT_OUTPUT_ROOT / default_run_name("plan", run.resolve().name),
                        numbered=out_dir is None)
+    if out_dir is not None:
+        check_run_dir(out_dir)  # before --verify's runs, not after them
     verified_in = []
     if verify:  # runs of their own (profile-block's folders, names and messages), the plan made from them
         verify_run = _verify_run(run, baseline, DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify"))

@@ -235,3 +235,12 @@ def test_a_folder_that_is_not_a_run_is_refused_before_torch_loads():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.startswith("2\n") and "/nonexistent is not a folder" in done.stdout, done.stdout + done.stderr
     assert "TORCH False" in done.stdout
+
+
+def test_an_out_folder_that_is_taken_is_refused_before_anything_runs(tmp_path):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "plan.json").write_text("{}")
+    result = _plan(_report(tmp_path), "--verify", "--out", taken)
+    assert result.exit_code == 2 and "is a folder that is not empty" in result.output
+    assert result.output.count("\n") == 1 and (taken / "plan.json").read_text() == "{}"
