@@ -150,3 +150,23 @@ def test_the_compile_startup_suite_names_real_cases_and_shares_caches_only_with_
                                                          ("wan-ours-next-run", 1)]
     assert results[0]["phases_s"] == {"block: first call": 1.5}
     assert (tmp_path / "wan-ours-next-run.log").read_text() == "boom"
+
+
+def test_the_quantization_study_reproduces_the_kernels_emulation_for_todays_scheme():
+    """The study's 'today' row is the kernel's scheme: its error equals emulate_fp8_attention's (same 128-key
+    blocks, last to first) on the same inputs; K smoothing leaves unquantized attention unchanged; int8 per block
+    beats e4m3 per head on N(0,1), as the study reports."""
+    from dit_accel.attention.reference import random_qkv, reference_attention, rel_rms_err
+    from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention
+
+    study = load_script("qk_quantization_study")
+    for d in (128, 64):
+        q, k, v = random_qkv(1, 300, 300, 2, d, device="cpu", seed=d)
+        emulated = emulate_fp8_attention(q, k, v, out_dtype=torch.float64, block_keys=128, reverse=True,
+                                         rounded_row_sum=d == 64)
+        today = study.scheme_error(q, k, v, study.SCHEMES["e4m3 per head (today)"])
+        assert today == pytest.approx(rel_rms_err(emulated, reference_attention(q, k, v)), rel=1e-4)
+        assert study.scheme_error(q, k, v, study.SCHEMES["int8 per block + K smoothing"]) < 0.8 * today
+    q, k, v = (x.double() for x in random_qkv(1, 64, 64, 1, 64, device="cpu", seed=1))
+    shifted = k + torch.randn(1, 1, 1, 64, dtype=torch.float64)  # a mean shared by every key
+    torch.testing.assert_close(reference_attention(q, shifted, v), reference_attention(q, k, v))

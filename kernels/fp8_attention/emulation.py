@@ -52,25 +52,36 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
     block_keys, reverse: the key blocks the running max is taken over and their order (v1:
     32-key strips first to last; the sm90 kernel: tile_n-key blocks last to first)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    b, sq, h, d = q.shape
+    b, _, h, _ = q.shape
     amax = torch.stack([head_amax(x) for x in (q, k, v)])
     descale, quant = scales_from_amax(amax)
     # e4m3 codes as float64, [B, H, S, D]
     qc, kc, vc = (quantize(x, quant[i]).double().transpose(1, 2) for i, x in enumerate((q, k, v)))
     if rows is not None:
         qc = qc[:, :, rows]
-        sq = qc.shape[2]
 
     def per_head(t):  # a per-(b, h) vector broadcast over [B, H, S, D]
         return t.double().view(b, h, 1, 1)
 
     qk_scale_log2 = per_head(descale[0]) * per_head(descale[1]) * scale * LOG2_E
     logits = qc @ kc.transpose(-1, -2) * qk_scale_log2  # log2 units, [B, H, Sq, Skv]
+    out, lse = softmax_pv(logits, vc, per_head(descale[2]), block_keys=block_keys, reverse=reverse,
+                          rounded_row_sum=rounded_row_sum)
+    out = out.transpose(1, 2).to(out_dtype)
+    return (out, lse) if return_lse else out
 
-    row_max = torch.full((b, h, sq, 1), -math.inf, dtype=torch.float64, device=q.device)
+
+def softmax_pv(logits, v_codes, v_descale, block_keys=KEYS, reverse=False, rounded_row_sum=False):
+    """The kernels' softmax and P.V in float64 on given logits (log2 units, [B, H, Sq, Skv]) and V codes
+    ([B, H, Skv, D], `v_descale` broadcast over them): an online softmax over `block_keys`-key blocks, p rounded
+    to e4m3 as p * 256 against the running max, P.V of the codes accumulated per block and rescaled (the
+    two-level accumulation), row sums of the unrounded p (or, `rounded_row_sum`, of the rounded p). Returns
+    (out [B, H, Sq, D] float64, LSE [B, H, Sq] float64, natural log)."""
+    b, h, sq, _ = logits.shape
+    row_max = torch.full((b, h, sq, 1), -math.inf, dtype=torch.float64, device=logits.device)
     row_sum = torch.zeros_like(row_max)
-    acc = torch.zeros(b, h, sq, d, dtype=torch.float64, device=q.device)
-    starts = list(range(0, k.shape[1], block_keys))
+    acc = torch.zeros(b, h, sq, v_codes.shape[-1], dtype=torch.float64, device=logits.device)
+    starts = list(range(0, logits.shape[-1], block_keys))
     for start in reversed(starts) if reverse else starts:
         strip = logits[..., start:start + block_keys]
         new_max = torch.maximum(row_max, strip.amax(-1, keepdim=True))
@@ -79,10 +90,7 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
         p_codes = (p.float() * P_SCALE).to(FP8).double()
         summed = p_codes / P_SCALE if rounded_row_sum else p
         row_sum = row_sum * rescale + summed.sum(-1, keepdim=True)
-        acc = acc * rescale + p_codes @ vc[..., start:start + block_keys, :]
+        acc = acc * rescale + p_codes @ v_codes[..., start:start + block_keys, :]
         row_max = new_max
-    out = acc * (per_head(descale[2]) / P_SCALE) / row_sum
-    out = out.transpose(1, 2).to(out_dtype)
-    if not return_lse:
-        return out
+    out = acc * (v_descale / P_SCALE) / row_sum
     return out, ((row_max + torch.log2(row_sum)) * LN_2).squeeze(-1)
