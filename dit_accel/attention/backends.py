@@ -316,6 +316,70 @@ def _fa3_fp8_kernel(inputs: Fa3Fp8Inputs) -> torch.Tensor:
     return out.to(inputs.out_dtype)
 
 
+# --- SageAttention2 (benchmark only): INT8 Q/K, FP8 P.V, its sm_90 kernel ------------------------
+
+SAGE2_HEAD_DIMS = (64, 128)  # its kernel's; it pads others up to them, which would time padded work
+
+
+@dataclass(frozen=True)
+class Sage2Inputs:
+    """SageAttention2's quantized inputs, as its `sageattn_qk_int8_pv_fp8_cuda_sm90` makes them by default: Q and
+    K in INT8 with per-thread scales after K smoothing (K minus its mean over the keys), V in e4m3 with
+    per-channel scales (its keys padded to a multiple of 128)."""
+
+    q: torch.Tensor
+    q_scale: torch.Tensor
+    k: torch.Tensor
+    k_scale: torch.Tensor
+    v: torch.Tensor
+    v_scale: torch.Tensor
+    scale: float
+    out_shape: tuple[int, ...]
+    out_dtype: torch.dtype
+
+
+def _sage2_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> Sage2Inputs:
+    """SageAttention2's prep, step by step as its sm_90 entry point takes it (NHD layout: [B, S, H, D])."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise BackendCannotServe(f"sage2 takes fp16/bf16, not {q.dtype}")
+    if q.shape[-1] not in SAGE2_HEAD_DIMS or k.shape[-1] != q.shape[-1]:
+        raise BackendCannotServe(f"sage2's kernel takes head dims {SAGE2_HEAD_DIMS}, not {q.shape[-1]}")
+    from sageattention.core import per_channel_fp8, per_thread_int8_triton
+
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    q_int8, q_scale, k_int8, k_scale = per_thread_int8_triton(q, k, k.mean(dim=1, keepdim=True), tensor_layout="NHD",
+                                                              BLKQ=64, WARPQ=16, BLKK=128, WARPK=128)
+    v = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, -v.shape[1] % 128))
+    v_fp8, v_scale, _ = per_channel_fp8(v, tensor_layout="NHD", smooth_v=False)
+    return Sage2Inputs(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale,
+                       q.shape[-1] ** -0.5 if scale is None else scale, tuple(q.shape), q.dtype)
+
+
+def _sage2_kernel(inputs: Sage2Inputs) -> torch.Tensor:
+    """SageAttention2's sm_90 kernel (INT8 Q.K, FP8 P.V accumulated in fp32 with an fp32 buffer every few key
+    blocks: its "fp32+fp32"), V's scales fused, non-causal, no LSE."""
+    from sageattention import sm90_compile
+
+    out = torch.empty(inputs.out_shape, dtype=inputs.out_dtype, device=inputs.q.device)
+    sm90_compile.qk_int8_sv_f8_accum_f32_fuse_v_scale_attn_inst_buf(
+        inputs.q, inputs.k, inputs.v, out, inputs.q_scale, inputs.k_scale, inputs.v_scale,
+        0, 0, 3, inputs.scale, 0)  # NHD layout, not causal, per-thread Q/K scales, no LSE
+    return out
+
+
+def _needs_sm90_exactly(what: str) -> Requirement:
+    """A kernel built for sm_90 alone (SageAttention2's sm90 extension): newer GPUs cannot load it."""
+    at_least = _needs_cuda((9, 0), what)
+
+    def check(device: torch.device) -> str | None:
+        reason = at_least(device)
+        if reason is None and torch.cuda.get_device_capability(device) != (9, 0):
+            return f"{what} is built for sm_90 (Hopper) only"
+        return reason
+
+    return check
+
+
 # --- cuDNN FP8 through the cudnn frontend (benchmark only) --------------------------------------
 
 @dataclass(frozen=True)
@@ -457,6 +521,14 @@ BACKENDS: dict[str, AttentionBackend] = {
             phases=TwoPhases(prepare=_fa3_fp8_quantize, kernel=_fa3_fp8_kernel)),
         _fp8_backend("fp8", "auto", "ours: CuTe DSL FP8 attention, prep included (sm_90: wgmma kernel; else v1)"),
         _fp8_backend("fp8-v1", "mma_sync", "ours, v1: the mma.sync FP8 kernel (sm_89/sm_90/sm_120), prep included"),
+        AttentionBackend(
+            "sage2",
+            "SageAttention2's sm_90 kernel: INT8 Q/K (per-thread scales, K smoothed), FP8 P.V with an fp32 buffer; "
+            "its quantization as prep",
+            lambda q, k, v, scale=None: _sage2_kernel(_sage2_quantize(q, k, v, scale)),
+            _requirements(_needs_sm90_exactly("SageAttention2's sm90 kernel"),
+                          _needs_module("sageattention", "build SageAttention2 from its sources: PyPI stops at 1.0.6")),
+            phases=TwoPhases(prepare=_sage2_quantize, kernel=_sage2_kernel)),
         AttentionBackend(
             "cudnn-fp8", "cuDNN FP8 SDPA (cudnn frontend), per-tensor e4m3 scales, e4m3 output dequantized",
             lambda q, k, v, scale=None: _cudnn_fp8_kernel(_cudnn_fp8_quantize(q, k, v, scale)),

@@ -10,7 +10,8 @@ from dit_accel.attention.backends import BACKENDS, BackendCannotServe, get_backe
 from dit_accel.errors import UserError
 
 CPU = torch.device("cpu")
-ALL_NAMES = ["native", "flash", "cudnn", "efficient", "math", "fa4", "fa3", "fa3-fp8", "fp8", "fp8-v1", "cudnn-fp8"]
+ALL_NAMES = ["native", "flash", "cudnn", "efficient", "math", "fa4", "fa3", "fa3-fp8", "fp8", "fp8-v1", "sage2",
+             "cudnn-fp8"]
 
 
 def fp64_attention(q, k, v):
@@ -34,7 +35,8 @@ def test_how_each_backend_runs_in_models():
     assert [n for n, b in BACKENDS.items() if b.routed] == ["fa4", "fa3", "fp8", "fp8-v1"]
     assert get_backend("cudnn-fp8").in_models == "benchmark only"
     assert get_backend("fa3-fp8").in_models == "benchmark only"
-    assert [n for n, b in BACKENDS.items() if b.phases] == ["fa3-fp8", "fp8", "fp8-v1", "cudnn-fp8"]
+    assert get_backend("sage2").in_models == "benchmark only"
+    assert [n for n, b in BACKENDS.items() if b.phases] == ["fa3-fp8", "fp8", "fp8-v1", "sage2", "cudnn-fp8"]
 
 
 def test_diffusers_knows_every_native_name():
@@ -81,10 +83,28 @@ def test_gpu_backends_match_fp64_reference(name, head_dim):
         out = backend.run(q, k, v)
     except BackendCannotServe as exc:
         pytest.skip(str(exc))
-    # e4m3 keeps 3 mantissa bits: ~5% expected (float64 emulation of the scheme: 5.2%)
-    tolerance = 0.10 if "fp8" in name else 0.01
+    # e4m3 keeps 3 mantissa bits: ~5% expected (float64 emulation of the scheme: 5.2%); INT8 Q/K ~3.9%
+    tolerance = 0.10 if "fp8" in name or name == "sage2" else 0.01
     assert out.shape == q.shape and out.dtype == q.dtype
     assert rel_rms_err(out, fp64_attention(q, k, v)) < tolerance
+
+
+@pytest.mark.gpu
+def test_gpu_sage2_in_two_phases_is_its_own_call_and_beats_e4m3_per_head():
+    """SageAttention2 timed as prep + kernel runs exactly what its own entry point runs; INT8 Q/K errs less than
+    e4m3 per head on N(0,1) (docs/notes/qk-quantization.md: 3.9% against 5.3%, emulated)."""
+    backend = get_backend("sage2")
+    device = torch.device("cuda")
+    if (reason := backend.unavailable_reason(device)) is not None:
+        pytest.skip(reason)
+    from sageattention import sageattn_qk_int8_pv_fp8_cuda_sm90
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(1, 2000, 4, 128, device=device, generator=generator).bfloat16() for _ in range(3))
+    phased = backend.phases.kernel(backend.phases.prepare(q, k, v))
+    assert torch.equal(phased, sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="NHD"))
+    assert rel_rms_err(phased, fp64_attention(q, k, v)) < 0.045 < rel_rms_err(get_backend("fp8").run(q, k, v),
+                                                                               fp64_attention(q, k, v))
 
 
 @pytest.mark.parametrize("call", [
