@@ -3,8 +3,8 @@
 #   bash scripts/gpu_session.sh [STEP ...]     steps: env fp8 profile budget compare offload bench tests-kernels tests tests-full
 #                                              sweep variants sanitize generate compile-check recipes recipes-wan
 #                                              generate-compile crossover validate-model stages
-#                                              families families-validate compile-startup (those three: not in
-#                                              the default)
+#                                              families families-validate compile-startup plan-verify sage2-block
+#                                              (those five: not in the default)
 #                                              (default: all)
 # Wheels carried in .whl/ (e.g. imageio-ffmpeg, which the GPU image lacks) are installed first.
 # Results go under $OUT (or ./gpu-results): one log per step and one archive, because the device
@@ -107,6 +107,16 @@ done | on_gpus families ${FAMILY_LIMIT:-560}
 for family in ${VALIDATE_FAMILIES:-cogvideox mochi hunyuan-video ltx-video}; do
   echo "python3 -m dit_accel profile-block --model $family --validate model --runs 3 --out $work/families-validate/$family"
 done | on_gpus families-validate 560
+
+# dit-accel plan checked where it can be: each family's eager block, then every knob combination on the same block
+# and inputs and the whole transformer streamed under 16 GiB (plan --verify writes its runs under the cwd's outputs/).
+for family in ${PLAN_FAMILIES:-minimax-h3 wan}; do
+  echo "mkdir -p $work/plan-verify/$family && cd $work/plan-verify/$family && python3 -m dit_accel profile-block \
+    --model $family --runs 3 --warmup 1 --out run && python3 -m dit_accel plan run --verify --memory-budget 16GiB --out plan"
+done | on_gpus plan-verify 560
+# SageAttention2 beside ours and FA3 FP8 on the q/k/v an H3 block feeds its attention (part 4 of the GPU bundle).
+step sage2-block 300 python3 -m dit_accel bench-attention --inputs block --backends cudnn,fa3-fp8,fp8,sage2 \
+  --out "$work/sage2-block"
 
 tar czf "$out/results.tgz" -C "$work" --exclude='cache' --exclude='*.json.gz' .
 cat "$work/steps.txt"
