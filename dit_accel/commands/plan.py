@@ -249,7 +249,7 @@ def _stream_row(baseline, name: str, block_ms: dict[str, float], memory: float, 
     predicted = pass_ms if resident else streamed_pass_ms(baseline, block_ms, link)
     row = {"knobs": f"{name} + stream under {budget.text}", "gpu": baseline.device_name,
            "pass_ms": round(predicted, 1), "video_s": round(video_seconds(baseline, predicted), 1) if fits != "no"
-           else None, "memory_gib": round(min(memory, two_blocks) / GIB, 2), "fits": fits,
+           else None, "memory_gib": round((memory if resident else two_blocks) / GIB, 2), "fits": fits,
            "basis": "predicted from this run",
            "model": f"each block the longer of its compute and its copy at {link:g} GB/s, the first copy not hidden"}
     streamed = baseline.streamed

@@ -5,8 +5,9 @@ caching, and other GPUs from their datasheets.
 A prediction rebuilds the block from its measured kinds of work (report.json's categories), changing only what a
 knob changes, each by one stated model:
   - FP8 attention: each attention call's measured time times our kernel's time over the baseline attention's at
-    the nearest point this GPU's crossover data measured (prep included); calls our kernel does not serve (head
-    dims other than 64 and 128) keep their time.
+    the nearest point this GPU's crossover data measured (prep included), or its own time where the data measured
+    the baseline faster (the router sends such calls there); calls our kernel does not serve (head dims other
+    than 64 and 128) keep their time.
   - FP8 linears: the FP8 linears' FLOPs at the FP8 GEMM ceiling, the rest at the bf16 one, both at the fraction
     of its ceiling this run's bf16 GEMMs reached; plus the activations' quantization (torchao, per row) at the
     best rate a memory-bound kind reached in this run: compiled, 5 bytes an element (inductor's amax pass reads
@@ -78,7 +79,8 @@ class BlockPrediction:
 
 def _attention_ratio(call: dict[str, Any], baseline_backend: str, crossover, fp8_ceiling: float | None,
                      call_ms: float) -> float | None:
-    """Our kernel's time over the baseline attention's for this call (None: not served)."""
+    """Our kernel's time over the baseline attention's for this call (None: not served, or routed to the baseline
+    by the crossover)."""
     if call["head_dim"] not in SERVED_HEAD_DIMS:
         return None
     if crossover is not None and call["head_dim"] in crossover.head_dims:
@@ -86,7 +88,8 @@ def _attention_ratio(call: dict[str, Any], baseline_backend: str, crossover, fp8
         ms = crossover.ms[call["head_dim"], seq_q, seq_kv]
         base = ms.get(baseline_backend) or ms.get("cudnn")
         if base and ms.get("fp8"):
-            return ms["fp8"] / base
+            # where the data measured the baseline faster, the router sends the call there: it keeps its time
+            return ms["fp8"] / base if ms["fp8"] < base else None
     if fp8_ceiling:
         return call["flops"] / (ROOFLINE_FP8_ATTENTION * fp8_ceiling * 1e9) / call_ms
     return None

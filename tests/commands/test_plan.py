@@ -91,6 +91,31 @@ def test_predictions_reproduce_the_models_by_hand_and_exactly_twice(tmp_path):
     assert "compile + fp8-linear" in first.output and "b200" in first.output
 
 
+def test_fp8_attention_follows_the_crossover_the_router_reads(tmp_path):
+    """On the H200's crossover data: a long call is predicted at our kernel's measured ratio, a short one (where
+    the data measured cuDNN faster, so the router sends it there) keeps its time."""
+    from dit_accel.attention.crossover import packaged_for_gpu
+
+    run = _report(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    calls = [{"module": "attn", "kind": "self", "batch": 1, "heads": 56, "q_len": q_len, "kv_len": q_len,
+              "head_dim": 128, "masked": False, "key_padding": False, "flops": 4.0 * 56 * q_len * q_len * 128}
+             for q_len in (30272, 128)]
+    report["block_work"]["blocks"]["attention_calls"] = calls
+    report["runs"][0]["categories"]["attention"]["flops"] = sum(c["flops"] for c in calls)
+    (run / "report.json").write_text(json.dumps(report))
+    result = _plan(run, "--gpu", "h200", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    parts = next(r for r in json.loads((tmp_path / "p" / "plan.json").read_text())["knobs"]
+                 if r["knobs"] == "fp8-attention")["parts_ms"]["blocks"]
+    ms = packaged_for_gpu("NVIDIA H200").ms
+    long_ms, short_ms = (50.0 * c["flops"] / sum(x["flops"] for x in calls) for c in calls)
+    assert ms[128, 30272, 30272]["fp8"] < ms[128, 30272, 30272]["cudnn"] and ms[128, 128, 128]["fp8"] > \
+        ms[128, 128, 128]["cudnn"]
+    assert parts["attention (fp8)"] == round(long_ms * ms[128, 30272, 30272]["fp8"] / ms[128, 30272, 30272]["cudnn"], 2)
+    assert parts["attention"] == round(short_ms, 2)  # routed to cuDNN: its time, scaled as bf16 on other GPUs
+
+
 def test_streaming_parallelism_and_caching_rows(tmp_path):
     run = _report(tmp_path)
     result = _plan(run, "--memory-budget", "8GiB", "--host-link-gbps", "10", "--gpus", "2", "--cache-skip", "0.5",
