@@ -52,31 +52,26 @@ class OptionError(click.BadParameter):
 
 
 class AtLeast(click.IntRange):
-    """An integer >= minimum."""
+    """An integer >= minimum (and <= maximum, given one; `bounds` says both in the error, e.g. "at least 1")."""
 
-    def __init__(self, minimum: int):
-        super().__init__(min=minimum)
+    def __init__(self, minimum: int, maximum: int | None = None, bounds: str | None = None):
+        super().__init__(min=minimum, max=maximum)
+        self.bounds = bounds or f"at least {minimum}"
 
     def convert(self, value, param, ctx):
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter:
-            raise OptionError(f"must be at least {self.min}, got {value}", ctx=ctx, param=param) from None
+            raise OptionError(f"must be {self.bounds}, got {value}", ctx=ctx, param=param) from None
 
 
-class Seed(click.IntRange):
+class Seed(AtLeast):
     """A seed torch's generators take: an integer from 0 to 2^64 - 1 (a larger one overflows inside torch)."""
 
     name = "seed"
 
     def __init__(self):
-        super().__init__(min=0, max=2**64 - 1)
-
-    def convert(self, value, param, ctx):
-        try:
-            return super().convert(value, param, ctx)
-        except click.BadParameter:
-            raise OptionError(f"must be an integer from 0 to 2^64 - 1, got {value}", ctx=ctx, param=param) from None
+        super().__init__(0, 2**64 - 1, "an integer from 0 to 2^64 - 1")
 
 
 class FiniteFloat(click.ParamType):
