@@ -53,7 +53,8 @@ class SkipRatio(FiniteFloat):
               help="Predict step caching that skips this fraction of the passes (e.g. 0.4).")
 @click.option("--verify", is_flag=True,
               help="Run every knob combination this GPU can run on the run's block and inputs (profile-block with "
-                   "the run's options, into the plan's folder) and put measured beside predicted.")
+                   "the run's options, into a profile-block_verify folder of its own; with --memory-budget also the "
+                   "streamed whole transformer) and put measured beside predicted.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for plan.json and plan.csv (default: outputs/plan_<run>_<time>).")
 def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip, verify, out_dir):
@@ -98,11 +99,10 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     console.print(f"wrote {staged.final}/: plan.json, plan.csv")
 
 
-def _rerun_options(run: Path) -> list[str]:
-    options = read_run(run).get("rerun_options")
-    if options is None:
+def _rerun_options(run: Path, baseline) -> list[str]:
+    if baseline.rerun_options is None:
         raise UserError(f"{run}'s report predates --verify (no rerun_options); run profile-block again")
-    return options
+    return baseline.rerun_options
 
 
 def _verify_run(run: Path, baseline, out: Path) -> Path:
@@ -118,7 +118,7 @@ def _verify_run(run: Path, baseline, out: Path) -> Path:
 
     if not torch.cuda.is_available():
         raise UserError("--verify runs the knobs on this machine's GPU, and it has none; plan without --verify here")
-    options = _rerun_options(run)
+    options = _rerun_options(run, baseline)
     recipes = []
     for knobs in knob_sets():
         name = ("fp8" if "fp8-attention" in knobs else baseline.attention_backend) + "".join(
@@ -138,8 +138,8 @@ def _verify_streaming(run: Path, baseline, budget, out: Path) -> Path:
     profile-block --validate model --offload stream measures), into `out`."""
     from .profile_block import profile_block
 
-    options = [*_rerun_options(run), "--compare-attn", baseline.attention_backend, "--validate", "model", "--offload",
-               "stream", "--memory-budget", budget.text, "--out", str(out)]
+    options = [*_rerun_options(run, baseline), "--compare-attn", baseline.attention_backend, "--validate", "model",
+               "--offload", "stream", "--memory-budget", budget.text, "--out", str(out)]
     console.print(f"[dim]--verify: profile-block {' '.join(options[:-2])}[/dim]")
     profile_block.main(options, standalone_mode=False)
     return out
@@ -149,15 +149,16 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
                cache_skip) -> dict[str, Any]:
     from ..planning.gpus import datasheets
     from ..planning.predict import (ASSUMPTIONS, GIB, KNOB_MODELS, fits, knob_sets, on_other_gpu, predict_block,
-                                    streamed_pass_ms, video_seconds, weights_bytes)
+                                    pass_ms_of, streamed_pass_ms, video_seconds, weights_bytes)
 
     largest_block = max(s.param_bytes for s in baseline.stacks)
     measured = {m.knobs: m for m in baseline.measured}
+    predicted = {knobs: {s.stack: predict_block(s, baseline, knobs, rates, crossover) for s in baseline.stacks}
+                 for knobs in knob_sets()}
     knobs_rows = []
     full = None
-    for knobs in knob_sets():
-        blocks = {s.stack: predict_block(s, baseline, knobs, rates, crossover) for s in baseline.stacks}
-        pass_ms = sum(s.num_blocks * blocks[s.stack].ms for s in baseline.stacks) + baseline.outside_ms
+    for knobs, blocks in predicted.items():
+        pass_ms = pass_ms_of(baseline, {stack: block.ms for stack, block in blocks.items()})
         memory = weights_bytes(baseline, knobs) + baseline.activation_bytes
         row = {"knobs": " + ".join(sorted(knobs)) or "baseline", "gpu": baseline.device_name,
                "block_ms": {s: round(b.ms, 2) for s, b in blocks.items()}, "pass_ms": round(pass_ms, 1),
@@ -181,7 +182,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
     gpu_rows = []
     for target in targets:
         for knobs in (frozenset(), full[0]):
-            blocks = {s.stack: predict_block(s, baseline, knobs, rates, crossover) for s in baseline.stacks}
+            blocks = predicted[knobs]
             row = {"gpu": target.key, "name": target.name, "knobs": " + ".join(sorted(knobs)) or "baseline",
                    "basis": "datasheet-scaled from this run"}
             if here is None:
@@ -198,7 +199,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
             where = fits(memory, largest_block, baseline.outside_bytes, baseline.activation_bytes, target.memory_gb
                          * 1e9 / GIB)
             block_ms = {s: ms for s, (ms, _) in scaled.items()}
-            pass_ms = sum(s.num_blocks * block_ms[s.stack] for s in baseline.stacks) + baseline.outside_ms
+            pass_ms = pass_ms_of(baseline, block_ms)
             if where == "streamed":
                 pass_ms = streamed_pass_ms(baseline, block_ms, target.host_link_gbps)
             row.update({"block_ms": {s: round(v, 2) for s, v in block_ms.items()}, "pass_ms": round(pass_ms, 1),

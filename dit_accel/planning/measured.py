@@ -73,6 +73,7 @@ class Baseline:
     # A whole-transformer pass streamed from host memory that a run measured (profile-block --validate model
     # --offload stream --memory-budget B): its pass ms, host-to-device GB/s and budget, and the run's folder.
     streamed: dict[str, Any] | None = None
+    rerun_options: list[str] | None = None  # the options that rebuild the block and its inputs (plan --verify)
 
     @property
     def pass_ms(self) -> float:
@@ -128,6 +129,7 @@ def read_baseline(folder: Path) -> Baseline:
         extrapolation["guidance_passes"], max(r["peak_memory_bytes"] or 0 for r in base_runs),
         (report.get("memory_estimate") or {}).get("outside_bytes", 0), report["dtype"])
     baseline.streamed = streamed_pass(report, folder)
+    baseline.rerun_options = report.get("rerun_options")
     for label in dict.fromkeys(r["backend"].split(" of ")[0] for r in runs[len(base_runs):]):
         recipe_knobs = knobs_of(label)
         if recipe_knobs is None:

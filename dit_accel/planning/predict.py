@@ -221,6 +221,11 @@ def weights_bytes(baseline: Baseline, knobs: frozenset[str]) -> int:
     return baseline.weights_bytes - saved
 
 
+def pass_ms_of(baseline: Baseline, blocks_ms: dict[str, float]) -> float:
+    """A pass of the whole transformer: every stack's blocks at its block time, and the outside of the blocks."""
+    return sum(stack.num_blocks * blocks_ms[stack.stack] for stack in baseline.stacks) + baseline.outside_ms
+
+
 def video_seconds(baseline: Baseline, pass_ms: float) -> float:
     return baseline.steps * baseline.passes * pass_ms / 1e3
 
