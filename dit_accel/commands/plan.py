@@ -76,21 +76,26 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
                        numbered=out_dir is None)
     if out_dir is not None:
         check_run_dir(out_dir)  # before --verify's runs, not after them
-    verified_in = []
+    verified_in, not_verified = [], []
     if verify:  # runs of their own (profile-block's folders, names and messages), the plan made from them
         verify_run = _verify_run(run, baseline, DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify"))
         verified, verified_in = read_baseline(verify_run), [str(verify_run)]
         if memory_budget is not None:
-            stream_run = _verify_streaming(run, verified, memory_budget,
-                                           DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify-stream"))
-            verified.streamed = streamed_pass(read_run(stream_run), stream_run)
-            verified_in.append(str(stream_run))
+            try:
+                stream_run = _verify_streaming(run, verified, memory_budget,
+                                               DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify-stream"))
+            except UserError as exc:  # e.g. the block and its profiling do not fit the budget: the plan goes on
+                not_verified.append(f"the streamed pass under {memory_budget.text}: {exc}")
+                console.print(f"[yellow]note:[/yellow] --verify could not run the streamed pass: {exc}")
+            else:
+                verified.streamed = streamed_pass(read_run(stream_run), stream_run)
+                verified_in.append(str(stream_run))
         baseline = verified
     rates = Rates.of(baseline)
     crossover = packaged_for_gpu(baseline.device_name)
     plan_data = build_plan(baseline, rates, crossover, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,
                            cache_skip)
-    plan_data["verified_in"] = verified_in
+    plan_data["verified_in"], plan_data["not_verified"] = verified_in, not_verified
     with staged as folder:
         write_json(folder / "plan.json", plan_data)
         write_csv(folder / "plan.csv", [{"table": table, **row} for table in ("knobs", "gpus")

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from dit_accel.cli import main
+from dit_accel.errors import UserError
 from dit_accel.planning.gpus import datasheets, gpu_of_device
 
 GB = 1e9
@@ -248,6 +249,28 @@ def test_gpu_verify_measures_every_knob_beside_its_prediction(tmp_path, monkeypa
     assert len(rows) == 7 and all("measured" in row for row in rows)
     for row in rows:  # a loose bound on a short block; the H200 figures at full size are in docs/plan.md
         assert all(abs(d) < 50 for d in row["measured"]["difference_pct"].values()), row
+
+
+def test_a_streamed_pass_verify_cannot_run_is_said_and_the_plan_still_written(tmp_path, monkeypatch):
+    """--verify --memory-budget: when profile-block refuses the streamed pass (the block and its profiling do not
+    fit the budget), the plan of the knobs it did verify is written, the refusal in a note and in not_verified."""
+    from dit_accel.commands import plan as plan_command
+
+    run = _report(tmp_path)
+    monkeypatch.setattr(plan_command, "_verify_run", lambda run, baseline, out: run)
+
+    def refused(run, baseline, budget, out):
+        raise UserError("the block needs about 19.6 GiB: it does not fit in the 16GiB budget")
+
+    monkeypatch.setattr(plan_command, "_verify_streaming", refused)
+    result = _plan(run, "--verify", "--memory-budget", "16GiB", "--out", tmp_path / "plan")
+    assert result.exit_code == 0, result.output
+    assert "--verify could not run the streamed pass: the block needs about 19.6 GiB" in result.output
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert plan["verified_in"] == [str(run)]
+    assert plan["not_verified"] == ["the streamed pass under 16GiB: the block needs about 19.6 GiB: it does not fit "
+                                    "in the 16GiB budget"]
+    assert not any("measured" in row for row in plan["knobs"] if "stream" in row["knobs"])
 
 
 def test_a_folder_that_is_not_a_run_is_refused_before_torch_loads():
