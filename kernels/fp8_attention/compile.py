@@ -18,7 +18,7 @@ from .kernel_mma_sync import Fp8AttentionMmaSync
 from .support import KERNELS
 
 TORCH_TO_CUTLASS = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32",
-                    torch.float8_e4m3fn: "Float8E4M3FN"}
+                    torch.float8_e4m3fn: "Float8E4M3FN", torch.int8: "Int8"}
 
 
 def fake_tensor(dtype: torch.dtype, rank: int):
@@ -49,18 +49,22 @@ def make_kernel(kernel: str, head_dim: int, config: Sm90Config | None = None):
 
 def compile_fp8_attention(head_dim: int, out_dtype: torch.dtype, with_lse: bool,
                           kernel: str = "mma_sync", config: Sm90Config | None = None):
-    """Returns the compiled callable: `compiled(q, k, v, descale, out, lse, softmax_scale,
-    seqlen_kv)` with prep's packed torch tensors (lse None when compiled without), launched on
-    torch's current stream. Both kernels take the same arguments; config is the sm90 kernel's
-    (`config.Sm90Config`; None: its defaults)."""
+    """Returns the compiled callable: `compiled(q, k, v, descale, q_scale, k_scale, out, lse, softmax_scale,
+    seqlen_kv)` with prep's packed torch tensors (q_scale and k_scale None unless the config has qk_int8, lse
+    None when compiled without), launched on torch's current stream. Both kernels take the same arguments;
+    config is the sm90 kernel's (`config.Sm90Config`; None: its defaults)."""
     import cutlass.cute as cute
 
     import cutlass
 
     fp8 = torch.float8_e4m3fn
+    qk_int8 = config is not None and config.qk_int8
+    qk = torch.int8 if qk_int8 else fp8
+    block_scales = (fake_tensor(torch.float32, 2), fake_tensor(torch.float32, 2)) if qk_int8 else (None, None)
     args = (
-        fake_tensor(fp8, 3), fake_tensor(fp8, 3), fake_tensor(fp8, 3),  # q, k, v (packed)
+        fake_tensor(qk, 3), fake_tensor(qk, 3), fake_tensor(fp8, 3),  # q, k, v (packed)
         fake_tensor(torch.float32, 2),  # descale [3, B*H]
+        *block_scales,  # q_scale, k_scale [B*H, blocks]
         fake_tensor(out_dtype, 4),  # out [B, Sq, H, D]
         fake_tensor(torch.float32, 3) if with_lse else None,  # lse [B, H, Sq]
         cutlass.Float32(1.0), cutlass.Int32(1),

@@ -20,8 +20,8 @@ CONSUMER_REGS = {2: 240, 3: 160}
 # 160 registers: 572 B of spills).
 DEFAULT_CONSUMER_WARPGROUPS = {64: 3, 128: 2}
 # A configuration's label: "NxS[s][p[Q]][r][eK][wW]" (`Sm90Config.label`).
-LABEL_GRAMMAR = "NxS[s][p[Q]][r][eK][wW]"
-_LABEL = re.compile(r"(\d+)x(\d+)(s?)(p(\d?))?(r?)(?:e(\d+))?(?:w(\d))?")
+LABEL_GRAMMAR = "NxS[s][p[Q]][r][i][eK][wW]"
+_LABEL = re.compile(r"(\d+)x(\d+)(s?)(p(\d?))?(r?)(i?)(?:e(\d+))?(?:w(\d))?")
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,10 @@ class Sm90Config:
     # the e4m3-rounded P that O's numerator uses (the emulation's `rounded_row_sum`). Two-level only:
     # that sum is folded like O.
     pv_row_sum: bool = False
+    # Q and K as int8 codes with a scale per 64 rows (prep's INT8 contract) and S = Q K^T an s8 x s8 -> s32
+    # wgmma, instead of e4m3 with a scale per head: 3.9% error on N(0,1) q/k/v against 5.3% (emulated,
+    # docs/notes/qk-quantization.md). 128-key blocks (two 64-key scales each) and every exp2 on the MUFU.
+    qk_int8: bool = False
 
     def __post_init__(self):
         if self.tile_n % KEYS != 0:
@@ -83,19 +87,23 @@ class Sm90Config:
             raise ValueError("q_stages must be 1, or 2 with persistent_ctas")
         if self.pv_row_sum and (not self.two_level_pv or self.tile_n != 128):
             raise ValueError("pv_row_sum needs two_level_pv and 128-key blocks (128-byte rows of its ones tile)")
+        if self.qk_int8 and (self.tile_n != 128 or self.fma_exp2_tiles):
+            raise ValueError("qk_int8 needs 128-key blocks (two 64-key scales) and fma_exp2_tiles = 0")
 
     def warpgroups(self, head_dim: int) -> int:
         """Consumer warpgroups at this head dim: the given count, else the head dim's default."""
         return self.consumer_warpgroups or DEFAULT_CONSUMER_WARPGROUPS[head_dim]
 
     def label(self) -> str:
-        """The name "NxS[s][p[Q]][r][eK][wW]": tile_n N keys per block, S stages; "s" single-level P.V (the tensor
+        """The name "NxS[s][p[Q]][r][i][eK][wW]": tile_n N keys per block, S stages; "s" single-level P.V (the tensor
         core accumulates it across all blocks); "p" persistent CTAs ("p2": with two Q stages; the label
-        does not hold the CTA count); "r" the tensor core's row sums; "eK" K n8 tiles of exp2s per row on
-        the FMA pipe; "wW" W consumer warpgroups (none: the head dim's default). E.g. 128x2, 192x2s, 128x2pr."""
+        does not hold the CTA count); "r" the tensor core's row sums; "i" INT8 Q/K; "eK" K n8 tiles of exp2s
+        per row on the FMA pipe; "wW" W consumer warpgroups (none: the head dim's default). E.g. 128x2,
+        192x2s, 128x2pr, 128x2i."""
         return (f"{self.tile_n}x{self.num_stages}" + ("" if self.two_level_pv else "s")
                 + ("p" + ("" if self.q_stages == 1 else str(self.q_stages)) if self.persistent_ctas else "")
                 + ("r" if self.pv_row_sum else "")
+                + ("i" if self.qk_int8 else "")
                 + (f"e{self.fma_exp2_tiles}" if self.fma_exp2_tiles else "")
                 + (f"w{self.consumer_warpgroups}" if self.consumer_warpgroups else ""))
 
@@ -108,4 +116,4 @@ class Sm90Config:
             raise ValueError(f"bad variant {label!r}; {LABEL_GRAMMAR}, e.g. 128x2, 192x2s, 128x2pr")
         return cls(tile_n=int(m[1]), num_stages=int(m[2]), two_level_pv=not m[3],
                    persistent_ctas=sm_count if m[4] else 0, q_stages=int(m[5] or 1), pv_row_sum=bool(m[6]),
-                   fma_exp2_tiles=int(m[7] or 0), consumer_warpgroups=int(m[8]) if m[8] else None)
+                   qk_int8=bool(m[7]), fma_exp2_tiles=int(m[8] or 0), consumer_warpgroups=int(m[9]) if m[9] else None)

@@ -5,7 +5,8 @@ The truth it and the kernels are compared with (`reference_attention`, `referenc
 kernels import no library code.
 
 `emulate_fp8_attention` is the kernel's scheme with every rounding it does and nothing else:
-per-(b, h) e4m3 Q, K, V (prep's `quantize`), online softmax over 32-key strips, p rounded
+per-(b, h) e4m3 Q, K, V (prep's `quantize`; with `qk_int8`, INT8 Q and K with a scale per 64 rows, prep's
+`quantize_int8_blocks`), online softmax over 32-key strips, p rounded
 to e4m3 as p * 256 against the running max, row sums of the unrounded p (or, `rounded_row_sum`,
 of the rounded p, as the sm90 kernel's `pv_row_sum` takes them from the tensor core), output
 rounded to the output dtype. The kernel should land within ~0.5 percentage points of it (its remaining
@@ -15,8 +16,8 @@ import math
 
 import torch
 
-from .layout import FP8, KEYS, LN_2, LOG2_E, P_SCALE
-from .prep import head_amax, quantize, scales_from_amax
+from .layout import FP8, KEYS, LN_2, LOG2_E, P_SCALE, ROUND_TO_INT, SCALE_BLOCK
+from .prep import head_amax, padded_rows, quantize, quantize_int8_blocks, scales_from_amax
 
 # How far a kernel's LSE may sit from the emulation's when both sum the rounded P (`rounded_row_sum`): a p
 # that the kernel's arithmetic (its exp2, its logits' fp32 accumulation) puts on the other side of an e4m3
@@ -44,39 +45,76 @@ def lse_mismatch(lse: torch.Tensor, emu_lse: torch.Tensor, rounded_row_sum: bool
 
 
 def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_lse=False, rows=None,
-                          block_keys=KEYS, reverse=False, rounded_row_sum=False):
+                          block_keys=KEYS, reverse=False, rounded_row_sum=False, qk_int8=False):
     """[B, S, H, D] -> [B, Sq, H, D] in out_dtype (and LSE [B, H, Sq] float64).
 
     rows: emulate only these query rows (quantized with the scales of the whole of q); rows
     are independent, so this is exact and makes long sequences affordable.
     block_keys, reverse: the key blocks the running max is taken over and their order (v1:
-    32-key strips first to last; the sm90 kernel: tile_n-key blocks last to first)."""
+    32-key strips first to last; the sm90 kernel: tile_n-key blocks last to first).
+    qk_int8: Q and K as the sm90 kernel's INT8 option takes them (`prep.quantize_int8_blocks`)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     b, _, h, _ = q.shape
     amax = torch.stack([head_amax(x) for x in (q, k, v)])
     descale, quant = scales_from_amax(amax)
-    # e4m3 codes as float64, [B, H, S, D]
-    qc, kc, vc = (quantize(x, quant[i]).double().transpose(1, 2) for i, x in enumerate((q, k, v)))
-    if rows is not None:
-        qc = qc[:, :, rows]
 
     def per_head(t):  # a per-(b, h) vector broadcast over [B, H, S, D]
         return t.double().view(b, h, 1, 1)
 
-    qk_scale_log2 = per_head(descale[0]) * per_head(descale[1]) * scale * LOG2_E
-    logits = qc @ kc.transpose(-1, -2) * qk_scale_log2  # log2 units, [B, H, Sq, Skv]
+    vc = quantize(v, quant[2]).double().transpose(1, 2)  # e4m3 codes as float64, [B, H, S, D]
+    if qk_int8:  # codes and each row's block scale, [B, H, S, D] and [B, H, S, 1]
+        (qc, q_descale), (kc, k_descale) = int8_codes(q), int8_codes(k)
+    else:
+        qc, kc = (quantize(x, quant[i]).double().transpose(1, 2) for i, x in enumerate((q, k)))
+        q_descale, k_descale = per_head(descale[0]), per_head(descale[1])
+    if rows is not None:
+        qc = qc[:, :, rows]
+        q_descale = q_descale[:, :, rows] if qk_int8 else q_descale
+    # log2 units, [B, H, Sq, Skv]
+    logits = qc @ kc.transpose(-1, -2) * (q_descale * k_descale.transpose(-1, -2) * scale * LOG2_E)
+    max_steps = int8_max_steps(q, k, scale, block_keys, rows) if qk_int8 else None
     out, lse = softmax_pv(logits, vc, per_head(descale[2]), block_keys=block_keys, reverse=reverse,
-                          rounded_row_sum=rounded_row_sum)
+                          rounded_row_sum=rounded_row_sum, max_steps=max_steps)
     out = out.transpose(1, 2).to(out_dtype)
     return (out, lse) if return_lse else out
 
 
-def softmax_pv(logits, v_codes, v_descale, block_keys=KEYS, reverse=False, rounded_row_sum=False):
+def int8_codes(x):
+    """(codes, descale) of x [B, S, H, D] as the INT8 Q/K prep makes them, float64 [B, H, S, D] and the
+    scale of each row's block [B, H, S, 1]."""
+    b, s, h, d = x.shape
+    codes, descale = quantize_int8_blocks(padded_rows(x.float(), s))
+    per_row = descale.double().repeat_interleave(SCALE_BLOCK, dim=1)[:, :s]
+    return codes.double().view(b, h, s, d), per_row.view(b, h, s, 1)
+
+
+def int8_max_steps(q, k, scale, block_keys, rows=None):
+    """The sm90 kernel's INT8 Q/K keeps each row's running max a multiple of a step u per key block (rounded up;
+    `softmax.BiasedGroups`): u = 2^(e - 22), e the exponent of 1.5 * 2^23 * the larger of the block's two key
+    groups' scales, each the fp32 product (softmax scale * log2(e)) * q's block scale * k's group scale with its 3
+    low mantissa bits cleared. [B, H, Sq, n_blocks] float64 (only `rows` if given)."""
+    b, sq, h, _ = q.shape
+    q_scale = quantize_int8_blocks(padded_rows(q.float(), sq))[1]  # [B*H, ceil(Sq / 64)]
+    k_scale = quantize_int8_blocks(padded_rows(k.float(), k.shape[1]))[1]
+    n_blocks = -(-k.shape[1] // block_keys)
+    groups = torch.arange(2 * n_blocks, device=k.device).clamp(max=k_scale.shape[1] - 1)
+    softmax_scale_log2 = torch.tensor(scale, dtype=torch.float32) * torch.tensor(LOG2_E, dtype=torch.float32)
+    per_row = (softmax_scale_log2.to(q.device) * q_scale).repeat_interleave(SCALE_BLOCK, dim=1)[:, :sq]
+    scales = per_row[:, :, None] * k_scale[:, None, groups]  # [B*H, Sq, 2 * n_blocks] fp32
+    scales = (scales.view(torch.int32) & ~7).view(torch.float32)
+    biases = (scales * ROUND_TO_INT).view(b * h, sq, n_blocks, 2).amax(-1)
+    exponents = (biases.view(torch.int32) >> 23) - 127
+    steps = torch.exp2((exponents - 22).double()).view(b, h, sq, n_blocks)
+    return steps if rows is None else steps[:, :, rows]
+
+
+def softmax_pv(logits, v_codes, v_descale, block_keys=KEYS, reverse=False, rounded_row_sum=False, max_steps=None):
     """The kernels' softmax and P.V in float64 on given logits (log2 units, [B, H, Sq, Skv]) and V codes
     ([B, H, Skv, D], `v_descale` broadcast over them): an online softmax over `block_keys`-key blocks, p rounded
     to e4m3 as p * 256 against the running max, P.V of the codes accumulated per block and rescaled (the
-    two-level accumulation), row sums of the unrounded p (or, `rounded_row_sum`, of the rounded p). Returns
-    (out [B, H, Sq, D] float64, LSE [B, H, Sq] float64, natural log)."""
+    two-level accumulation), row sums of the unrounded p (or, `rounded_row_sum`, of the rounded p). max_steps:
+    [B, H, Sq, n_blocks], the running max rounded up to a multiple of each block's (`int8_max_steps`), or None.
+    Returns (out [B, H, Sq, D] float64, LSE [B, H, Sq] float64, natural log)."""
     b, h, sq, _ = logits.shape
     row_max = torch.full((b, h, sq, 1), -math.inf, dtype=torch.float64, device=logits.device)
     row_sum = torch.zeros_like(row_max)
@@ -85,6 +123,9 @@ def softmax_pv(logits, v_codes, v_descale, block_keys=KEYS, reverse=False, round
     for start in reversed(starts) if reverse else starts:
         strip = logits[..., start:start + block_keys]
         new_max = torch.maximum(row_max, strip.amax(-1, keepdim=True))
+        if max_steps is not None:
+            step = max_steps[..., start // block_keys, None]
+            new_max = torch.ceil(new_max / step) * step
         rescale = torch.exp2(row_max - new_max)
         p = torch.exp2(strip - new_max)
         p_codes = (p.float() * P_SCALE).to(FP8).double()

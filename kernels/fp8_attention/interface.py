@@ -8,6 +8,7 @@ per plan, launches.
     out = fp8_attention(q, k, v, kernel="mma_sync")   # force v1 (comparison); default "auto"
     out = fp8_attention(q_raw, k_raw, v, prologue=Prologue(wq, wk, eps, cos, sin))
                                                       # QK-norm + RoPE fused into prep (MiniMax-H3)
+    out = fp8_attention(q, k, v, qk_int8=True)        # INT8 Q/K with 64-row block scales (sm_90 only)
 
 Kernel choice ("auto"): sm_90 -> `kernel_sm90` (TMA + FP8 wgmma, warp-specialized, in the configuration
 `tuning.sm90_config` gives its head dim and key length); sm_89 and sm_120 -> v1 `kernel_mma_sync`.
@@ -17,6 +18,7 @@ Inputs may be non-contiguous [B, S, H, D] views as long as the head dim is conti
 (stride 1): prep reads them through their strides. The output is a fresh contiguous
 [B, Sq, H, D] tensor in the input dtype (or `out=`, which must be contiguous).
 """
+import dataclasses
 import math
 
 import torch
@@ -40,31 +42,33 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str, prolo
 
 
 def prep_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, use_triton: bool = True,
-                       prologue: Prologue | None = None) -> PackedQKV:
+                       prologue: Prologue | None = None, qk_int8: bool = False) -> PackedQKV:
     """Prep alone: checks the inputs (`support.can_implement`), quantizes and packs them (Triton,
-    or torch if asked), after the prologue if one is given."""
+    or torch if asked), after the prologue if one is given; with qk_int8, Q and K as INT8 block codes."""
     _check(q, k, v, "auto", prologue)
-    return (prep_triton if use_triton else prep_reference)(q, k, v, prologue)
+    return (prep_triton if use_triton else prep_reference)(q, k, v, prologue, qk_int8)
 
 
 def _plan(head_dim: int, out_dtype: torch.dtype, with_lse: bool, device: torch.device, seqlen_kv: int,
-          kernel: str = "auto"):
+          kernel: str = "auto", qk_int8: bool = False):
     """Compiled kernel for this plan key; batch, heads and sequence lengths are dynamic, but on sm_90 the key
     length picks one of two plans (`tuning.persistent_pays`). The key holds what picks the sm90 configuration
     (`tuning.sm90_config`: head dim, device, that choice), not the configuration itself, which is built only
     when a plan is compiled (the lookup runs on every call)."""
     if device.index is None:  # "cuda" is the current device: one plan per physical device (its SM count)
         device = torch.device(device.type, torch.cuda.current_device())
-    key = (head_dim, out_dtype, with_lse, device, kernel, persistent_pays(head_dim, seqlen_kv))
+    key = (head_dim, out_dtype, with_lse, device, kernel, qk_int8, persistent_pays(head_dim, seqlen_kv))
     plan = _plans.get(key)
     if plan is None:
         from .compile import compile_fp8_attention
 
         variant = resolve_kernel(kernel, device_capability(device))
+        if qk_int8 and variant != "sm90":
+            raise Fp8AttentionUnsupported("fp8_attention: INT8 Q/K runs on the sm_90 kernel only; pass qk_int8=False")
         if variant == "sm90":
             sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-            plan = _plans[key] = compile_fp8_attention(head_dim, out_dtype, with_lse, kernel=variant,
-                                                       config=sm90_config(head_dim, sm_count, seqlen_kv))
+            config = dataclasses.replace(sm90_config(head_dim, sm_count, seqlen_kv), qk_int8=qk_int8)
+            plan = _plans[key] = compile_fp8_attention(head_dim, out_dtype, with_lse, kernel=variant, config=config)
         else:  # v1 has no length-dependent options: one compile serves both keys
             plan = compile_fp8_attention(head_dim, out_dtype, with_lse, kernel=variant)
             for persistent in (False, True):
@@ -85,18 +89,20 @@ def fp8_attention_packed(packed: PackedQKV, *, out_dtype: torch.dtype = torch.bf
         raise Fp8AttentionUnsupported(f"fp8_attention: out must be contiguous {out_dtype} {(b, sq, h, d)}")
     lse = torch.empty(b, h, sq, dtype=torch.float32, device=device) if return_lse else None
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    compiled = _plan(d, out_dtype, return_lse, device, packed.seqlen_kv, kernel)
+    compiled = _plan(d, out_dtype, return_lse, device, packed.seqlen_kv, kernel, packed.qk_int8)
     with on_device(device):  # the launch goes to this device's current stream
-        compiled(packed.q, packed.k, packed.v, packed.descale, out, lse, scale, packed.seqlen_kv)
+        compiled(*packed.kernel_inputs(), out, lse, scale, packed.seqlen_kv)
     return (out, lse) if return_lse else out
 
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
-                  return_lse: bool = False, kernel: str = "auto", prologue: Prologue | None = None):
+                  return_lse: bool = False, kernel: str = "auto", prologue: Prologue | None = None,
+                  qk_int8: bool = False):
     """softmax(q k^T * scale) v with FP8 (e4m3) Q, K, V, P; q, k, v [B, S, H, D] on CUDA.
 
     scale defaults to 1/sqrt(D). With `prologue`, q and k are raw projections and the attention
-    takes RoPE(RMSNorm(x) * w) of them (`prep.Prologue`). Raises Fp8AttentionUnsupported for
+    takes RoPE(RMSNorm(x) * w) of them (`prep.Prologue`). qk_int8: Q and K as INT8 codes with a scale per
+    64 rows (the sm_90 kernel only; prep's contract). Raises Fp8AttentionUnsupported for
     inputs it cannot take; a (batch, head) whose q, k or v holds inf or NaN comes out NaN, as in
     torch's attention.
     """
@@ -104,6 +110,6 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
     if (spec, kernel) not in _passed_checks:  # the checks read only what the spec holds
         _check(q, k, v, kernel, prologue)
         _passed_checks.remember((spec, kernel))
-    packed = prep_triton_with_spec(q, k, v, prologue, spec)
+    packed = prep_triton_with_spec(q, k, v, prologue, spec, qk_int8)
     return fp8_attention_packed(packed, out_dtype=q.dtype, scale=scale, return_lse=return_lse,
                                 kernel=kernel)

@@ -82,13 +82,16 @@ class Fp8AttentionMmaSync:
         mK: cute.Tensor,
         mV: cute.Tensor,
         mDescale: cute.Tensor,
+        mQScale: None,
+        mKScale: None,
         mO: cute.Tensor,
         mLSE: cute.Tensor | None,
         softmax_scale: Float32,
         seqlen_kv: Int32,
         stream,
     ):
-        """Builds the smem layouts, copies and MMA, then launches one CTA per (128 rows, b*h)."""
+        """Builds the smem layouts, copies and MMA, then launches one CTA per (128 rows, b*h). mQScale and
+        mKScale are the sm90 kernel's INT8 Q/K block scales, None here (v1 takes e4m3 Q/K alone)."""
         fp8 = mQ.element_type
         D = self.head_dim
         # The strides of every leading mode are multiples of 16 bytes (prep pads, O is ours):

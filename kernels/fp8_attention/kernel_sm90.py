@@ -43,6 +43,13 @@ p * 256 in e4m3 (p <= 1 against the running max, so codes <= 256 < 448, never sa
 row sum adds the same unrounded fp32 values (with `pv_row_sum`, the tensor core adds the rounded
 e4m3 ones O's numerator uses), so the 256 cancels in O = acc / sum * descale_v.
 O accumulates over all key blocks in fp32 registers (rescaled when the max grows).
+
+INT8 Q/K (`qk_int8`): Q and K are int8 codes with a scale per 64 rows (prep's contract), S = Q K^T an
+s8 x s8 -> s32 wgmma at the FP8 rate. |s| <= 128 * 127^2 < 2^22, so s + 0x4B400000 read as fp32 is
+1.5 * 2^23 + s exactly (`softmax.biased_scores`: one IADD, not an I2F on the MUFU's quarter-rate pipe), and
+the softmax's FFMA takes the 1.5 * 2^23 off, exactly (`softmax.BiasedGroups`). A consumer warpgroup's 64
+rows are one query block; a 128-key block two key blocks, so a block's scores take one of two scales by column (its
+first or second 64 keys), read per key block from k_scale.
 """
 from typing import NamedTuple
 
@@ -57,7 +64,7 @@ from .config import CONSUMER_REGS, Sm90Config
 from .epilogue import store_row
 from .layout import LOG2_E, P_SCALE_LOG2
 from .named_barrier import NamedBarrier
-from .softmax import OnlineSoftmax, rows_view
+from .softmax import OnlineSoftmax, biased_groups, biased_scores, rows_view
 from .support import check_head_dim
 from .tile_scheduler import Tile, TileScheduler, TileSchedulerParams
 
@@ -129,6 +136,8 @@ class KeyBlocks(NamedTuple):
 class TileIO(NamedTuple):
     """What a consumer reads and writes per tile beyond the smem rings."""
     descale: cute.Tensor  # [3, B*H] fp32: Q's, K's and V's descales per (batch, head)
+    q_scale: cute.Tensor | None  # INT8 Q/K: [B*H, Sq_pad / 64] fp32 scales of Q's 64-row blocks; else None
+    k_scale: cute.Tensor | None  # INT8 Q/K: [B*H, ceil(Skv_pad / 64)] of K's; else None
     o: cute.Tensor  # [B, Sq, H, D] output
     lse: cute.Tensor | None  # [B, H, Sq] fp32 natural-log LSE, or None (compiled without)
     softmax_scale_log2: Float32  # softmax scale * log2(e)
@@ -219,16 +228,16 @@ class Fp8AttentionSm90:
         self.ping_pong = self.consumer_warpgroups == 2  # the consumers take turns at issuing their GEMMs
         self.persistent = config.persistent_ctas > 0
 
-    def shared_storage(self, fp8, sQ_layout, sK_layout, sV_layout, sOnes_layout):
+    def shared_storage(self, qk_dtype, fp8, sQ_layout, sK_layout, sV_layout, sOnes_layout):
         """The CTA's shared memory: the pipelines' barriers, Q, the K and V rings (and with pv_row_sum
-        the ones tile; plain Python, so the field can be left out)."""
+        the ones tile; plain Python, so the field can be left out). Q and K in qk_dtype (e4m3 or int8)."""
         cfg = self.config
         fields = {
             "mbar_q": cute.struct.MemRange[cutlass.Int64, 2 * cfg.q_stages],
             "mbar_k": cute.struct.MemRange[cutlass.Int64, 2 * cfg.num_stages],
             "mbar_v": cute.struct.MemRange[cutlass.Int64, 2 * cfg.num_stages],
-            "q": cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sQ_layout)], 1024],
-            "k": cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sK_layout)], 1024],
+            "q": cute.struct.Align[cute.struct.MemRange[qk_dtype, cute.cosize(sQ_layout)], 1024],
+            "k": cute.struct.Align[cute.struct.MemRange[qk_dtype, cute.cosize(sK_layout)], 1024],
             "v": cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sV_layout)], 1024],
         }
         if cfg.pv_row_sum:
@@ -242,6 +251,8 @@ class Fp8AttentionSm90:
         mK: cute.Tensor,
         mV: cute.Tensor,
         mDescale: cute.Tensor,
+        mQScale: cute.Tensor | None,
+        mKScale: cute.Tensor | None,
         mO: cute.Tensor,
         mLSE: cute.Tensor | None,
         softmax_scale: Float32,
@@ -249,8 +260,10 @@ class Fp8AttentionSm90:
         stream,
     ):
         """Builds the TMA atoms, smem layouts, pipelines' storage and MMAs; launches one CTA per
-        (query tile, b*h), or `persistent_ctas` CTAs that walk those tiles (`TileScheduler.grid`)."""
-        fp8 = mQ.element_type
+        (query tile, b*h), or `persistent_ctas` CTAs that walk those tiles (`TileScheduler.grid`).
+        mQScale, mKScale: INT8 Q/K's block scales (`qk_int8`; mQ and mK int8), else None."""
+        qk_dtype = mQ.element_type  # e4m3, or int8 with qk_int8
+        fp8 = mV.element_type
         cfg = self.config
         D, N = self.head_dim, cfg.tile_n
         # Prep pads every row to whole 16-byte chunks, so the strides are 16-byte multiples (TMA
@@ -263,8 +276,8 @@ class Fp8AttentionSm90:
         ]  # Q, K: (S_pad, D, BH); V: (D, Skv_pad, BH)
 
         M = self.tile_m
-        sQ_layout = kmajor_smem_layout(fp8, M, D, cfg.q_stages)
-        sK_layout = kmajor_smem_layout(fp8, N, D, cfg.num_stages)
+        sQ_layout = kmajor_smem_layout(qk_dtype, M, D, cfg.q_stages)
+        sK_layout = kmajor_smem_layout(qk_dtype, N, D, cfg.num_stages)
         sV_layout = kmajor_smem_layout(fp8, D, N, cfg.num_stages)
         sOnes_layout = kmajor_smem_layout(fp8, ROW_SUM_COLS, N, 1)  # pv_row_sum's B operand
 
@@ -273,11 +286,11 @@ class Fp8AttentionSm90:
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, cute.select(sK_layout, mode=[0, 1]), (N, D), 1)
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mV, cute.select(sV_layout, mode=[0, 1]), (D, N), 1)
 
-        SharedStorage = self.shared_storage(fp8, sQ_layout, sK_layout, sV_layout, sOnes_layout)
+        SharedStorage = self.shared_storage(qk_dtype, fp8, sQ_layout, sK_layout, sV_layout, sOnes_layout)
 
         # The consumer warpgroups stacked along M, each one wgmma of 64 rows.
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
-            fp8, fp8, OperandMajorMode.K, OperandMajorMode.K, Float32,
+            qk_dtype, qk_dtype, OperandMajorMode.K, OperandMajorMode.K, Int32 if const_expr(cfg.qk_int8) else Float32,
             atom_layout_mnk=(self.consumer_warpgroups, 1, 1), tiler_mn=(64, N))
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             fp8, fp8, OperandMajorMode.K, OperandMajorMode.K, Float32,
@@ -292,7 +305,7 @@ class Fp8AttentionSm90:
         tiles = TileScheduler.params(mQ.shape[0], num_bh, M)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
-            TileIO(mDescale, mO, mLSE, softmax_scale * LOG2_E), seqlen_kv, tiles,
+            TileIO(mDescale, mQScale, mKScale, mO, mLSE, softmax_scale * LOG2_E), seqlen_kv, tiles,
             SmemLayouts(sQ_layout, sK_layout, sV_layout, sOnes_layout),
             TiledMmas(tiled_mma_qk, tiled_mma_pv, tiled_mma_sum), SharedStorage,
         ).launch(grid=TileScheduler.grid(tiles, num_bh, cfg.persistent_ctas),
@@ -499,6 +512,11 @@ class Fp8AttentionSm90:
         softmax.reset()
         if const_expr(scalars is None):
             scalars = self.tile_scalars(io, tile.bh)
+        qk_scale_log2 = scalars.qk_scale_log2
+        if const_expr(self.config.qk_int8):  # this warpgroup's rows are one query block
+            q_blocks = io.q_scale.shape[1]
+            qk_scale_log2 *= io.q_scale[tile.bh, cutlass.min(tile.m_block * self.consumer_warpgroups + mma.wg,
+                                                             q_blocks - 1)]
         state, q_state = states
         pipes.q.consumer_wait(q_state)
 
@@ -510,27 +528,31 @@ class Fp8AttentionSm90:
             tile_q = mma.tSrQ[None, None, None, q_state.index]
         acc_S = self.qk(mma, tile_q, state.index, 0)
         pipes.k.consumer_release(state)
-        self.mask_key_tail(acc_S, mma.tScS, keys)
-        softmax.online_update(acc_S, scalars.qk_scale_log2, True)
-        self.store_p(acc_S, mma.tOrP)
+        scores = self.scores(acc_S)
+        self.mask_key_tail(scores, mma.tScS, keys)
+        scales = self.key_scales(io, tile.bh, qk_scale_log2, keys.count - 1)
+        softmax.online_update(scores, scales, True, self.biased(scales))
+        self.store_p(scores, mma.tOrP)
 
         # Steady state: S of block n - 1 is in flight while P.V of block n runs, then the
         # softmax of S overlaps the other warpgroup's GEMMs.
-        for _ in cutlass.range(keys.count - 1, unroll=1):
+        for i in cutlass.range(keys.count - 1, unroll=1):
             state_v = state.clone()
             state.advance()
             pipes.k.consumer_wait(state)
             self.wait_for_turn(mma.wg)
             acc_S_next = self.qk(mma, tile_q, state.index, -1)
+            scales = self.key_scales(io, tile.bh, qk_scale_log2, keys.count - 2 - i)
             pipes.v.consumer_wait(state_v)
             self.pv(mma, state_v.index, -1)
             self.pass_turn(mma.wg)
             warpgroup.wait_group(1)  # S has landed; P.V may still run
             pipes.k.consumer_release(state)
-            row_scale = softmax.online_update(acc_S_next, scalars.qk_scale_log2, False)
+            scores = self.scores(acc_S_next)
+            row_scale = softmax.online_update(scores, scales, False, self.biased(scales))
             warpgroup.wait_group(0)  # P.V done: P registers and the V stage are free
             pipes.v.consumer_release(state_v)
-            self.store_p(acc_S_next, mma.tOrP)
+            self.store_p(scores, mma.tOrP)
             softmax.add_block(mma.acc_O, mma.acc_PV, self.block_sums(mma), row_scale)
 
         if const_expr(self.persistent):  # the tile's last S has landed: Q's stage is free
@@ -583,10 +605,33 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def qk(self, mma: WarpgroupMma, tSrQ: cute.Tensor, stage: Int32, wait: cutlass.Constexpr):
-        """S = Q K^T of one key block into a fresh accumulator (raw e4m3 products)."""
-        acc_S = cute.make_rmem_tensor(mma.tScS.shape, Float32)
+        """S = Q K^T of one key block into a fresh accumulator (raw e4m3 products in fp32, or INT8 Q/K's in
+        s32: `scores`)."""
+        acc_S = cute.make_rmem_tensor(mma.tScS.shape, Int32 if const_expr(self.config.qk_int8) else Float32)
         wgmma(mma.qk, acc_S, tSrQ, mma.tSrK[None, None, None, stage], True, wait)
         return acc_S
+
+    @cute.jit
+    def scores(self, acc_S: cute.Tensor) -> cute.Tensor:
+        """A landed S accumulator as fp32 raw scores: itself, or INT8 Q/K's s32 as 1.5 * 2^23 + s in place
+        (`softmax.biased_scores`; `biased` takes the bias off)."""
+        if const_expr(self.config.qk_int8):
+            acc_S = biased_scores(acc_S)
+        return acc_S
+
+    def biased(self, scales: tuple):
+        """INT8 Q/K: the softmax's `softmax.BiasedGroups` of a key block's scales; else None."""
+        return biased_groups(scales) if const_expr(self.config.qk_int8) else None
+
+    @cute.jit
+    def key_scales(self, io: TileIO, bh: Int32, qk_scale_log2: Float32, block: Int32) -> tuple:
+        """The scales (log2 units) of a key block's scores by key group (`softmax.key_groups_view`): the tile's
+        qk_scale_log2 alone, or with INT8 Q/K times the scales of the block's two 64-key halves (a half past
+        the last key reads the last scale: its keys are masked)."""
+        if const_expr(not self.config.qk_int8):
+            return (qk_scale_log2,)
+        last = io.k_scale.shape[1] - 1
+        return tuple(qk_scale_log2 * io.k_scale[bh, cutlass.min(2 * block + g, last)] for g in range(2))
 
     @cute.jit
     def pv(self, mma: WarpgroupMma, stage: Int32, wait: cutlass.Constexpr):

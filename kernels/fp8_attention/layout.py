@@ -10,6 +10,9 @@
   = 256 < ``E4M3_MAX`` = 448, so no P code saturates).
 - Logits are kept in log2 units (scaled by ``LOG2_E``); LSE goes back to natural log with
   ``LN_2``.
+- With INT8 Q/K (the sm90 kernel's ``qk_int8``), Q and K are int8 codes with one scale per
+  ``SCALE_BLOCK`` (64) rows of a head: per query block one consumer warpgroup's rows, per key block
+  half of a 128-key block. V stays e4m3 with its per-head scale.
 
 Torch only (no cutlass): prep and the emulation import it on machines without CuTe DSL.
 """
@@ -22,6 +25,9 @@ KEYS = 32  # key padding of Skv; v1's strip; one k-block of the P.V MMA
 P_SCALE_LOG2 = 8.0  # P is stored as p * 2^8 in e4m3
 P_SCALE = 2.0**P_SCALE_LOG2  # 256.0
 E4M3_MAX = 448.0  # largest finite e4m3 (float8_e4m3fn) value
+INT8_MAX = 127.0  # INT8 Q/K codes are in -127..127 (symmetric; -128 unused)
+SCALE_BLOCK = 64  # INT8 Q/K: rows (queries or keys) of a head per scale
+ROUND_TO_INT = 1.5 * 2**23  # x + this - this rounds |x| < 2^22 to an integer; the INT8 scores' bias (sm90 softmax)
 FP8 = torch.float8_e4m3fn
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)

@@ -11,6 +11,12 @@ Contract (the kernel relies on every line):
 - ``descale`` [3, B*H] fp32: amax / 448 of Q, K, V per (b, h) (1 for an all-zero head), so
   ``x ~= code * descale``. Codes are round-to-nearest-even of x * (448 / amax), clamped to
   +-448, so |code| <= 448 and no e4m3 value saturates to NaN.
+- With ``qk_int8`` (the sm90 kernel's INT8 Q/K): ``q`` and ``k`` hold int8 codes instead, in the same
+  layouts, with one scale per ``layout.SCALE_BLOCK`` (64) rows of a head: ``q_scale`` [B*H, Sq_pad / 64]
+  and ``k_scale`` [B*H, ceil(Skv_pad / 64)] fp32, amax / 127 of the block (padding rows count as 0);
+  codes are round-to-nearest-even of x * (127 / amax), clamped to +-127. ``descale`` rows 0 and 1 are
+  1 (unread); V is as above. A block holding inf or NaN gets a NaN scale: the rows it reaches come out
+  NaN (a query block's own rows; every row of the head for a key block).
 
 Non-finite inputs give NaN heads, as in torch's attention: the amax of a head holding inf or
 NaN is inf or NaN, and that head's descale is set to NaN, which the kernel multiplies into
@@ -34,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .layout import E4M3_MAX, FP8, KEYS, Q_ROWS, key_order, round_up
+from .layout import E4M3_MAX, FP8, INT8_MAX, KEYS, Q_ROWS, SCALE_BLOCK, key_order, round_up
 from .support import on_device
 
 
@@ -85,7 +91,8 @@ def apply_prologue(x: torch.Tensor, weight: torch.Tensor, prologue: Prologue) ->
 
 @dataclass
 class PackedQKV:
-    """Prep's output: the kernel's inputs plus the logical sizes the padding hides."""
+    """Prep's output: the kernel's inputs plus the logical sizes the padding hides; q_scale and k_scale
+    are the INT8 Q/K block scales (None with e4m3 Q/K)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -96,18 +103,28 @@ class PackedQKV:
     seqlen_q: int
     seqlen_kv: int
     head_dim: int
+    q_scale: torch.Tensor | None = None
+    k_scale: torch.Tensor | None = None
+
+    @property
+    def qk_int8(self) -> bool:
+        return self.q_scale is not None
+
+    def kernel_inputs(self) -> tuple:
+        """The compiled kernel's first arguments, in its order: q, k, v, descale, q_scale, k_scale."""
+        return self.q, self.k, self.v, self.descale, self.q_scale, self.k_scale
 
 
-def scales_from_amax(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(descale, quant), both fp32 like amax: descale = amax * fp32(1/448), quant = 448 *
+def scales_from_amax(amax: torch.Tensor, code_max: float = E4M3_MAX) -> tuple[torch.Tensor, torch.Tensor]:
+    """(descale, quant), both fp32 like amax: descale = amax * fp32(1/code_max), quant = code_max *
     (1/amax), each product and reciprocal rounded to fp32 (written out so that torch on any
     device and the Triton prep round the same way; torch's CUDA `amax / 448` is itself a multiply
     by the reciprocal); an all-zero head gets 1 and 1 (its codes are 0 either way); a head holding
-    inf or NaN gets a NaN descale, so its output is NaN."""
+    inf or NaN gets a NaN descale, so its output is NaN. code_max: 448 (e4m3) or 127 (INT8 Q/K)."""
     nonzero = amax > 0
-    descale = torch.where(nonzero, amax * (1.0 / E4M3_MAX), torch.ones_like(amax))
+    descale = torch.where(nonzero, amax * (1.0 / code_max), torch.ones_like(amax))
     descale = torch.where(torch.isfinite(amax), descale, torch.full_like(amax, float("nan")))
-    quant = torch.where(nonzero, amax.reciprocal() * E4M3_MAX, torch.ones_like(amax))
+    quant = torch.where(nonzero, amax.reciprocal() * code_max, torch.ones_like(amax))
     return descale, quant
 
 
@@ -118,13 +135,37 @@ def quantize(x: torch.Tensor, quant: torch.Tensor) -> torch.Tensor:
     return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
 
 
+def quantize_int8_blocks(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """INT8 codes of rows [B*H, S, D] with one scale per SCALE_BLOCK rows (the last block may be short):
+    (codes int8 [B*H, S, D], descale fp32 [B*H, ceil(S / 64)]). amax counts NaN as inf (so a block holding
+    one gets a NaN descale and quant 0, as the Triton prep does); codes are RNE of fp32 x * quant, 0 where that
+    product is NaN, clamped to +-127."""
+    bh, s, d = rows.shape
+    blocks = -(-s // SCALE_BLOCK)
+    padded = torch.zeros(bh, blocks * SCALE_BLOCK, d, dtype=torch.float32, device=rows.device)
+    padded[:, :s] = rows.float()
+    padded = padded.view(bh, blocks, SCALE_BLOCK, d)
+    magnitude = torch.where(torch.isnan(padded), torch.inf, padded.abs())
+    descale, quant = scales_from_amax(magnitude.amax(dim=(2, 3)), INT8_MAX)
+    scaled = (padded * quant[..., None, None]).nan_to_num(0.0).clamp(-INT8_MAX, INT8_MAX)
+    return scaled.round().to(torch.int8).view(bh, -1, d)[:, :s], descale
+
+
 def head_amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| over (S, D) for each (b, h), fp32 [B*H] (NaN if the head holds a NaN)."""
     return x.float().abs().amax(dim=(1, 3)).reshape(-1)
 
 
+def padded_rows(x: torch.Tensor, s_pad: int) -> torch.Tensor:
+    """[B, S, H, D] -> [B*H, S_pad, D] in x's dtype, rows >= S zero."""
+    b, s, h, d = x.shape
+    out = torch.zeros(b * h, s_pad, d, dtype=x.dtype, device=x.device)
+    out[:, :s] = x.permute(0, 2, 1, 3).reshape(b * h, s, d)
+    return out
+
+
 def prep_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   prologue: Prologue | None = None) -> PackedQKV:
+                   prologue: Prologue | None = None, qk_int8: bool = False) -> PackedQKV:
     """The packing contract in torch, on any device (the spec the Triton prep must match)."""
     if prologue is not None:
         q, k = apply_prologue(q, prologue.norm_q_weight, prologue), apply_prologue(k, prologue.norm_k_weight, prologue)
@@ -132,22 +173,23 @@ def prep_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     skv = k.shape[1]
     amax = torch.stack([head_amax(x) for x in (q, k, v)])
     descale, quant = scales_from_amax(amax)
-
-    def rows(x, s_pad, quant_row):  # [B, S, H, D] -> [B*H, S_pad, D] codes, zero padded
-        codes = quantize(x, quant_row).permute(0, 2, 1, 3).reshape(b * h, x.shape[1], d)
-        out = torch.zeros(b * h, s_pad, d, dtype=FP8, device=x.device)
-        out[:, : x.shape[1]] = codes
-        return out
-
     sq_pad, skv_pad = round_up(sq, Q_ROWS), round_up(skv, KEYS)
-    v_rows = rows(v, skv_pad, quant[2])
+    v_rows = padded_rows(quantize(v, quant[2]), skv_pad)
     order = key_order(torch.arange(skv_pad, device=v.device))
+    q_scale = k_scale = None
+    if qk_int8:
+        (q_codes, q_scale), (k_codes, k_scale) = (quantize_int8_blocks(padded_rows(x.float(), s_pad))
+                                                  for x, s_pad in ((q, sq_pad), (k, skv_pad)))
+        descale[:2] = 1.0
+    else:
+        q_codes, k_codes = padded_rows(quantize(q, quant[0]), sq_pad), padded_rows(quantize(k, quant[1]), skv_pad)
     return PackedQKV(
-        q=rows(q, sq_pad, quant[0]),
-        k=rows(k, skv_pad, quant[1]),
+        q=q_codes,
+        k=k_codes,
         v=v_rows[:, order].transpose(1, 2).contiguous(),
         descale=descale,
         batch=b, heads=h, seqlen_q=sq, seqlen_kv=skv, head_dim=d,
+        q_scale=q_scale, k_scale=k_scale,
     )
 
 
@@ -166,15 +208,16 @@ def launch_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Pro
     return spec + tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
 
 
-def prep_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Prologue | None = None) -> PackedQKV:
+def prep_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Prologue | None = None,
+                qk_int8: bool = False) -> PackedQKV:
     """Same contract as `prep_reference`, on CUDA: one Triton launch for short sequences without the
     prologue, else two (amax, then scales and packing; `prep_triton_kernels.launch_prep` picks) for the
     three tensors, reading any [B, S, H, D] strides (innermost stride 1)."""
-    return prep_triton_with_spec(q, k, v, prologue, launch_spec(q, k, v, prologue))
+    return prep_triton_with_spec(q, k, v, prologue, launch_spec(q, k, v, prologue), qk_int8)
 
 
 def prep_triton_with_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: Prologue | None,
-                          spec: tuple) -> PackedQKV:
+                          spec: tuple, qk_int8: bool = False) -> PackedQKV:
     """`prep_triton` for a caller that has `launch_spec(q, k, v, prologue)` already (`interface.fp8_attention`
     builds it once for its checks and the launches). It must be that spec: the compiled launches are keyed by
     it, and another tensors' spec would reuse a kernel specialized for them."""
@@ -185,11 +228,16 @@ def prep_triton_with_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pro
     device = q.device
     descale = torch.empty(3, b * h, dtype=torch.float32, device=device)
     sq_pad, skv_pad = round_up(sq, Q_ROWS), round_up(skv, KEYS)
-    out_q = torch.empty(b * h, sq_pad, d, dtype=FP8, device=device)
-    out_k = torch.empty(b * h, skv_pad, d, dtype=FP8, device=device)
+    qk_dtype = torch.int8 if qk_int8 else FP8
+    out_q = torch.empty(b * h, sq_pad, d, dtype=qk_dtype, device=device)
+    out_k = torch.empty(b * h, skv_pad, d, dtype=qk_dtype, device=device)
     out_v = torch.empty(b * h, d, skv_pad, dtype=FP8, device=device)
+    q_scale = k_scale = None
+    if qk_int8:
+        q_scale = torch.empty(b * h, -(-sq_pad // SCALE_BLOCK), dtype=torch.float32, device=device)
+        k_scale = torch.empty(b * h, -(-skv_pad // SCALE_BLOCK), dtype=torch.float32, device=device)
     fields = None if prologue is None else (prologue.norm_q_weight, prologue.norm_k_weight, prologue.eps,
                                             prologue.cos, prologue.sin)
     with on_device(device):
-        tk.launch_prep(q, k, v, out_q, out_k, out_v, descale, fields, spec)
-    return PackedQKV(out_q, out_k, out_v, descale, b, h, sq, skv, d)
+        tk.launch_prep(q, k, v, out_q, out_k, out_v, descale, fields, spec, q_scale, k_scale)
+    return PackedQKV(out_q, out_k, out_v, descale, b, h, sq, skv, d, q_scale, k_scale)

@@ -23,6 +23,10 @@ S 128-2048) and was not bit-identical to them there: descale 1 ulp off in 2 of 9
 D128, codes equal (compiled, the two kernels' fp32 prologue arithmetic differs; in the interpreter it did
 not; docs/notes/one-launch-prep.md).
 
+With QK_INT8 (INT8 Q/K, `prep` contract) q and k need no amax pass: a program of SCALE_BLOCK rows is one
+scale block, so the pack pass takes its amax, writes its scale and its codes (`_pack_int8_heads`); the amax
+launch reads v alone, and the prologue's programs take 64 rows too.
+
 All read x [B, S, H, D] through its strides (innermost stride 1). With PROLOGUE, q and k are
 the attention's raw projections and both passes compute what MiniMax-H3's processor would feed
 the attention, in fp32 and without rounding in between: per-head RMSNorm (weight w, eps) and then
@@ -41,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import E4M3_MAX
+from .layout import E4M3_MAX, INT8_MAX, ROUND_TO_INT, SCALE_BLOCK
 from .memo import BoundedMemo
 
 BLOCK_S = 64  # rows per program; a multiple of 16 so V's key permutation stays inside it
@@ -49,6 +53,10 @@ PROLOGUE_BLOCK_S = 32  # rows per prologue program: its cos/sin tiles stay in re
 PROLOGUE_HEADS = 8  # heads per prologue program, sharing one load of cos/sin
 CODE_MAX = tl.constexpr(E4M3_MAX)  # a jitted function reads module globals only as constexprs
 DESCALE_PER_AMAX = tl.constexpr(1.0 / E4M3_MAX)  # rounded to fp32 in the kernel, as torch rounds it
+INT8_CODE_MAX = tl.constexpr(INT8_MAX)
+INT8_DESCALE_PER_AMAX = tl.constexpr(1.0 / INT8_MAX)
+SCALE_ROWS = tl.constexpr(SCALE_BLOCK)  # INT8 Q/K: rows per scale (as a constexpr, which compiled jit code needs)
+TO_INT = tl.constexpr(ROUND_TO_INT)  # x + this - this: x rounded to nearest even, for |x| < 2^22
 # The plain prep's one-launch path up to this padded length. GPU time (H200, B1 D128, CUDA-graph replays),
 # one launch against two: H1 S128 3.5 against 5.1 us, H56 S128 5.9 / 7.7, S512 17.8 / 14.1, S1024 44.7 / 33.9,
 # S2048 89.4 / 63.1 (a program walks its head's row blocks alone, twice). Host time of a prep at B1 H1 S128:
@@ -129,9 +137,12 @@ def _fp8_prep_amax_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, Sq, Skv, H, GROUPS, BH,
                  sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
                  wq_ptr, wk_ptr, cos_ptr, sin_ptr, stride_cos, stride_sin, eps,
                  D: tl.constexpr, BLOCK: tl.constexpr, HEADS: tl.constexpr, PROLOGUE: tl.constexpr,
-                 HALF: tl.constexpr):
-    """amax [3, B*H], zeroed by the caller: of q, k (after the prologue, with PROLOGUE) and v."""
+                 HALF: tl.constexpr, QK_INT8: tl.constexpr):
+    """amax [3, B*H], zeroed by the caller: of q, k (after the prologue, with PROLOGUE) and v; with QK_INT8
+    of v alone (program axis 2 has one entry)."""
     which = tl.program_id(2)
+    if QK_INT8:
+        which = 2
     b, h0 = tl.program_id(1) // GROUPS, tl.program_id(1) % GROUPS * HEADS
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     if which == 2:  # v takes no prologue
@@ -154,18 +165,51 @@ def _codes(x, quant):
 
 
 @triton.jit
-def _descale(amax):
-    """descale from amax: `prep.scales_from_amax`, rounding included;
+def _descale(amax, PER_AMAX: tl.constexpr = DESCALE_PER_AMAX):
+    """descale from amax: `prep.scales_from_amax`, rounding included (PER_AMAX: 1/448, or 1/127 for INT8);
     amax is never NaN here (`_magnitude` counts NaN as inf), and an inf amax gives a NaN descale."""
-    descale = tl.where(amax > 0, amax * DESCALE_PER_AMAX, 1.0)
+    descale = tl.where(amax > 0, amax * PER_AMAX, 1.0)
     finite = (amax == amax) & (amax != float("inf"))
     return tl.where(finite, descale, float("nan"))
 
 
 @triton.jit
-def _quant_from(amax):
-    """quant from amax, as `prep.scales_from_amax` rounds it: 448 * (1 / amax), 1 for an all-zero head."""
-    return tl.where(amax > 0, tl.math.div_rn(1.0, amax) * CODE_MAX, 1.0)
+def _quant_from(amax, CODE: tl.constexpr = CODE_MAX):
+    """quant from amax, as `prep.scales_from_amax` rounds it: CODE (448, or 127 for INT8) * (1 / amax), 1 for
+    an all-zero head."""
+    return tl.where(amax > 0, tl.math.div_rn(1.0, amax) * CODE, 1.0)
+
+
+@triton.jit
+def _int8_codes(x, quant):
+    """INT8 codes of x * quant: clamped to +-127, rounded to nearest even, 0 where the product is NaN (a block
+    holding inf or NaN has quant 0 or a NaN value; its scale is NaN)."""
+    t = x * quant
+    t = tl.minimum(tl.maximum(tl.where(t == t, t, 0.0), -INT8_CODE_MAX), INT8_CODE_MAX)  # GPU max/min drop NaN
+    return ((t + TO_INT) - TO_INT).to(tl.int8)
+
+
+@triton.jit
+def _pack_int8_heads(x_ptr, w_ptr, scale_ptr, descale_ptr, out_ptr, b, h0, H, block, S, S_pad, stride_b, stride_s,
+                     stride_h, eps, partner, c, ssin, write_descale, D: tl.constexpr, HEADS: tl.constexpr,
+                     PROLOGUE: tl.constexpr):
+    """INT8 Q or K, one scale block (rows block * SCALE_BLOCK ..) of heads h0 .. h0 + HEADS - 1 (those < H): the
+    block's amax, its scale into scale_ptr [B*H, ceil(S_pad / SCALE_BLOCK)], its codes row-major (rows >= S
+    are 0); descale [B*H] (unread by the kernel) 1 where write_descale."""
+    pos = block * SCALE_ROWS + tl.arange(0, SCALE_ROWS)
+    cols = tl.arange(0, D)
+    n_blocks = tl.cdiv(S_pad, SCALE_ROWS)
+    for i in tl.static_range(HEADS):
+        h = h0 + i
+        if h < H:
+            bh = b * H + h
+            if write_descale:
+                tl.store(descale_ptr + bh, 1.0)
+            y = _values(x_ptr, w_ptr, b, h, pos, S, stride_b, stride_s, stride_h, eps, partner, c, ssin, D, PROLOGUE)
+            amax = _magnitude(y)
+            tl.store(scale_ptr + bh * n_blocks + block, _descale(amax, INT8_DESCALE_PER_AMAX))
+            dst = out_ptr + bh * S_pad * D + pos[:, None] * D + cols[None, :]
+            tl.store(dst, _int8_codes(y, _quant_from(amax, INT8_CODE_MAX)), mask=pos[:, None] < S_pad)
 
 
 @triton.jit
@@ -221,13 +265,14 @@ def _pack_heads(x_ptr, w_ptr, amax_ptr, descale_ptr, out_ptr, b, h0, H, pos, S, 
 
 
 @triton.jit
-def _fp8_prep_pack_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, out_q, out_k, out_v, descale_ptr,
+def _fp8_prep_pack_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, out_q, out_k, out_v, descale_ptr, q_scale_ptr, k_scale_ptr,
                  Sq, Skv, Sq_pad, Skv_pad, H, GROUPS, BH, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
                  wq_ptr, wk_ptr, cos_ptr, sin_ptr, stride_cos, stride_sin, eps,
                  D: tl.constexpr, BLOCK: tl.constexpr, HEADS: tl.constexpr, PROLOGUE: tl.constexpr,
-                 HALF: tl.constexpr):
+                 HALF: tl.constexpr, QK_INT8: tl.constexpr):
     """Scales from amax (`prep.scales_from_amax`, written to descale [3, B*H] by the first block of
-    rows), then codes: q and k row-major, v feature-major [D, Skv_pad] holding key_order(p)."""
+    rows), then codes: q and k row-major, v feature-major [D, Skv_pad] holding key_order(p). With QK_INT8
+    (BLOCK = SCALE_BLOCK), q and k by `_pack_int8_heads` into the block scales q_scale and k_scale."""
     which = tl.program_id(2)
     b, h0 = tl.program_id(1) // GROUPS, tl.program_id(1) % GROUPS * HEADS
     pos = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -235,6 +280,15 @@ def _fp8_prep_pack_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, out_q, out_k, out_v, de
     if which == 2:  # v takes no prologue
         _pack_heads(v_ptr, wk_ptr, amax_ptr + 2 * BH, descale_ptr + 2 * BH, out_v, b, h0, H, pos, Skv, Skv_pad,
                     svb, svs, svh, eps, tl.arange(0, D), 1.0, 0.0, first, D, HEADS, False, True)
+    elif QK_INT8:
+        partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, pos, Sq, stride_cos, stride_sin, D, HALF, PROLOGUE)
+        if which == 0:
+            if tl.program_id(0) * BLOCK < Sq_pad:
+                _pack_int8_heads(q_ptr, wq_ptr, q_scale_ptr, descale_ptr, out_q, b, h0, H, tl.program_id(0), Sq,
+                                 Sq_pad, sqb, sqs, sqh, eps, partner, c, ssin, first, D, HEADS, PROLOGUE)
+        elif tl.program_id(0) * BLOCK < Skv_pad:
+            _pack_int8_heads(k_ptr, wk_ptr, k_scale_ptr, descale_ptr + BH, out_k, b, h0, H, tl.program_id(0), Skv,
+                             Skv_pad, skb, sks, skh, eps, partner, c, ssin, first, D, HEADS, PROLOGUE)
     else:
         partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, pos, Sq, stride_cos, stride_sin, D, HALF, PROLOGUE)
         if which == 0:
@@ -265,13 +319,26 @@ def _prep_head(x_ptr, descale_ptr, out_ptr, b, h, H, S, S_pad, stride_b, stride_
 
 
 @triton.jit
-def _fp8_prep_single_kernel(q_ptr, k_ptr, v_ptr, out_q, out_k, out_v, descale_ptr, Sq, Skv, Sq_pad, Skv_pad, H, BH,
-                            sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, D: tl.constexpr, BLOCK: tl.constexpr):
+def _fp8_prep_single_kernel(q_ptr, k_ptr, v_ptr, out_q, out_k, out_v, descale_ptr, q_scale_ptr, k_scale_ptr, Sq, Skv,
+                            Sq_pad, Skv_pad, H, BH, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, D: tl.constexpr,
+                            BLOCK: tl.constexpr, QK_INT8: tl.constexpr):
     """The whole plain prep in one launch, one program per (tensor: axis 1, batch entry and head: axis 0);
-    the outputs of the two-launch kernels, bit for bit."""
+    the outputs of the two-launch kernels, bit for bit (with QK_INT8, q and k block by block)."""
     which = tl.program_id(1)
     b, h = tl.program_id(0) // H, tl.program_id(0) % H
-    if which == 0:
+    cols = tl.arange(0, D)
+    if QK_INT8:  # (a constexpr branch: the e4m3 q and k stores below are not compiled for int8 outputs)
+        if which == 0:
+            for block in range(0, tl.cdiv(Sq_pad, SCALE_ROWS)):
+                _pack_int8_heads(q_ptr, q_ptr, q_scale_ptr, descale_ptr, out_q, b, h, H, block, Sq, Sq_pad, sqb, sqs,
+                                 sqh, 0.0, cols, 1.0, 0.0, block == 0, D, 1, False)
+        elif which == 1:
+            for block in range(0, tl.cdiv(Skv_pad, SCALE_ROWS)):
+                _pack_int8_heads(k_ptr, k_ptr, k_scale_ptr, descale_ptr + BH, out_k, b, h, H, block, Skv, Skv_pad,
+                                 skb, sks, skh, 0.0, cols, 1.0, 0.0, block == 0, D, 1, False)
+        else:
+            _prep_head(v_ptr, descale_ptr + 2 * BH, out_v, b, h, H, Skv, Skv_pad, svb, svs, svh, D, BLOCK, True)
+    elif which == 0:
         _prep_head(q_ptr, descale_ptr, out_q, b, h, H, Sq, Sq_pad, sqb, sqs, sqh, D, BLOCK, False)
     elif which == 1:
         _prep_head(k_ptr, descale_ptr + BH, out_k, b, h, H, Skv, Skv_pad, skb, sks, skh, D, BLOCK, False)
@@ -306,19 +373,22 @@ def _launch(kernel, grid: tuple, args: tuple, constexprs: dict, spec: tuple) -> 
     _compiled.remember(key, compiled[grid])
 
 
-def launch_prep(q, k, v, out_q, out_k, out_v, descale, prologue, spec: tuple) -> None:
+def launch_prep(q, k, v, out_q, out_k, out_v, descale, prologue, spec: tuple, q_scale=None, k_scale=None) -> None:
     """One launch without a prologue when max(Sq_pad, Skv_pad) <= SINGLE_LAUNCH_MAX_S, else two (and a
     zeroed amax [3, B*H] fp32 buffer for them); prologue None or (norm_q_weight, norm_k_weight, eps, cos,
-    sin) with cos, sin [S, R] (`prep.Prologue`); spec: `prep.launch_spec` of these inputs. Launches on the
-    current device: q's (`prep.prep_triton` sees to it)."""
+    sin) with cos, sin [S, R] (`prep.Prologue`); spec: `prep.launch_spec` of these inputs; q_scale and k_scale:
+    INT8 Q/K's block scales (out_q and out_k int8), or None. Launches on the current device: q's
+    (`prep.prep_triton` sees to it)."""
     b, sq, h, d = q.shape
     skv = k.shape[1]
     sq_pad, skv_pad = out_q.shape[1], out_k.shape[1]
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
+    qk_int8 = q_scale is not None
+    scales = (q_scale, k_scale) if qk_int8 else (descale, descale)  # unread without QK_INT8: any pointer
     if prologue is None and max(sq_pad, skv_pad) <= SINGLE_LAUNCH_MAX_S:
         _launch(_fp8_prep_single_kernel, (b * h, 3, 1),
-                (q, k, v, out_q, out_k, out_v, descale, sq, skv, sq_pad, skv_pad, h, b * h, *strides),
-                dict(D=d, BLOCK=BLOCK_S), spec)
+                (q, k, v, out_q, out_k, out_v, descale, *scales, sq, skv, sq_pad, skv_pad, h, b * h, *strides),
+                dict(D=d, BLOCK=BLOCK_S, QK_INT8=qk_int8), spec)
         return
     if prologue is None:
         wq = wk = cos = sin = q  # unread (PROLOGUE is off): any pointer will do
@@ -328,12 +398,15 @@ def launch_prep(q, k, v, out_q, out_k, out_v, descale, prologue, spec: tuple) ->
         eps = float(eps)  # an int eps would be specialized by value (1 as a constexpr), which spec does not hold
         stride_cos, stride_sin, half = cos.stride(0), sin.stride(0), cos.shape[1] // 2
         block, heads = PROLOGUE_BLOCK_S, min(PROLOGUE_HEADS, h)
+    if qk_int8:
+        block = SCALE_BLOCK  # a program is one scale block of q or k
     groups = triton.cdiv(h, heads)
-    shared = dict(D=d, BLOCK=block, HEADS=heads, PROLOGUE=prologue is not None, HALF=half)
+    shared = dict(D=d, BLOCK=block, HEADS=heads, PROLOGUE=prologue is not None, HALF=half, QK_INT8=qk_int8)
     tail = (wq, wk, cos, sin, stride_cos, stride_sin, eps)
     amax = torch.zeros(3, b * h, dtype=torch.float32, device=q.device)
-    _launch(_fp8_prep_amax_kernel, (triton.cdiv(max(sq, skv), block), b * groups, 3),
+    amax_rows, amax_tensors = (skv, 1) if qk_int8 else (max(sq, skv), 3)  # INT8 Q/K: v's amax alone
+    _launch(_fp8_prep_amax_kernel, (triton.cdiv(amax_rows, block), b * groups, amax_tensors),
             (q, k, v, amax, sq, skv, h, groups, b * h, *strides, *tail), shared, spec)
     _launch(_fp8_prep_pack_kernel, (triton.cdiv(max(sq_pad, skv_pad), block), b * groups, 3),
-            (q, k, v, amax, out_q, out_k, out_v, descale, sq, skv, sq_pad, skv_pad, h, groups, b * h, *strides, *tail),
-            shared, spec)
+            (q, k, v, amax, out_q, out_k, out_v, descale, *scales, sq, skv, sq_pad, skv_pad, h, groups, b * h, *strides,
+             *tail), shared, spec)

@@ -7,19 +7,20 @@ features 8j + 2t + {0, 1}). Two butterfly shuffles (xor 1, then xor 2) give all 
 quad's result; no other lane takes part.
 """
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, const_expr
+from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .layout import P_SCALE_LOG2
+from .layout import P_SCALE_LOG2, ROUND_TO_INT
 
 # exp2 on the FMA pipe: x + 1.5 * 2^23 rounds x to the nearest integer j (kept in the low
 # mantissa bits), f = x - j in [-0.5, 0.5], 2^f by a degree-2 polynomial (minimax relative
 # error 1.7e-3, far below e4m3's 2^-4 rounding of P), then j is added to the exponent field.
-ROUND_TO_INT = 1.5 * 2**23
+ROUND_TO_INT_BITS = 0x4B400000  # the fp32 bits of ROUND_TO_INT
 EXP2_POLY = (1.0004431009292603, 0.7034448981285095, 0.23842675983905792)
 
 
@@ -58,12 +59,89 @@ def exp2_on_fma(x: Float32) -> Float32:
     return add_to_exponent(rounded, mantissa)
 
 
+@cute.jit
+def biased_scores(acc_S: cute.Tensor) -> cute.Tensor:
+    """INT8 Q/K: the s32 scores s of acc_S as the fp32 1.5 * 2^23 + s, exactly, in the same registers (returned
+    as a Float32 view): for |s| < 2^22 those are the bits of s + ROUND_TO_INT_BITS, one IADD each, where an
+    I2F would queue on the quarter-rate pipe the exp2s need. The softmax takes the bias off in the FFMA it
+    already does (`OnlineSoftmax.online_update`'s offsets)."""
+    acc_S.store(acc_S.load() + Int32(ROUND_TO_INT_BITS))
+    return cute.recast_tensor(acc_S, Float32)
+
+
+def _f32_asm(body: str, *values: Float32, loc=None, ip=None) -> Float32:
+    """One fp32 result of a PTX snippet over fp32 operands $1.. (bit operations on their b32 registers)."""
+    return Float32(llvm.inline_asm(
+        T.f32(), [Float32(x).ir_value(loc=loc, ip=ip) for x in values], body, "=f" + ",f" * len(values),
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def round_to_21_bits(x: Float32, *, loc=None, ip=None) -> Float32:
+    """x with its 3 lowest mantissa bits cleared: 21 significant bits, so 1.5 * 2^23 * x is exact in fp32."""
+    return _f32_asm("{\n\t.reg .b32 b;\n\tmov.b32 b, $1;\n\tand.b32 b, b, 0xFFFFFFF8;\n\tmov.b32 $0, b;\n\t}",
+                    x, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ulp_steps(x: Float32, *, loc=None, ip=None) -> tuple[Float32, Float32]:
+    """(u, 1/u) for a positive normal x below 2^26: u = 2^(e - 22), twice the ulp of x (e: x's exponent)."""
+    step = _f32_asm("{\n\t.reg .b32 b;\n\tmov.b32 b, $1;\n\tand.b32 b, b, 0x7F800000;\n\t"
+                    "sub.s32 b, b, 0x0B000000;\n\tmov.b32 $0, b;\n\t}", x, loc=loc, ip=ip)
+    inverse = _f32_asm("{\n\t.reg .b32 b;\n\tmov.b32 b, $1;\n\tand.b32 b, b, 0x7F800000;\n\t"
+                       "sub.s32 b, 0x7F000000, b;\n\tadd.s32 b, b, 0x0B000000;\n\tmov.b32 $0, b;\n\t}",
+                       x, loc=loc, ip=ip)
+    return step, inverse
+
+
+@dsl_user_op
+def fma_f32(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
+    """a * b + c rounded once (an fma.rn the compiler cannot split into a rounded product and an add)."""
+    return _f32_asm("fma.rn.f32 $0, $1, $2, $3;", a, b, c, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ceil_f32(x: Float32, *, loc=None, ip=None) -> Float32:
+    """x rounded up to an integer (one cvt.rpi)."""
+    return _f32_asm("cvt.rpi.f32.f32 $0, $1;", x, loc=loc, ip=ip)
+
+
+class BiasedGroups(NamedTuple):
+    """INT8 Q/K: what `OnlineSoftmax.online_update` needs to take `biased_scores`' 1.5 * 2^23 off exactly, per key
+    block. With each group's scale rounded to 21 significant bits, its bias b = 1.5 * 2^23 * scale is exact and a
+    multiple of u (`ulp_steps` of the larger bias); with the running max m kept a multiple of u too (rounded up),
+    the constant (8 - m) - b of the exp2's FFMA is exact, so s * scale - m + 8 is rounded once, as the e4m3
+    scores' is. A max rounded up by < u lowers p by < 2^-u: nothing the e4m3 P cannot hold."""
+    scales: tuple  # per key group, rounded to 21 significant bits
+    biases: tuple  # 1.5 * 2^23 * scale, exact
+    step: Float32  # u
+    inverse_step: Float32  # 1 / u
+
+
+@cute.jit
+def biased_groups(scales: tuple) -> BiasedGroups:
+    """The key block's `BiasedGroups` from its groups' scales."""
+    rounded = tuple(round_to_21_bits(scale) for scale in scales)
+    biases = tuple(scale * Float32(ROUND_TO_INT) for scale in rounded)
+    step, inverse = ulp_steps(cute.arch.fmax(biases[0], biases[1]) if const_expr(len(biases) == 2) else biases[0])
+    return BiasedGroups(rounded, biases, step, inverse)
+
+
 def rows_view(acc: cute.Tensor) -> cute.Tensor:
     """(row half r, (c, j)) view of a thread's ((2, 2, n/8), 1, 1) wgmma accumulator (compact registers):
     per thread, value (c, r, j) is row 16 * (warp % 4) + lane / 4 + 8r of its warpgroup's 64 and column
     8j + 2(lane % 4) + c."""
     n8 = cute.size(acc.shape[0][2])
     return cute.make_tensor(acc.iterator, cute.make_layout((2, (2, n8)), stride=(2, (1, 4))))
+
+
+def key_groups_view(acc: cute.Tensor, groups: int) -> cute.Tensor:
+    """(row half r, key group g, (c, j)) view of a thread's S accumulator (`rows_view`) whose n8 tiles are split
+    into `groups` runs of consecutive keys (INT8 Q/K: two groups of 64 keys, each with its own scale)."""
+    n8 = cute.size(acc.shape[0][2])
+    per_group = n8 // groups
+    return cute.make_tensor(acc.iterator, cute.make_layout((2, groups, (2, per_group)),
+                                                           stride=(2, 4 * per_group, (1, 4))))
 
 
 def block_row_sums(acc_L: cute.Tensor) -> cute.Tensor:
@@ -79,7 +157,8 @@ class OnlineSoftmax:
     accumulators, `rows_view`), and what it does to a key block's scores and to O. Frozen: the DSL keeps it
     as it is through the key loop (the tensors' registers change, the object does not).
 
-    row_max: the running max of each row in log2-logit units (raw scores times the tile's qk_scale_log2);
+    row_max: the running max of each row in log2-logit units (raw scores times their scale: the tile's
+    qk_scale_log2, or with INT8 Q/K each key group's);
     row_sum: this lane's share of the row's sum(p * 256) against that max (the 4 lanes of a quad are added
     in the epilogue), with pv_row_sum the lane % 4 == 0 lane's whole row sum of the e4m3-rounded p * 256.
     fma_exp2_tiles, two_level_pv, pv_row_sum: the configuration's (`config.Sm90Config`), compile-time.
@@ -104,27 +183,49 @@ class OnlineSoftmax:
         self.row_sum.fill(0.0)
 
     @cute.jit
-    def online_update(self, acc_S: cute.Tensor, qk_scale_log2: Float32, is_first: cutlass.Constexpr):
+    def online_update(self, acc_S: cute.Tensor, scales: tuple, is_first: cutlass.Constexpr,
+                      biased: BiasedGroups | None = None):
         """Raw scores -> p * 256 = 2^(s * scale - m + 8) in place; returns the factor that O
-        must be multiplied by (2^(m_old - m_new)) before the next P.V.
+        must be multiplied by (2^(m_old - m_new)) before the next P.V. scales: the qk scale (log2 units)
+        of each key group (`key_groups_view`): one, or INT8 Q/K's two, whose scores come biased by 1.5 * 2^23
+        (`biased_scores`) and are scaled by `biased`'s (its scales, not these).
 
         The max is exact over the quad (the 4 lanes of a row), so every lane subtracts the same
         m and p <= 1 holds for every key; the sum stays per lane until the epilogue.
         """
         row_max, row_sum = self.row_max, self.row_sum
         scores = rows_view(acc_S)
+        groups = key_groups_view(acc_S, len(scales))
         row_scale = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
-            raw = scores[r, None].load()
-            block_max = quad_max(raw.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
+            raw_max = [quad_max(groups[r, g, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
+                       for g in range(len(scales))]
+            if const_expr(biased is not None):  # (1.5 * 2^23 + s) * scale - bias, the one rounding of s * scale
+                scales = biased.scales
+                group_max = [fma_f32(raw_max[g], scales[g], -biased.biases[g]) for g in range(len(scales))]
+            else:
+                group_max = [raw_max[g] * scales[g] for g in range(len(scales))]
+            block_max = group_max[0]
+            for g in cutlass.range_constexpr(1, len(scales)):
+                block_max = cute.arch.fmax(block_max, group_max[g])
             # Every row sees a real key in the first block it processes (the masked block holds
             # key n_blocks-1 * N < seqlen_kv), so new_max is finite from then on.
-            new_max = cute.arch.fmax(row_max[r], block_max * qk_scale_log2)
+            new_max = cute.arch.fmax(row_max[r], block_max)
+            if const_expr(biased is not None):  # a multiple of the block's step u, rounded up
+                new_max = ceil_f32(new_max * biased.inverse_step) * biased.step
             if const_expr(is_first):
                 row_scale[r] = Float32(0.0)
             else:
                 row_scale[r] = cute.math.exp2(row_max[r] - new_max, fastmath=True)
-            self.exp2_row(scores, r, qk_scale_log2, P_SCALE_LOG2 - new_max)
+            if const_expr(len(scales) == 1):
+                self.exp2_row(scores, r, scales[0], P_SCALE_LOG2 - new_max)
+            else:
+                for g in cutlass.range_constexpr(len(scales)):
+                    bias = P_SCALE_LOG2 - new_max
+                    if const_expr(biased is not None):
+                        bias = bias - biased.biases[g]
+                    groups[r, g, None].store(cute.math.exp2(groups[r, g, None].load() * scales[g] + bias,
+                                                            fastmath=True))
             if const_expr(not self.pv_row_sum):  # else the tensor core sums P (`add_block`)
                 block_sum = scores[r, None].load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                 if const_expr(is_first):

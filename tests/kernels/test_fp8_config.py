@@ -12,7 +12,8 @@ from dit_accel.kernels.fp8_attention.tuning import PERSISTENT_MAX_KEYS, sm90_con
 def test_defaults_are_one_cta_per_tile_two_level_128_key_blocks():
     config = Sm90Config()
     assert (config.tile_n, config.num_stages, config.two_level_pv, config.fma_exp2_tiles, config.consumer_warpgroups,
-            config.persistent_ctas, config.q_stages, config.pv_row_sum) == (128, 2, True, 0, None, 0, 1, False)
+            config.persistent_ctas, config.q_stages, config.pv_row_sum, config.qk_int8) == (
+        128, 2, True, 0, None, 0, 1, False, False)
     assert [config.warpgroups(d) for d in (64, 128)] == [DEFAULT_CONSUMER_WARPGROUPS[d] for d in (64, 128)] == [3, 2]
     assert Sm90Config(consumer_warpgroups=2).warpgroups(64) == 2
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -32,6 +33,8 @@ def test_defaults_are_one_cta_per_tile_two_level_128_key_blocks():
     (dict(q_stages=2), "q_stages must be 1, or 2 with persistent_ctas"),
     (dict(pv_row_sum=True, two_level_pv=False), "pv_row_sum needs two_level_pv and 128-key blocks"),
     (dict(pv_row_sum=True, tile_n=192), "pv_row_sum needs two_level_pv and 128-key blocks"),
+    (dict(qk_int8=True, tile_n=192), "qk_int8 needs 128-key blocks (two 64-key scales) and fma_exp2_tiles = 0"),
+    (dict(qk_int8=True, fma_exp2_tiles=2), "qk_int8 needs 128-key blocks"),
 ])
 def test_refused_configurations_say_why(options, message):
     with pytest.raises(ValueError) as error:
@@ -40,7 +43,7 @@ def test_refused_configurations_say_why(options, message):
 
 
 @pytest.mark.parametrize("label", ["128x2", "192x2s", "128x3", "128x2p", "128x2p2", "128x2pr", "128x2p2re2w3",
-                                   "160x4se3w2", "128x2r"])
+                                   "160x4se3w2", "128x2r", "128x2i", "128x2p2riw3"])
 def test_labels_parse_back_to_their_configuration(label):
     config = Sm90Config.parse(label, sm_count=132)
     assert config.label() == label
@@ -49,7 +52,7 @@ def test_labels_parse_back_to_their_configuration(label):
 
 
 def test_bad_labels_are_refused():
-    with pytest.raises(ValueError, match=r"bad variant '128'; NxS\[s\]\[p\[Q\]\]\[r\]\[eK\]\[wW\]"):
+    with pytest.raises(ValueError, match=r"bad variant '128'; NxS\[s\]\[p\[Q\]\]\[r\]\[i\]\[eK\]\[wW\]"):
         Sm90Config.parse("128", 132)
     with pytest.raises(ValueError, match="pv_row_sum needs two_level_pv"):
         Sm90Config.parse("128x2sr", 132)

@@ -59,6 +59,23 @@ def test_triton_prep_matches_reference_bitwise(monkeypatch, one_launch):
     assert torch.equal(a.descale, r.descale)
 
 
+@pytest.mark.parametrize("one_launch", [True, False])
+def test_int8_qk_triton_prep_matches_reference_bitwise(monkeypatch, one_launch):
+    """INT8 Q/K: codes and block scales bit for bit (an inf and a NaN block included: NaN scales in the same
+    places), v and its descale as the e4m3 prep's."""
+    q, k, v = random_qkv(2, 333, 77, 3, 128, outliers=True)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    q[1, 200, 2, 7], k[0, 70, 1, 3] = float("inf"), float("nan")
+    force_path(monkeypatch, tk, one_launch)
+    a, r = prep_triton(q, k, v, qk_int8=True), prep_reference(q, k, v, qk_int8=True)
+    for name in ("q", "k", "v"):
+        assert torch.equal(getattr(a, name).view(torch.uint8), getattr(r, name).view(torch.uint8)), name
+    for name in ("q_scale", "k_scale", "descale"):
+        x, y = getattr(a, name), getattr(r, name)
+        assert torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num()), name
+    assert int(a.q_scale.isnan().sum()) == 1 and int(a.k_scale.isnan().sum()) == 1
+
+
 def small_prep_inputs(b, sq, skv, h, d, layout, special):
     """q, k, v with outliers in `layout` (`in_layout`); special: `add_special_heads`."""
     q, k, v = in_layout(*random_qkv(b, sq, skv, h, d, outliers=True), layout)
@@ -163,6 +180,20 @@ def test_non_finite_input_gives_a_nan_head(kernel, tensor):
     assert torch.isnan(out[1, :, 2]).all()
     out[1, :, 2] = clean[1, :, 2]
     assert torch.equal(out, clean)
+
+
+def test_int8_qk_non_finite_input_reaches_the_rows_it_touches():
+    """INT8 Q/K: inf in a row of q makes its 64-row block NaN (that block's scale), a NaN in k or v the whole
+    head (every row sees that key block; V's scale is per head); every other row is unchanged."""
+    inputs = list(random_qkv(2, 300, 200, 3, 128))
+    clean = fp8_attention(*inputs, qk_int8=True)
+    for tensor, rows in ((0, slice(64, 128)), (1, slice(None)), (2, slice(None))):
+        broken = [x.clone() for x in inputs]
+        broken[tensor][1, 70, 2, 5] = float("inf") if tensor == 0 else float("nan")
+        out = fp8_attention(*broken, qk_int8=True)
+        assert torch.isnan(out[1, rows, 2]).all()
+        out[1, rows, 2] = clean[1, rows, 2]
+        assert torch.equal(out, clean)
 
 
 def test_fp8_attention_replays_in_a_cuda_graph():

@@ -79,9 +79,10 @@ def make_prologue(seq, d, rotary, seed=0):
     return Prologue(wq, wk, 1e-5, cos, sin)
 
 
-def run_prep(monkeypatch, q, k, v, one_launch, prologue=None):
+def run_prep(monkeypatch, q, k, v, one_launch, prologue=None, qk_int8=False):
     """prep_triton with the one- or two-launch path forced (the prologue takes two either way), its
-    torch.empty outputs pre-filled with 0x7F bytes (e4m3 NaN), so a slot a path leaves unwritten shows."""
+    torch.empty outputs pre-filled with 0x7F bytes (e4m3 NaN, INT8 127, a NaN-like fp32), so a slot a path
+    leaves unwritten shows."""
     empty = torch.empty
 
     def poisoned(*args, **kwargs):
@@ -93,7 +94,7 @@ def run_prep(monkeypatch, q, k, v, one_launch, prologue=None):
         force_path(m, tk, one_launch)
         launched = count_launches(m, tk)
         m.setattr(torch, "empty", poisoned)
-        packed = prep_triton(q, k, v, prologue)
+        packed = prep_triton(q, k, v, prologue, qk_int8)
     one = one_launch and prologue is None
     assert launched == (["_fp8_prep_single_kernel"] if one else ["_fp8_prep_amax_kernel", "_fp8_prep_pack_kernel"])
     return packed
@@ -104,6 +105,17 @@ def assert_same(one, two):
         a, b = getattr(one, name), getattr(two, name)
         assert a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
     assert torch.equal(one.descale.view(torch.int32), two.descale.view(torch.int32)), (one.descale, two.descale)
+
+
+def assert_int8_qk_matches_the_spec(got, spec):
+    """INT8 Q/K codes and block scales bit for bit (both round with `_int8_codes`' arithmetic, which the
+    interpreter runs as the GPU does), descale rows 0 and 1 all 1."""
+    for name in ("q", "k", "q_scale", "k_scale"):
+        a, r = getattr(got, name), getattr(spec, name)
+        assert a.shape == r.shape and a.dtype == r.dtype, name
+        assert torch.equal(a.view(torch.uint8), r.view(torch.uint8)) or torch.equal(
+            torch.isnan(a), torch.isnan(r)) and torch.equal(a.nan_to_num(), r.nan_to_num()), name
+    assert (got.descale[:2] == 1).all()
 
 
 def check_special_heads(p, b, h):
@@ -166,6 +178,47 @@ def test_prologue_prep_matches_the_plain_prep_of_its_spec(monkeypatch, b, h, s, 
         a, r = getattr(got, name)[finite[t]].float(), getattr(spec, name)[finite[t]].float()
         step = torch.maximum(a.abs(), r.abs()).clamp(min=2.0**-6) * 2.0**-3  # one e4m3 step
         assert ((a - r).abs() <= step).all() and (a != r).float().mean() < 1e-2, name
+
+
+@pytest.mark.parametrize("b, h, sq, skv, d, layout, special", [
+    (1, 1, 1, 1, 64, "contiguous", False),
+    (2, 3, 17, 65, 128, "contiguous", True),
+    (1, 2, 200, 129, 64, "heads-major", True),  # a query block past Sq's last row; a 1-key scale block
+    (1, 3, 300, 300, 128, "qkv", True),  # two launches
+])
+def test_int8_qk_prep_matches_the_torch_spec_bit_for_bit(monkeypatch, b, h, sq, skv, d, layout, special):
+    """INT8 Q/K (`prep_reference(qk_int8=True)` is the spec): one and two launches, codes and block scales bit
+    for bit; an inf or NaN block (`add_special_heads`) has a NaN scale, its codes 0 where the value was not
+    finite; v as the e4m3 prep packs it."""
+    from dit_accel.kernels.fp8_attention.prep import prep_reference
+
+    q, k, v = make_inputs(b, sq, skv, h, d, layout, seed=2)
+    if special:
+        add_special_heads(q, k, v)
+    spec = prep_reference(q, k, v, qk_int8=True)
+    assert spec.q_scale.shape == (b * h, -(-sq // 128) * 2) and spec.k_scale.shape == (b * h, -(-skv // 64))
+    assert bool(torch.isnan(spec.q_scale).any()) == special and bool(torch.isnan(spec.k_scale).any()) == special
+    for one_launch in (True, False):
+        got = run_prep(monkeypatch, q, k, v, one_launch, qk_int8=True)
+        assert_int8_qk_matches_the_spec(got, spec)
+        plain = run_prep(monkeypatch, q, k, v, one_launch)
+        assert torch.equal(got.v.view(torch.uint8), plain.v.view(torch.uint8))
+        assert torch.equal(got.descale[2].nan_to_num(), plain.descale[2].nan_to_num())
+
+
+def test_int8_qk_prologue_prep_matches_the_plain_int8_prep_of_its_spec(monkeypatch):
+    """The prologue with INT8 Q/K (64-row programs) against the plain INT8 prep of `apply_prologue`'s fp32 q, k:
+    the prologue's fp32 arithmetic order may move a scale by an ulp and a rare code by one."""
+    q, k, v = make_inputs(1, 130, 130, 10, 128, "qkv", seed=3)
+    p = make_prologue(130, 128, 96)
+    got = run_prep(monkeypatch, q, k, v, True, p, qk_int8=True)
+    spec = run_prep(monkeypatch, apply_prologue(q, p.norm_q_weight, p), apply_prologue(k, p.norm_k_weight, p), v, False,
+                    qk_int8=True)
+    for name in ("q", "k"):
+        torch.testing.assert_close(getattr(got, f"{name}_scale"), getattr(spec, f"{name}_scale"), rtol=2e-6, atol=0)
+        diff = (getattr(got, name).int() - getattr(spec, name).int()).abs()
+        assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-2, name
+    assert torch.equal(got.v.view(torch.uint8), spec.v.view(torch.uint8))
 
 
 @pytest.mark.parametrize("sq, skv, plain_launches, prologue", [

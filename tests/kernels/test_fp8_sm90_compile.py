@@ -24,23 +24,25 @@ from dit_accel.kernels.fp8_attention.tuning import sm90_config
 d64 = sm90_config(64, 132, 30272)  # what fp8_attention runs at D = 64 on a 132-SM H200
 dump = os.environ["CUTE_DSL_DUMP_DIR"]
 done = []
-for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum in [
-        (64, False, 128, True, 0, 2, 0, 1, False), (128, True, 128, True, 0, 2, 0, 1, False),
-        (128, False, 192, False, 0, 2, 0, 1, False), (128, False, 128, True, 2, 2, 0, 1, False),
-        (64, True, 128, True, 0, None, 0, 1, False), (128, True, 128, True, 0, 2, 132, 1, False),
-        (64, True, 128, True, 0, None, 132, 1, False), (128, True, 128, True, 0, 2, 132, 2, False),
-        (128, True, 128, True, 0, 2, 0, 1, True), (64, True, 128, True, 0, None, 0, 1, True),
-        (64, True, 128, True, 0, None, d64.persistent_ctas, 1, d64.pv_row_sum)]:
+for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum, int8 in [
+        (64, False, 128, True, 0, 2, 0, 1, False, False), (128, True, 128, True, 0, 2, 0, 1, False, False),
+        (128, False, 192, False, 0, 2, 0, 1, False, False), (128, False, 128, True, 2, 2, 0, 1, False, False),
+        (64, True, 128, True, 0, None, 0, 1, False, False), (128, True, 128, True, 0, 2, 132, 1, False, False),
+        (64, True, 128, True, 0, None, 132, 1, False, False), (128, True, 128, True, 0, 2, 132, 2, False, False),
+        (128, True, 128, True, 0, 2, 0, 1, True, False), (64, True, 128, True, 0, None, 0, 1, True, False),
+        (64, True, 128, True, 0, None, d64.persistent_ctas, 1, d64.pv_row_sum, False),
+        (128, True, 128, True, 0, 2, 0, 1, False, True), (64, True, 128, True, 0, None, 132, 1, True, True)]:
     for f in glob.glob(os.path.join(dump, "*.ptx")):
         os.remove(f)
     config = Sm90Config(tile_n=tile_n, two_level_pv=two_level, fma_exp2_tiles=tiles, consumer_warpgroups=wgs,
-                        persistent_ctas=ctas, q_stages=q_stages, pv_row_sum=row_sum)
+                        persistent_ctas=ctas, q_stages=q_stages, pv_row_sum=row_sum, qk_int8=int8)
     compile_fp8_attention(head_dim, torch.bfloat16, with_lse, kernel="sm90", config=config)
     ptx = open(glob.glob(os.path.join(dump, "*.ptx"))[0]).read()
     threads = int(re.search(r"\.reqntid\s+(\d+)", ptx)[1])
     done.append({"head_dim": head_dim, "tile_n": tile_n, "fma_exp2_tiles": tiles, "default": wgs is None,
                  "persistent": ctas > 0, "grid_dim_reads": ptx.count("%nctaid.x"), "q_stages": q_stages,
-                 "row_sum": row_sum, "sum_wgmma": ptx.count("wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3"),
+                 "row_sum": row_sum, "int8": int8,
+                 "sum_wgmma": ptx.count("wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3"),
                  "fadd": len(re.findall(r"\badd(?:\.rn)?(?:\.ftz)?\.f32", ptx)),
                  "mbarrier_inits": ptx.count("mbarrier.init"),
                  "warpgroups": wgs or threads // 128 - 1,
@@ -48,8 +50,11 @@ for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum i
                  "threads": threads,
                  "named_barriers": len(re.findall(r"bar\.(?:sync|arrive)\s+\S+,\s*256;", ptx)),
                  "poly_exp2": ptx.count("0f4B400000"), "ex2": ptx.count("ex2.approx"),
-                 "qk": ptx.count(f"wgmma.mma_async.sync.aligned.m64n{tile_n}k32.f32.e4m3.e4m3"),
+                 "qk": ptx.count(f"wgmma.mma_async.sync.aligned.m64n{tile_n}k32."
+                                 + ("satfinite.s32.s8.s8" if int8 else "f32.e4m3.e4m3")),
                  "pv": ptx.count(f"wgmma.mma_async.sync.aligned.m64n{head_dim}k32.f32.e4m3.e4m3"),
+                 "k_scale_loads": ptx.count("ld.global"), "i2f": ptx.count("cvt.rn.f32.s32"),
+                 "to_float_iadd": ptx.count(", 1262485504;"), "to_float_fadd": ptx.count("0fCB400000"),
                  "tma": ptx.count("cp.async.bulk.tensor"), "setmaxnreg": ptx.count("setmaxnreg"),
                  "cvt_e4m3x2": ptx.count("cvt.rn.satfinite.e4m3x2.f32")})
 print(json.dumps(done))
@@ -62,10 +67,10 @@ def test_sm90_compiles(tmp_path):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     variants = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(variants) == 11
+    assert len(variants) == 13
     for v in variants:
         d, n = v["head_dim"], v["tile_n"]
-        if d == n:  # QK^T and P.V wgmmas have the same shape
+        if d == n and not v["int8"]:  # QK^T and P.V wgmmas have the same shape
             assert v["qk"] == 2 * d // 32 + 2 * n // 32, v
         else:
             assert v["qk"] == 2 * d // 32 and v["pv"] == 2 * n // 32, v
@@ -85,7 +90,14 @@ def test_sm90_compiles(tmp_path):
         # plus the loop's 2 row-rescale factors. (With FMA tiles, LLVM duplicates a few of the
         # first block's ex2 across its key-tail mask branches, so only the poly count is exact.)
         tiles = v["fma_exp2_tiles"]
-        assert v["poly_exp2"] == 2 * 4 * tiles, v
+        # INT8 Q/K's scores become fp32 by the bits of 1.5 * 2^23: per thread and softmax n/2 values, each one
+        # IADD of those bits, the constant taken off in the FFMA's bias (two key groups' 1.5 * 2^23 x scale per
+        # softmax, a few products of the constant, not one FADD per value); and no I2F (below).
+        assert v["to_float_iadd"] == (n if v["int8"] else 0), v
+        if v["int8"]:
+            assert v["poly_exp2"] <= 16 < n and v["to_float_fadd"] == 0, v
+        else:
+            assert v["poly_exp2"] == 2 * 4 * tiles, v
         if tiles == 0:
             assert v["ex2"] == 2 * (2 * n // 4) + 2, v
         # pv_row_sum: P times the ones tile (m64n8k32) at both P.V sites, else none.
@@ -98,6 +110,12 @@ def test_sm90_compiles(tmp_path):
     one_stage, two_stages = variants[5], variants[7]
     assert (one_stage["q_stages"], two_stages["q_stages"]) == (1, 2)
     assert two_stages["mbarrier_inits"] == one_stage["mbarrier_inits"] + 2, (one_stage, two_stages)
+    # INT8 Q/K reads its scales from global memory: one Q block's per tile and two K halves' per key block
+    # (first block and loop body), beside the e4m3 kernel's per-head descales.
+    e4m3, int8 = variants[1], variants[11]
+    assert int8["k_scale_loads"] - e4m3["k_scale_loads"] == 1 + 2 * 2, (e4m3, int8)
+    # ... and converts its s32 scores without an I2F (the quarter-rate pipe the exp2s queue on).
+    assert int8["i2f"] == e4m3["i2f"], (e4m3, int8)
 
 
 def test_register_split_fits_the_launch_allocation():
