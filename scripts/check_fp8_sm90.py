@@ -7,9 +7,10 @@ report, timings beside v1 and torch SDPA (cuDNN / flash bf16), the cases timed i
     python scripts/check_fp8_sm90.py --out $OUT --profile    # B1 H56 S8192 D128, each variant once, for ncu
 
 A variant is "default", what fp8_attention runs at each head dim and key length (`tuning.sm90_config`), or a
-configuration's label "NxS[s][p[Q]][r][eK][wW]" (`config.Sm90Config.label`, "p" = one persistent CTA per SM):
+configuration's label "NxS[s][p[Q]][r][i][eK][wW]" (`config.Sm90Config.label`, "p" = one persistent CTA per SM):
 tile_n N keys per block, S stages; "s" single-level P.V; "p" persistent CTAs ("p2": two Q stages); "r" the
-tensor core's row sums; "eK" K n8 tiles of exp2s per row on the FMA pipe; "wW" W consumer warpgroups.
+tensor core's row sums; "i" INT8 Q/K (prepped as such); "eK" K n8 tiles of exp2s per row on the FMA pipe; "wW"
+W consumer warpgroups.
 --head-dim picks the compile report's and the timing's head dim, --seq-lens the timing's sequence lengths (B1
 H56, self-attention). Correctness is the GPU tests' (`pytest tests/kernels -m gpu`). docs/kernels.md lists the
 variants measured. Writes $OUT/check_fp8_sm90.json, prints a table last.
@@ -98,7 +99,7 @@ class Kernels:
     def run(self, packed, out, lse, variant) -> None:
         """The variant on prep's output (lse None: compiled without LSE)."""
         kernel = self.get(packed.head_dim, lse is not None, variant, packed.seqlen_kv)
-        kernel(packed.q, packed.k, packed.v, packed.descale, out, lse, packed.head_dim ** -0.5, packed.seqlen_kv)
+        kernel(*packed.kernel_inputs(), out, lse, packed.head_dim ** -0.5, packed.seqlen_kv)
 
 
 def sanitize(kernels: Kernels, variant) -> None:
@@ -111,7 +112,8 @@ def sanitize(kernels: Kernels, variant) -> None:
     for d in (64, 128):
         q, k, v = random_qkv(2, 300, 200, 2, d, True, d)
         out = torch.full_like(q, float("nan"))
-        kernels.run(prep_triton(q, k, v), out, torch.empty(2, 2, 300, device="cuda"), variant)
+        packed = prep_triton(q, k, v, qk_int8=resolve(variant, d, kernels.sm_count, 200).qk_int8)
+        kernels.run(packed, out, torch.empty(2, 2, 300, device="cuda"), variant)
         torch.cuda.synchronize()
         print(f"sanitize D{d}: finite={bool(torch.isfinite(out).all())} "
               f"err_vs_fp64={100 * rel_rms_err(out, reference_attention(q, k, v)):.3f}%")
@@ -125,9 +127,9 @@ def profile(kernels: Kernels, variants: list) -> None:
     from dit_accel.kernels.fp8_attention.prep import prep_triton
 
     q, k, v = random_qkv(1, 8192, 8192, 56, 128, False, 0)
-    packed = prep_triton(q, k, v)
     out = torch.empty_like(q)
     for variant in variants:
+        packed = prep_triton(q, k, v, qk_int8=resolve(variant, 128, kernels.sm_count, 8192).qk_int8)
         kernels.run(packed, out, None, variant)
     torch.cuda.synchronize()
 
@@ -158,20 +160,25 @@ def time_variants(kernels: Kernels, variants: list, args: argparse.Namespace, de
         b, h, d = 1, 56, args.head_dim
         try:
             q, k, v = random_qkv(b, s, s, h, d, False, seed=123)
-            packed = prep_triton(q, k, v)
+            packed = {qk_int8: prep_triton(q, k, v, qk_int8=qk_int8) for qk_int8 in (False, True)}
             out = torch.empty_like(q)
             cases = {"prep alone": lambda: prep_triton(q, k, v)}
+            if any(resolve(variant, d, kernels.sm_count, s).qk_int8 for variant in variants):
+                cases["INT8 Q/K prep alone"] = lambda: prep_triton(q, k, v, qk_int8=True)
             for variant in variants:
                 name = variant_name(variant, d, kernels.sm_count, s)
-                cases[f"sm90 {name} kernel"] = lambda variant=variant: kernels.run(packed, out, None, variant)
-                cases[f"sm90 {name} prep+kernel"] = lambda variant=variant: kernels.run(prep_triton(q, k, v), out,
-                                                                                         None, variant)
+                int8 = resolve(variant, d, kernels.sm_count, s).qk_int8
+                cases[f"sm90 {name} kernel"] = lambda variant=variant, int8=int8: kernels.run(packed[int8], out, None,
+                                                                                              variant)
+                cases[f"sm90 {name} prep+kernel"] = lambda variant=variant, int8=int8: kernels.run(
+                    prep_triton(q, k, v, qk_int8=int8), out, None, variant)
             if not args.no_v1:
-                cases["v1 mma.sync kernel"] = lambda: interface.fp8_attention_packed(packed, out=out, kernel="mma_sync")
+                cases["v1 mma.sync kernel"] = lambda: interface.fp8_attention_packed(packed[False], out=out,
+                                                                                     kernel="mma_sync")
             cases.update(sdpa_cases(q, k, v, "SDPA"))
             kernels.report["timing"] += timing_entries(
                 cases, f"B{b} H{h} S{s} D{d}", 4 * b * h * s * s * d, budget_s=deadline - time.time(), rounds=7,
-                warmup=1, no_flop_rate="prep alone")
+                warmup=1, no_flop_rate=("prep alone", "INT8 Q/K prep alone"))
         except Exception as e:  # noqa: BLE001
             kernels.report["timing"].append({"error": f"{type(e).__name__}: {e}"[:1000]})
 

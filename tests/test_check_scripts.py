@@ -72,14 +72,14 @@ def timed_cases(durations: dict[str, list[float]]):
 
 def test_timing_entries_report_each_case_its_median_rate_error_or_skip(script):
     """Cases timed on the CPU with a clock each call moves: a's timed calls take 1, 3 and 2 ms (median 2 ms;
-    4.4e12 FLOP: 2200 TFLOP/s); a case that raises gets its error; b, the case named no_flop_rate, no rate."""
+    4.4e12 FLOP: 2200 TFLOP/s); a case that raises gets its error; b, a case no_flop_rate names, no rate."""
     cases, clock = timed_cases({"a": [0.0, 0.5, 0.001, 0.5, 0.003, 0.5, 0.002], "b": [0.0] + [0.5, 0.004] * 3})
 
     def broken():
         raise RuntimeError("no kernel for this shape")
 
     cases = {"a": cases["a"], "broken": broken, "b": cases["b"]}
-    entries = script.timing_entries(cases, "S1", 4.4e12, budget_s=None, rounds=3, warmup=1, no_flop_rate="b",
+    entries = script.timing_entries(cases, "S1", 4.4e12, budget_s=None, rounds=3, warmup=1, no_flop_rate=("b",),
                                     device=torch.device("cpu"), clock=clock)
     a, bad, b = entries
     assert a == {"what": "a", "shape": "S1", "ms": 2.0, "runs": 3, "tflops": 2200.0}
@@ -87,7 +87,7 @@ def test_timing_entries_report_each_case_its_median_rate_error_or_skip(script):
     assert b == {"what": "b", "shape": "S1", "ms": 4.0, "runs": 3}
     # a's first round (100 s untimed, then its sample) spends the 1.5 s budget: c never gets a sample.
     cases, clock = timed_cases({"a": [0.0, 100.0, 0.002], "c": [0.0]})
-    a, c = script.timing_entries(cases, "S1", 1e9, budget_s=1.5, rounds=3, warmup=1, no_flop_rate="",
+    a, c = script.timing_entries(cases, "S1", 1e9, budget_s=1.5, rounds=3, warmup=1, no_flop_rate=(),
                                  device=torch.device("cpu"), clock=clock)
     assert (a["ms"], a["runs"]) == (2.0, 1)
     assert c == {"what": "c", "shape": "S1", "skipped": "time budget"}

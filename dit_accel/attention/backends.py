@@ -238,11 +238,11 @@ class Fp8Prepared:
 
 
 def _fp8_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, *,
-                 kernel: str = "auto") -> Fp8Prepared:
+                 kernel: str = "auto", qk_int8: bool = False) -> Fp8Prepared:
     from ..kernels.fp8_attention import prep_fp8_attention
 
     with _FP8_CANNOT_SERVE:
-        return Fp8Prepared(prep_fp8_attention(q, k, v), q.dtype, scale, kernel)
+        return Fp8Prepared(prep_fp8_attention(q, k, v, qk_int8=qk_int8), q.dtype, scale, kernel)
 
 
 def _fp8_kernel(prepared: Fp8Prepared) -> torch.Tensor:
@@ -521,6 +521,14 @@ BACKENDS: dict[str, AttentionBackend] = {
             phases=TwoPhases(prepare=_fa3_fp8_quantize, kernel=_fa3_fp8_kernel)),
         _fp8_backend("fp8", "auto", "ours: CuTe DSL FP8 attention, prep included (sm_90: wgmma kernel; else v1)"),
         _fp8_backend("fp8-v1", "mma_sync", "ours, v1: the mma.sync FP8 kernel (sm_89/sm_90/sm_120), prep included"),
+        AttentionBackend(
+            "fp8-int8qk", "ours with INT8 Q/K (a scale per 64 rows of q and of k; V and P e4m3), sm_90 kernel, "
+            "prep included",
+            lambda q, k, v, scale=None: _fp8_kernel(_fp8_prepare(q, k, v, scale, kernel="sm90", qk_int8=True)),
+            _requirements(_needs_sm90_exactly("the INT8 Q/K kernel"),
+                          _needs_module("dit_accel.kernels.fp8_attention", "pip install -e .[kernels]"),
+                          _needs_module("cutlass.cute", "pip install nvidia-cutlass-dsl")),
+            phases=TwoPhases(prepare=functools.partial(_fp8_prepare, kernel="sm90", qk_int8=True), kernel=_fp8_kernel)),
         AttentionBackend(
             "sage2",
             "SageAttention2's sm_90 kernel: INT8 Q/K (per-thread scales, K smoothed), FP8 P.V with an fp32 buffer; "

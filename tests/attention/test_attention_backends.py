@@ -10,8 +10,8 @@ from dit_accel.attention.backends import BACKENDS, BackendCannotServe, get_backe
 from dit_accel.errors import UserError
 
 CPU = torch.device("cpu")
-ALL_NAMES = ["native", "flash", "cudnn", "efficient", "math", "fa4", "fa3", "fa3-fp8", "fp8", "fp8-v1", "sage2",
-             "cudnn-fp8"]
+ALL_NAMES = ["native", "flash", "cudnn", "efficient", "math", "fa4", "fa3", "fa3-fp8", "fp8", "fp8-v1", "fp8-int8qk",
+             "sage2", "cudnn-fp8"]
 
 
 def fp64_attention(q, k, v):
@@ -36,7 +36,9 @@ def test_how_each_backend_runs_in_models():
     assert get_backend("cudnn-fp8").in_models == "benchmark only"
     assert get_backend("fa3-fp8").in_models == "benchmark only"
     assert get_backend("sage2").in_models == "benchmark only"
-    assert [n for n, b in BACKENDS.items() if b.phases] == ["fa3-fp8", "fp8", "fp8-v1", "sage2", "cudnn-fp8"]
+    assert get_backend("fp8-int8qk").in_models == "benchmark only"
+    assert [n for n, b in BACKENDS.items() if b.phases] == ["fa3-fp8", "fp8", "fp8-v1", "fp8-int8qk", "sage2",
+                                                            "cudnn-fp8"]
 
 
 def test_diffusers_knows_every_native_name():
