@@ -45,7 +45,7 @@ step tests-kernels 420 python3 -m pytest tests/kernels -q -m gpu -p no:cacheprov
 step tests 420 python3 -m pytest tests -q -m gpu -p no:cacheprovider -rfE -k "not full_size" --ignore tests/kernels
 step tests-full 420 python3 -m pytest tests -q -m gpu -p no:cacheprovider -rfE --durations=5 -k full_size
 sweep_shapes=$(for d in 128 64; do for s in 4096 8192 16384 30272 37710 75600; do printf '1x56x%sx%s,' $s $d; done; done)
-step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}" --backends cudnn,fa4,fa3,fa3-fp8,fp8,sage2,cudnn-fp8 \
+step sweep 300 python3 -m dit_accel bench-attention --shapes "${sweep_shapes%,}" --backends cudnn,fa4,fa3,fa3-fp8,fp8,fp8-int8qk,sage2,cudnn-fp8 \
   --out "$work/sweep"
 # What fp8_attention runs (default, `tuning`: persistent CTAs at D = 64 and at D = 128 up to 12288 keys, the tensor
 # core's row sums at D = 64) against one CTA per tile and persistent at every length (D128), three stages, and
@@ -115,7 +115,7 @@ for family in ${PLAN_FAMILIES:-minimax-h3 wan}; do
     --model $family --runs 3 --warmup 1 --out run && python3 -m dit_accel plan run --verify --memory-budget 16GiB --out plan"
 done | on_gpus plan-verify 560
 # SageAttention2 beside ours and FA3 FP8 on the q/k/v an H3 block feeds its attention (part 4 of the GPU bundle).
-step sage2-block 300 python3 -m dit_accel bench-attention --inputs block --backends cudnn,fa3-fp8,fp8,sage2 \
+step sage2-block 300 python3 -m dit_accel bench-attention --inputs block --backends cudnn,fa3-fp8,fp8,fp8-int8qk,sage2 \
   --out "$work/sage2-block"
 
 tar czf "$out/results.tgz" -C "$work" --exclude='cache' --exclude='*.json.gz' .
