@@ -100,12 +100,13 @@ def int8_max_steps(q, k, scale, block_keys, rows=None):
     groups = torch.arange(2 * n_blocks, device=k.device).clamp(max=k_scale.shape[1] - 1)
     softmax_scale_log2 = torch.tensor(scale, dtype=torch.float32) * torch.tensor(LOG2_E, dtype=torch.float32)
     per_row = (softmax_scale_log2.to(q.device) * q_scale).repeat_interleave(SCALE_BLOCK, dim=1)[:, :sq]
-    scales = per_row[:, :, None] * k_scale[:, None, groups]  # [B*H, Sq, 2 * n_blocks] fp32
+    if rows is not None:
+        per_row = per_row[:, rows]
+    scales = per_row[:, :, None] * k_scale[:, None, groups]  # [B*H, rows, 2 * n_blocks] fp32
     scales = (scales.view(torch.int32) & ~7).view(torch.float32)
-    biases = (scales * ROUND_TO_INT).view(b * h, sq, n_blocks, 2).amax(-1)
+    biases = (scales * ROUND_TO_INT).view(b * h, -1, n_blocks, 2).amax(-1)
     exponents = (biases.view(torch.int32) >> 23) - 127
-    steps = torch.exp2((exponents - 22).double()).view(b, h, sq, n_blocks)
-    return steps if rows is None else steps[:, :, rows]
+    return torch.exp2((exponents - 22).double()).view(b, h, -1, n_blocks)
 
 
 def softmax_pv(logits, v_codes, v_descale, block_keys=KEYS, reverse=False, rounded_row_sum=False, max_steps=None):
