@@ -16,9 +16,10 @@ attention reference's bytes: 8 on the CPU, 4 on a GPU):
   recipes (an upper bound: FP8 linears keep the bf16 weights beside their e4m3 copies, half their
   bytes; a compiled block's buffers are inductor's);
 - profiling: the reference and current outputs kept (2*B*S*D*e), then the attention check: the
-  block's own q/k/v (3*B*S*I*e), k, v and the output in the reference dtype (3*B*S*I*r), two
-  chunks of scores (each at most REFERENCE_CHUNK_SCORES, `attention.reference`), the backend's
-  output and the error's temporaries in the reference dtype (B*S*I*(e + 2r));
+  block's own q/k/v (3*B*S*I*e), and per group of heads (`attention_error.heads_per_check_group`, I_g =
+  its heads x head dim) k, v and the output in the reference dtype (3*B*S*I_g*r), two chunks of scores
+  (each at most REFERENCE_CHUNK_SCORES, `attention.reference`), the backend's output and the error's
+  temporaries in the reference dtype (B*S*I_g*(e + 2r));
 - validate: the chain's other blocks ((N-1) x weights on the CPU; on a GPU the chain holds what
   fits and cycles, so only one more block when streaming); `--validate model` holds every block
   resident ((N-1) x weights, no cycling) or streams them (one more block), and beside them the
@@ -54,6 +55,7 @@ from ..attention.reference import REFERENCE_CHUNK_SCORES
 from ..errors import UserError
 from ..loading.block import loaded_param_bytes
 from ..room import FIXED_BYTES, MARGIN, GiB, memory_room
+from .attention_error import heads_per_check_group
 from .outside import outside_weight_bytes
 
 if TYPE_CHECKING:
@@ -127,11 +129,14 @@ def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = No
                            for call in s.adapter.attention_calls(s.workload)) * e
     if any(recipe.fp8_linear or recipe.compile_mode for recipe in s.recipes):
         forward += weights
-    # The reference's scores per chunk: whole rows, at most REFERENCE_CHUNK_SCORES unless one row is more.
-    chunk_scores = min(heads * rows * rows, max(REFERENCE_CHUNK_SCORES, heads * rows))
+    # The check's group of heads, and the reference's scores per chunk: whole rows, at most
+    # REFERENCE_CHUNK_SCORES unless one row is more.
+    group_heads = min(heads, heads_per_check_group(batch, rows, head_dim, e, r))
+    group_inner = group_heads * head_dim
+    chunk_scores = min(group_heads * rows * rows, max(REFERENCE_CHUNK_SCORES, group_heads * rows))
     kept_outputs = 2 * tokens * hidden * e
-    attention_check = (3 * tokens * inner * e + 3 * tokens * inner * r + 2 * chunk_scores * r
-                       + tokens * inner * (e + 2 * r))
+    attention_check = (3 * tokens * inner * e + 3 * tokens * group_inner * r + 2 * chunk_scores * r
+                       + tokens * group_inner * (e + 2 * r))
     validate = 0
     if s.validate_blocks > 1:
         if s.offload == "stream":

@@ -77,6 +77,33 @@ def test_attention_error_on_the_blocks_own_inputs(small_h3, monkeypatch):
     assert errors["zeros"] == pytest.approx(1.0)
 
 
+def test_attention_errors_over_groups_of_heads_equal_all_heads_at_once(monkeypatch):
+    """The check adds up squared errors and norms over groups of heads (to bound its memory): one head at a
+    time gives the figure all heads at once give, for a backend with a per-head error of its own."""
+    from dit_accel.attention import backends
+    from dit_accel.attention.backends import AttentionBackend
+    from dit_accel.attention.reference import reference_attention, rel_rms_err
+    from dit_accel.profiling import attention_error
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 96, 5, 16, generator=generator) for _ in range(3))
+    noise = torch.randn(1, 96, 5, 16, generator=generator, dtype=torch.float64) * torch.arange(1, 6).view(1, 1, 5, 1)
+
+    def noisy(q_g, k_g, v_g, scale=None):  # each head off by its own amount, whichever group it is in
+        first = next(h for h in range(5) if torch.equal(q_g[:, :, 0], q[:, :, h]))
+        return reference_attention(q_g, k_g, v_g) + 0.01 * noise[:, :, first:first + q_g.shape[2]]
+
+    assert attention_error.heads_per_check_group(1, 75600, 128, 2, 4) == 5  # Wan 720p on a GPU: 8 groups of 40
+    monkeypatch.setitem(backends.BACKENDS, "noisy", AttentionBackend("noisy", "test double", noisy, lambda d: None))
+    whole = rel_rms_err(noisy(q, k, v), reference_attention(q, k, v))
+    grouped = []
+    for group_bytes in (2**30, 1):  # all five heads at once; one at a time
+        monkeypatch.setattr(attention_error, "CHECK_GROUP_BYTES", group_bytes)
+        grouped.append(attention_error.attention_errors(q, k, v, ["noisy", "math"])[0])
+    assert grouped[0]["noisy"] == pytest.approx(whole, rel=1e-9)
+    assert grouped[1]["noisy"] == pytest.approx(whole, rel=1e-9) and grouped[1]["math"] < 1e-6
+
+
 def test_gpu_work_is_attributed_through_the_runtime_call_that_launched_it():
     """Kernels launched inside aten ops belong to the op's range; Triton and CuTe DSL kernels,
     launched outside any op, to the record_function range around their launch."""
