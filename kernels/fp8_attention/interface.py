@@ -25,7 +25,8 @@ import torch
 
 from .memo import BoundedMemo
 from .prep import PackedQKV, Prologue, launch_spec, prep_reference, prep_triton, prep_triton_with_spec, prologue_reason
-from .support import Fp8AttentionUnsupported, check_can_implement, device_capability, on_device, resolve_kernel
+from .support import (Fp8AttentionUnsupported, check_can_implement, check_qk_int8, device_capability, on_device,
+                      resolve_kernel)
 from .tuning import persistent_pays, sm90_config
 
 _plans: dict = {}
@@ -34,8 +35,11 @@ _plans: dict = {}
 _passed_checks = BoundedMemo(1024)
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str, prologue: Prologue | None) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str, prologue: Prologue | None,
+           qk_int8: bool = False) -> None:
     check_can_implement(q, k, v, kernel)
+    if qk_int8:  # before any prep: the kernel that would take it is known from the device
+        check_qk_int8(resolve_kernel(kernel, device_capability(q.device)))
     reason = None if prologue is None else prologue_reason(q, k, prologue)
     if reason is not None:
         raise Fp8AttentionUnsupported(reason)
@@ -45,7 +49,7 @@ def prep_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, use
                        prologue: Prologue | None = None, qk_int8: bool = False) -> PackedQKV:
     """Prep alone: checks the inputs (`support.can_implement`), quantizes and packs them (Triton,
     or torch if asked), after the prologue if one is given; with qk_int8, Q and K as INT8 block codes."""
-    _check(q, k, v, "auto", prologue)
+    _check(q, k, v, "auto", prologue, qk_int8)
     return (prep_triton if use_triton else prep_reference)(q, k, v, prologue, qk_int8)
 
 
@@ -63,8 +67,8 @@ def _plan(head_dim: int, out_dtype: torch.dtype, with_lse: bool, device: torch.d
         from .compile import compile_fp8_attention
 
         variant = resolve_kernel(kernel, device_capability(device))
-        if qk_int8 and variant != "sm90":
-            raise Fp8AttentionUnsupported("fp8_attention: INT8 Q/K runs on the sm_90 kernel only; pass qk_int8=False")
+        if qk_int8:
+            check_qk_int8(variant)
         if variant == "sm90":
             sm_count = torch.cuda.get_device_properties(device).multi_processor_count
             config = dataclasses.replace(sm90_config(head_dim, sm_count, seqlen_kv), qk_int8=qk_int8)
@@ -107,9 +111,9 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
     torch's attention.
     """
     spec = launch_spec(q, k, v, prologue)
-    if (spec, kernel) not in _passed_checks:  # the checks read only what the spec holds
-        _check(q, k, v, kernel, prologue)
-        _passed_checks.remember((spec, kernel))
+    if (spec, kernel, qk_int8) not in _passed_checks:  # the checks read only what the spec holds
+        _check(q, k, v, kernel, prologue, qk_int8)
+        _passed_checks.remember((spec, kernel, qk_int8))
     packed = prep_triton_with_spec(q, k, v, prologue, spec, qk_int8)
     return fp8_attention_packed(packed, out_dtype=q.dtype, scale=scale, return_lse=return_lse,
                                 kernel=kernel)

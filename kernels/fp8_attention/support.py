@@ -69,6 +69,12 @@ def kernel_reason(kernel: str, capability: tuple[int, int]) -> str | None:
     return None
 
 
+def check_qk_int8(variant: str) -> None:
+    """Raises Fp8AttentionUnsupported unless the resolved kernel variant can take INT8 Q/K (the sm90 kernel)."""
+    if variant != "sm90":
+        raise Fp8AttentionUnsupported("fp8_attention: INT8 Q/K runs on the sm_90 kernel only; pass qk_int8=False")
+
+
 def resolve_kernel(kernel: str, capability: tuple[int, int]) -> str:
     """The variant that serves `kernel` on this device ("auto": the wgmma kernel on sm_90,
     which it needs as sm_90a, v1 everywhere else); raises Fp8AttentionUnsupported if none."""

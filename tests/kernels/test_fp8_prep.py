@@ -215,3 +215,13 @@ def test_the_host_path_memos_start_over_when_full():
     memo.remember("c")
     assert memo == {"c": None}
     assert isinstance(interface._passed_checks, BoundedMemo) and interface._passed_checks.limit == 1024
+
+
+def test_int8_qk_is_refused_where_the_kernel_is_not_the_sm90_one():
+    """INT8 Q/K exists in the sm90 kernel only: a device that resolves to v1 (sm_89, sm_120) is refused before
+    any prep, in a line that says what to pass."""
+    from dit_accel.kernels.fp8_attention.support import check_qk_int8
+
+    check_qk_int8("sm90")
+    with pytest.raises(Fp8AttentionUnsupported, match="INT8 Q/K runs on the sm_90 kernel only; pass qk_int8=False"):
+        check_qk_int8("mma_sync")
