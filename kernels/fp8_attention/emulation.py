@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .layout import FP8, KEYS, LN_2, LOG2_E, P_SCALE, ROUND_TO_INT, SCALE_BLOCK
+from .layout import FP8, KEYS, LN_2, LOG2_E, MAX_STEP, P_SCALE, ROUND_TO_INT, SCALE_BLOCK
 from .prep import head_amax, padded_rows, quantize, quantize_int8_blocks, scales_from_amax
 
 # How far a kernel's LSE may sit from the emulation's when both sum the rounded P (`rounded_row_sum`): a p
@@ -62,17 +62,16 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
         return t.double().view(b, h, 1, 1)
 
     vc = quantize(v, quant[2]).double().transpose(1, 2)  # e4m3 codes as float64, [B, H, S, D]
-    if qk_int8:  # codes and each row's block scale, [B, H, S, D] and [B, H, S, 1]
-        (qc, q_descale), (kc, k_descale) = int8_codes(q), int8_codes(k)
+    max_steps = None
+    if qk_int8:
+        qc, kc = (int8_codes(x) for x in (q, k))
+        qc = qc if rows is None else qc[:, :, rows]
+        qk_scales, max_steps = int8_kernel_scales(q, k, scale, block_keys, rows)
+        logits = qc @ kc.transpose(-1, -2) * qk_scales  # log2 units, [B, H, Sq, Skv]
     else:
         qc, kc = (quantize(x, quant[i]).double().transpose(1, 2) for i, x in enumerate((q, k)))
-        q_descale, k_descale = per_head(descale[0]), per_head(descale[1])
-    if rows is not None:
-        qc = qc[:, :, rows]
-        q_descale = q_descale[:, :, rows] if qk_int8 else q_descale
-    # log2 units, [B, H, Sq, Skv]
-    logits = qc @ kc.transpose(-1, -2) * (q_descale * k_descale.transpose(-1, -2) * scale * LOG2_E)
-    max_steps = int8_max_steps(q, k, scale, block_keys, rows) if qk_int8 else None
+        qc = qc if rows is None else qc[:, :, rows]
+        logits = qc @ kc.transpose(-1, -2) * (per_head(descale[0]) * per_head(descale[1]) * scale * LOG2_E)
     out, lse = softmax_pv(logits, vc, per_head(descale[2]), block_keys=block_keys, reverse=reverse,
                           rounded_row_sum=rounded_row_sum, max_steps=max_steps)
     out = out.transpose(1, 2).to(out_dtype)
@@ -80,33 +79,36 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
 
 
 def int8_codes(x):
-    """(codes, descale) of x [B, S, H, D] as the INT8 Q/K prep makes them, float64 [B, H, S, D] and the
-    scale of each row's block [B, H, S, 1]."""
+    """The codes of x [B, S, H, D] as the INT8 Q/K prep makes them, float64 [B, H, S, D]."""
     b, s, h, d = x.shape
-    codes, descale = quantize_int8_blocks(padded_rows(x.float(), s))
-    per_row = descale.double().repeat_interleave(SCALE_BLOCK, dim=1)[:, :s]
-    return codes.double().view(b, h, s, d), per_row.view(b, h, s, 1)
+    return quantize_int8_blocks(padded_rows(x.float(), s))[0].double().view(b, h, s, d)
 
 
-def int8_max_steps(q, k, scale, block_keys, rows=None):
-    """The sm90 kernel's INT8 Q/K keeps each row's running max a multiple of a step u per key block (rounded up;
-    `softmax.BiasedGroups`): u = 2^(e - 22), e the exponent of 1.5 * 2^23 * the larger of the block's two key
-    groups' scales, each the fp32 product (softmax scale * log2(e)) * q's block scale * k's group scale with its 3
-    low mantissa bits cleared. [B, H, Sq, n_blocks] float64 (only `rows` if given)."""
+def int8_kernel_scales(q, k, scale, block_keys, rows=None):
+    """What the sm90 kernel's INT8 Q/K scales each score by, and the running-max step of each key block
+    (`softmax.BiasedGroups`): per query row and key group of 64, the fp32 product (softmax scale * log2(e)) * q's
+    block scale * k's group scale, cut to a multiple of u * 2^-22, u = 2^(e - 22) for e the exponent of 1.5 * 2^23
+    times the block's larger group scale; the step is u, or 0 (the max not rounded) where u > MAX_STEP.
+    ([B, H, rows, Skv] float64 scales, [B, H, rows, n_blocks] float64 steps.)"""
+    if block_keys != 2 * SCALE_BLOCK:
+        raise ValueError(f"INT8 Q/K's kernel takes {2 * SCALE_BLOCK}-key blocks (two key scales each)")
     b, sq, h, _ = q.shape
+    skv = k.shape[1]
     q_scale = quantize_int8_blocks(padded_rows(q.float(), sq))[1]  # [B*H, ceil(Sq / 64)]
-    k_scale = quantize_int8_blocks(padded_rows(k.float(), k.shape[1]))[1]
-    n_blocks = -(-k.shape[1] // block_keys)
+    k_scale = quantize_int8_blocks(padded_rows(k.float(), skv))[1]
+    n_blocks = -(-skv // block_keys)
     groups = torch.arange(2 * n_blocks, device=k.device).clamp(max=k_scale.shape[1] - 1)
     softmax_scale_log2 = torch.tensor(scale, dtype=torch.float32) * torch.tensor(LOG2_E, dtype=torch.float32)
     per_row = (softmax_scale_log2.to(q.device) * q_scale).repeat_interleave(SCALE_BLOCK, dim=1)[:, :sq]
     if rows is not None:
         per_row = per_row[:, rows]
-    scales = per_row[:, :, None] * k_scale[:, None, groups]  # [B*H, rows, 2 * n_blocks] fp32
-    scales = (scales.view(torch.int32) & ~7).view(torch.float32)
-    biases = (scales * ROUND_TO_INT).view(b * h, -1, n_blocks, 2).amax(-1)
-    exponents = (biases.view(torch.int32) >> 23) - 127
-    return torch.exp2((exponents - 22).double()).view(b, h, -1, n_blocks)
+    scales = (per_row[:, :, None] * k_scale[:, None, groups]).view(b * h, -1, n_blocks, 2)  # fp32
+    largest = (scales.amax(-1) * ROUND_TO_INT).view(torch.int32)  # its exponent alone is read
+    steps = torch.exp2((((largest >> 23) & 0xFF) - 127 - 22).double())[..., None]
+    cut = torch.floor(scales.double() / (steps * 2.0**-22)) * (steps * 2.0**-22)
+    scales = cut.view(b, h, -1, 2 * n_blocks).repeat_interleave(SCALE_BLOCK, dim=-1)[..., :skv]
+    steps = torch.where(steps > MAX_STEP, 0.0, steps).view(b, h, -1, n_blocks)
+    return scales, steps
 
 
 def softmax_pv(logits, v_codes, v_descale, block_keys=KEYS, reverse=False, rounded_row_sum=False, max_steps=None):
@@ -114,7 +116,8 @@ def softmax_pv(logits, v_codes, v_descale, block_keys=KEYS, reverse=False, round
     ([B, H, Skv, D], `v_descale` broadcast over them): an online softmax over `block_keys`-key blocks, p rounded
     to e4m3 as p * 256 against the running max, P.V of the codes accumulated per block and rescaled (the
     two-level accumulation), row sums of the unrounded p (or, `rounded_row_sum`, of the rounded p). max_steps:
-    [B, H, Sq, n_blocks], the running max rounded up to a multiple of each block's (`int8_max_steps`), or None.
+    [B, H, Sq, n_blocks], the running max rounded up to a multiple of each block's (`int8_kernel_scales`; 0: not
+    rounded), or None.
     Returns (out [B, H, Sq, D] float64, LSE [B, H, Sq] float64, natural log)."""
     b, h, sq, _ = logits.shape
     row_max = torch.full((b, h, sq, 1), -math.inf, dtype=torch.float64, device=logits.device)
@@ -126,7 +129,7 @@ def softmax_pv(logits, v_codes, v_descale, block_keys=KEYS, reverse=False, round
         new_max = torch.maximum(row_max, strip.amax(-1, keepdim=True))
         if max_steps is not None:
             step = max_steps[..., start // block_keys, None]
-            new_max = torch.ceil(new_max / step) * step
+            new_max = torch.where(step > 0, torch.ceil(new_max / step) * step, new_max)
         rescale = torch.exp2(row_max - new_max)
         p = torch.exp2(strip - new_max)
         p_codes = (p.float() * P_SCALE).to(FP8).double()

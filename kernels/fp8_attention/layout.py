@@ -28,6 +28,7 @@ E4M3_MAX = 448.0  # largest finite e4m3 (float8_e4m3fn) value
 INT8_MAX = 127.0  # INT8 Q/K codes are in -127..127 (symmetric; -128 unused)
 SCALE_BLOCK = 64  # INT8 Q/K: rows (queries or keys) of a head per scale
 ROUND_TO_INT = 1.5 * 2**23  # x + this - this rounds |x| < 2^22 to an integer; the INT8 scores' bias (sm90 softmax)
+MAX_STEP = 4.0  # INT8 Q/K: the largest running-max step the sm90 softmax rounds to (`softmax.BiasedGroups`)
 FP8 = torch.float8_e4m3fn
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)

@@ -15,8 +15,9 @@ Contract (the kernel relies on every line):
   layouts, with one scale per ``layout.SCALE_BLOCK`` (64) rows of a head: ``q_scale`` [B*H, Sq_pad / 64]
   and ``k_scale`` [B*H, ceil(Skv_pad / 64)] fp32, amax / 127 of the block (padding rows count as 0);
   codes are round-to-nearest-even of x * (127 / amax), clamped to +-127. ``descale`` rows 0 and 1 are
-  1 (unread); V is as above. A block holding inf or NaN gets a NaN scale: the rows it reaches come out
-  NaN (a query block's own rows; every row of the head for a key block).
+  1 (the kernel's per-head product of them is then a no-op); V is as above. A block holding inf or NaN
+  gets a NaN scale: the rows it reaches come out NaN (a query block's own rows; every row of the head for a
+  key block).
 
 Non-finite inputs give NaN heads, as in torch's attention: the amax of a head holding inf or
 NaN is inf or NaN, and that head's descale is set to NaN, which the kernel multiplies into

@@ -15,7 +15,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .layout import P_SCALE_LOG2, ROUND_TO_INT
+from .layout import MAX_STEP, P_SCALE_LOG2, ROUND_TO_INT
 
 # exp2 on the FMA pipe: x + 1.5 * 2^23 rounds x to the nearest integer j (kept in the low
 # mantissa bits), f = x - j in [-0.5, 0.5], 2^f by a degree-2 polynomial (minimax relative
@@ -77,13 +77,6 @@ def _f32_asm(body: str, *values: Float32, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
-def round_to_21_bits(x: Float32, *, loc=None, ip=None) -> Float32:
-    """x with its 3 lowest mantissa bits cleared: 21 significant bits, so 1.5 * 2^23 * x is exact in fp32."""
-    return _f32_asm("{\n\t.reg .b32 b;\n\tmov.b32 b, $1;\n\tand.b32 b, b, 0xFFFFFFF8;\n\tmov.b32 $0, b;\n\t}",
-                    x, loc=loc, ip=ip)
-
-
-@dsl_user_op
 def ulp_steps(x: Float32, *, loc=None, ip=None) -> tuple[Float32, Float32]:
     """(u, 1/u) for a positive normal x below 2^26: u = 2^(e - 22), twice the ulp of x (e: x's exponent)."""
     step = _f32_asm("{\n\t.reg .b32 b;\n\tmov.b32 b, $1;\n\tand.b32 b, b, 0x7F800000;\n\t"
@@ -106,25 +99,37 @@ def ceil_f32(x: Float32, *, loc=None, ip=None) -> Float32:
     return _f32_asm("cvt.rpi.f32.f32 $0, $1;", x, loc=loc, ip=ip)
 
 
+@dsl_user_op
+def floor_f32(x: Float32, *, loc=None, ip=None) -> Float32:
+    """x rounded down to an integer (one cvt.rmi)."""
+    return _f32_asm("cvt.rmi.f32.f32 $0, $1;", x, loc=loc, ip=ip)
+
+
 class BiasedGroups(NamedTuple):
     """INT8 Q/K: what `OnlineSoftmax.online_update` needs to take `biased_scores`' 1.5 * 2^23 off exactly, per key
-    block. With each group's scale rounded to 21 significant bits, its bias b = 1.5 * 2^23 * scale is exact and a
-    multiple of u (`ulp_steps` of the larger bias); with the running max m kept a multiple of u too (rounded up),
-    the constant (8 - m) - b of the exp2's FFMA is exact, so s * scale - m + 8 is rounded once, as the e4m3
-    scores' is. A max rounded up by < u lowers p by < 2^-u: nothing the e4m3 P cannot hold."""
-    scales: tuple  # per key group, rounded to 21 significant bits
+    block. u = `ulp_steps` of 1.5 * 2^23 times the larger group scale; each group's scale is cut to a multiple of
+    u * 2^-22 (21-22 significant bits for the larger, fewer for a much smaller one), so its bias b = 1.5 * 2^23 *
+    scale is exact and a multiple of u; with the running max m kept a multiple of u too (rounded up), the
+    constant (8 - m) - b of the exp2's FFMA is exact, so s * scale - m + 8 is rounded once, as the e4m3 scores'
+    is. Rounding m up lowers p by up to a factor 2^u (P is p * 256 in e4m3, normal down to 2^-6): where u >
+    MAX_STEP (scales of more than ~1.3 log2 units a unit of s: INT8 codes that coarse make a poor attention
+    anyway), `exact` is set and the block's scores lose the bias by a FADD each, the max unrounded."""
+    scales: tuple  # per key group, cut as above
     biases: tuple  # 1.5 * 2^23 * scale, exact
     step: Float32  # u
     inverse_step: Float32  # 1 / u
+    exact: cutlass.Boolean  # u > MAX_STEP
 
 
 @cute.jit
 def biased_groups(scales: tuple) -> BiasedGroups:
-    """The key block's `BiasedGroups` from its groups' scales."""
-    rounded = tuple(round_to_21_bits(scale) for scale in scales)
-    biases = tuple(scale * Float32(ROUND_TO_INT) for scale in rounded)
-    step, inverse = ulp_steps(cute.arch.fmax(biases[0], biases[1]) if const_expr(len(biases) == 2) else biases[0])
-    return BiasedGroups(rounded, biases, step, inverse)
+    """The key block's `BiasedGroups` from its groups' scales (warp-uniform: one query block, one key block)."""
+    largest = cute.arch.fmax(scales[0], scales[1]) if const_expr(len(scales) == 2) else scales[0]
+    step, inverse = ulp_steps(largest * Float32(ROUND_TO_INT))
+    quantum, inverse_quantum = step * Float32(2.0**-22), inverse * Float32(2.0**22)
+    cut = tuple(floor_f32(scale * inverse_quantum) * quantum for scale in scales)
+    biases = tuple(scale * Float32(ROUND_TO_INT) for scale in cut)
+    return BiasedGroups(cut, biases, step, inverse, step > Float32(MAX_STEP))
 
 
 def rows_view(acc: cute.Tensor) -> cute.Tensor:
@@ -197,12 +202,17 @@ class OnlineSoftmax:
         scores = rows_view(acc_S)
         groups = key_groups_view(acc_S, len(scales))
         row_scale = cute.make_rmem_tensor((2,), Float32)
+        biases = None
+        if const_expr(biased is not None):
+            scales, biases = biased.scales, biased.biases
+            if biased.exact:  # (uniform over the warpgroup) the bias off by a FADD each, the max unrounded
+                acc_S.store(acc_S.load() - Float32(ROUND_TO_INT))
+                biases = (Float32(0.0),) * len(scales)
         for r in cutlass.range_constexpr(2):
             raw_max = [quad_max(groups[r, g, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
                        for g in range(len(scales))]
             if const_expr(biased is not None):  # (1.5 * 2^23 + s) * scale - bias, the one rounding of s * scale
-                scales = biased.scales
-                group_max = [fma_f32(raw_max[g], scales[g], -biased.biases[g]) for g in range(len(scales))]
+                group_max = [fma_f32(raw_max[g], scales[g], -biases[g]) for g in range(len(scales))]
             else:
                 group_max = [raw_max[g] * scales[g] for g in range(len(scales))]
             block_max = group_max[0]
@@ -212,7 +222,8 @@ class OnlineSoftmax:
             # key n_blocks-1 * N < seqlen_kv), so new_max is finite from then on.
             new_max = cute.arch.fmax(row_max[r], block_max)
             if const_expr(biased is not None):  # a multiple of the block's step u, rounded up
-                new_max = ceil_f32(new_max * biased.inverse_step) * biased.step
+                if not biased.exact:
+                    new_max = ceil_f32(new_max * biased.inverse_step) * biased.step
             if const_expr(is_first):
                 row_scale[r] = Float32(0.0)
             else:
@@ -223,7 +234,7 @@ class OnlineSoftmax:
                 for g in cutlass.range_constexpr(len(scales)):
                     bias = P_SCALE_LOG2 - new_max
                     if const_expr(biased is not None):
-                        bias = bias - biased.biases[g]
+                        bias = bias - biases[g]
                     groups[r, g, None].store(cute.math.exp2(groups[r, g, None].load() * scales[g] + bias,
                                                             fastmath=True))
             if const_expr(not self.pv_row_sum):  # else the tensor core sums P (`add_block`)

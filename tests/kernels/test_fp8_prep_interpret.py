@@ -81,7 +81,7 @@ def make_prologue(seq, d, rotary, seed=0):
 
 def run_prep(monkeypatch, q, k, v, one_launch, prologue=None, qk_int8=False):
     """prep_triton with the one- or two-launch path forced (the prologue takes two either way), its
-    torch.empty outputs pre-filled with 0x7F bytes (e4m3 NaN, INT8 127, a NaN-like fp32), so a slot a path
+    torch.empty outputs pre-filled with 0x7F bytes (e4m3 NaN, INT8 127, 3.4e38 as fp32), so a slot a path
     leaves unwritten shows."""
     empty = torch.empty
 

@@ -55,6 +55,7 @@ for head_dim, with_lse, tile_n, two_level, tiles, wgs, ctas, q_stages, row_sum, 
                  "pv": ptx.count(f"wgmma.mma_async.sync.aligned.m64n{head_dim}k32.f32.e4m3.e4m3"),
                  "k_scale_loads": ptx.count("ld.global"), "i2f": ptx.count("cvt.rn.f32.s32"),
                  "to_float_iadd": ptx.count(", 1262485504;"), "to_float_fadd": ptx.count("0fCB400000"),
+                 "exact_branches": len(re.findall(r"setp\.gt\.f32\s+%p\d+, %r\d+, 0f40800000", ptx)),  # u > 4
                  "tma": ptx.count("cp.async.bulk.tensor"), "setmaxnreg": ptx.count("setmaxnreg"),
                  "cvt_e4m3x2": ptx.count("cvt.rn.satfinite.e4m3x2.f32")})
 print(json.dumps(done))
@@ -91,11 +92,12 @@ def test_sm90_compiles(tmp_path):
         # first block's ex2 across its key-tail mask branches, so only the poly count is exact.)
         tiles = v["fma_exp2_tiles"]
         # INT8 Q/K's scores become fp32 by the bits of 1.5 * 2^23: per thread and softmax n/2 values, each one
-        # IADD of those bits, the constant taken off in the FFMA's bias (two key groups' 1.5 * 2^23 x scale per
-        # softmax, a few products of the constant, not one FADD per value); and no I2F (below).
+        # IADD of those bits, the constant taken off in the FFMA's bias (a few products of the constant per
+        # softmax); the FADD of -1.5 * 2^23 per value sits only in the branch for steps above MAX_STEP
+        # (`softmax.BiasedGroups.exact`); no I2F (below).
         assert v["to_float_iadd"] == (n if v["int8"] else 0), v
         if v["int8"]:
-            assert v["poly_exp2"] <= 16 < n and v["to_float_fadd"] == 0, v
+            assert v["poly_exp2"] <= 16 < n and v["to_float_fadd"] == n and v["exact_branches"] >= 2, v
         else:
             assert v["poly_exp2"] == 2 * 4 * tiles, v
         if tiles == 0:
