@@ -151,7 +151,7 @@ class RecipeParam(click.ParamType):
 # `patching.recipe.vocabulary_help()`, as text (see the module docstring); the names of the backends
 # in `attention.backends.BACKENDS`, in its order.
 ATTENTION_BACKENDS = ("native", "flash", "cudnn", "efficient", "math", "fa4", "fa3", "fa3-fp8", "fp8", "fp8-v1",
-                      "sage2", "cudnn-fp8")
+                      "fp8-int8qk", "sage2", "cudnn-fp8")
 ATTENTION_HELP = (f"{', '.join(ATTENTION_BACKENDS)}; alias bf16 (= native); options +rope, +prologue, +fp8-linear, "
                   f"+compile, +max-autotune (fused RoPE or QK-norm + RoPE in the FP8 prep for MiniMax-H3, torchao FP8 "
                   f"linears, torch.compile)")
