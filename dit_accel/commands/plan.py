@@ -54,14 +54,15 @@ class SkipRatio(FiniteFloat):
 @click.option("--verify", is_flag=True,
               help="Run every knob combination this GPU can run on the run's block and inputs (profile-block with "
                    "the run's options, into a profile-block_verify folder of its own; with --memory-budget also the "
-                   "streamed whole transformer) and put measured beside predicted.")
+                   "whole transformer streamed, with the baseline's attention and with ours) and put measured "
+                   "beside predicted.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for plan.json and plan.csv (default: outputs/plan_<run>_<time>).")
 def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip, verify, out_dir):
     """Predict what each knob and each other GPU would give, from one profile-block run."""
     from ..attention.crossover import packaged_for_gpu
     from ..planning.gpus import datasheets, gpu_named, gpu_of_device
-    from ..planning.measured import read_baseline, streamed_pass
+    from ..planning.measured import read_baseline, streamed_passes
     from ..planning.predict import Rates
 
     baseline = read_baseline(run)
@@ -80,15 +81,15 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     if verify:  # runs of their own (profile-block's folders, names and messages), the plan made from them
         verify_run = _verify_run(run, baseline, DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify"))
         verified, verified_in = read_baseline(verify_run), [str(verify_run)]
-        if memory_budget is not None:
+        for attention in _streamable(verified) if memory_budget is not None else ():
             try:
-                stream_run = _verify_streaming(run, verified, memory_budget,
+                stream_run = _verify_streaming(run, verified, attention, memory_budget,
                                                DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify-stream"))
             except UserError as exc:  # e.g. the block and its profiling do not fit the budget: the plan goes on
-                not_verified.append(f"the streamed pass under {memory_budget.text}: {exc}")
-                console.print(f"[yellow]note:[/yellow] --verify could not run the streamed pass: {exc}")
+                not_verified.append(f"the streamed pass with {attention} under {memory_budget.text}: {exc}")
+                console.print(f"[yellow]note:[/yellow] --verify could not stream the pass with {attention}: {exc}")
             else:
-                verified.streamed = streamed_pass(read_run(stream_run), stream_run)
+                verified.streamed += streamed_passes(read_run(stream_run), stream_run)
                 verified_in.append(str(stream_run))
         baseline = verified
     rates = Rates.of(baseline)
@@ -138,12 +139,28 @@ def _verify_run(run: Path, baseline, out: Path) -> Path:
     return out
 
 
-def _verify_streaming(run: Path, baseline, budget, out: Path) -> Path:
-    """The whole transformer with its blocks streamed under `budget`, the baseline's attention, eager (what
-    profile-block --validate model --offload stream measures), into `out`."""
+def _streamable(baseline) -> list[str]:
+    """The attentions --verify streams the whole transformer with: the baseline's, and ours where this GPU runs it
+    (--validate runs its first recipe eagerly: FP8 linears and compile are not streamed)."""
+    import torch
+
+    from ..patching.recipe import check_recipes, parse_recipe
+
+    attentions = [baseline.attention_backend]
+    try:
+        check_recipes([parse_recipe("fp8")], torch.device("cuda"), getattr(torch, baseline.dtype))
+        attentions.append("fp8")
+    except UserError as exc:
+        console.print(f"[yellow]note:[/yellow] --verify streams no pass with fp8: {exc}")
+    return attentions
+
+
+def _verify_streaming(run: Path, baseline, attention: str, budget, out: Path) -> Path:
+    """The whole transformer with its blocks streamed under `budget`, with `attention`, eager (what profile-block
+    --validate model --offload stream measures of its first recipe), into `out`."""
     from .profile_block import profile_block
 
-    options = [*_rerun_options(run, baseline), "--compare-attn", baseline.attention_backend, "--validate", "model",
+    options = [*_rerun_options(run, baseline), "--compare-attn", attention, "--validate", "model",
                "--offload", "stream", "--memory-budget", budget.text, "--out", str(out)]
     console.print(f"[dim]--verify: profile-block {' '.join(options[:-2])}[/dim]")
     profile_block.main(options, standalone_mode=False)
@@ -160,8 +177,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
     measured = {m.knobs: m for m in baseline.measured}
     predicted = {knobs: {s.stack: predict_block(s, baseline, knobs, rates, crossover) for s in baseline.stacks}
                  for knobs in knob_sets()}
-    knobs_rows = []
-    full = None
+    knobs_rows, sets = [], {}
     for knobs, blocks in predicted.items():
         pass_ms = pass_ms_of(baseline, {stack: block.ms for stack, block in blocks.items()})
         memory = weights_bytes(baseline, knobs) + baseline.activation_bytes
@@ -180,13 +196,13 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
                                "difference_pct": {s: round(100 * (blocks[s].ms / ms - 1), 1)
                                                   for s, ms in m.block_ms.items() if s in blocks}}
         knobs_rows.append(row)
-        if len(knobs) == 3:
-            full = (knobs, blocks, pass_ms, memory)
-    knobs_rows += _scaling_rows(baseline, here, full, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip)
+        sets[knobs] = ({stack: block.ms for stack, block in blocks.items()}, pass_ms, memory)
+    knobs_rows += _scaling_rows(baseline, here, sets, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip)
+    full = max(sets, key=len)
 
     gpu_rows = []
     for target in targets:
-        for knobs in (frozenset(), full[0]):
+        for knobs in (frozenset(), full):
             blocks = predicted[knobs]
             row = {"gpu": target.key, "name": target.name, "knobs": " + ".join(sorted(knobs)) or "baseline",
                    "basis": "datasheet-scaled from this run"}
@@ -243,12 +259,15 @@ def _error_of(knob: str, baseline) -> dict[str, Any]:
             "output_rel_l2": m.output_rel_l2}
 
 
-def _stream_row(baseline, name: str, block_ms: dict[str, float], memory: float, pass_ms: float, budget,
+def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], memory: float, pass_ms: float, budget,
                 link: float) -> dict[str, Any]:
-    """A recipe with its blocks streamed from host memory under `budget` (resident when the model fits); the
-    baseline's row carries the streamed pass a run measured (--verify, or --validate model --offload stream)."""
+    """A recipe with its blocks streamed from host memory under `budget` (resident when the model fits), beside
+    the streamed pass a run measured with the same knobs and budget (--verify, or --validate model --offload
+    stream), if one did."""
+    from ..planning.measured import knobs_of
     from ..planning.predict import GIB, streamed_pass_ms, video_seconds
 
+    name = " + ".join(sorted(knobs)) or "baseline"
     resident = memory <= budget.nbytes
     two_blocks = 2 * max(s.param_bytes for s in baseline.stacks) + baseline.outside_bytes + baseline.activation_bytes
     fits = "model" if resident else ("streamed" if two_blocks <= budget.nbytes else "no")
@@ -258,28 +277,30 @@ def _stream_row(baseline, name: str, block_ms: dict[str, float], memory: float, 
            else None, "memory_gib": round((memory if resident else two_blocks) / GIB, 2), "fits": fits,
            "basis": "predicted from this run",
            "model": f"each block the longer of its compute and its copy at {link:g} GB/s, the first copy not hidden"}
-    streamed = baseline.streamed
-    if name == "baseline" and streamed and streamed["budget"] == budget.text:
-        row["measured"] = {"recipe": f"{baseline.recipe}, --validate model --offload stream", "run": streamed["run"],
+    streamed = next((p for p in baseline.streamed if p["budget"] == budget.text and knobs_of(p["recipe"]) == knobs),
+                    None)
+    if streamed:
+        row["measured"] = {"recipe": f"{streamed['recipe']}, --validate model --offload stream", "run": streamed["run"],
                            "pass_ms": round(streamed["pass_ms"], 1), "h2d_gbps": round(streamed["h2d_gbps"], 1),
                            "difference_pct": {"pass": round(100 * (predicted / streamed["pass_ms"] - 1), 1)}}
     return row
 
 
-def _scaling_rows(baseline, here, full, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip) -> list[dict]:
-    """Streaming, context parallelism and step caching, each on top of the full recipe."""
-    from ..planning.predict import cached_video_seconds, context_parallel_pass_ms, video_seconds, weights_bytes
+def _scaling_rows(baseline, here, sets, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip) -> list[dict]:
+    """Streaming of the baseline, of our FP8 attention alone (what --verify can stream too) and of the full recipe;
+    context parallelism and step caching on top of the full recipe. sets: knob set -> (block ms by stack, pass ms,
+    memory bytes)."""
+    from ..planning.predict import cached_video_seconds, context_parallel_pass_ms, video_seconds
 
-    knobs, blocks, pass_ms, memory = full
-    block_ms = {s: b.ms for s, b in blocks.items()}
+    knobs = max(sets, key=len)
+    block_ms, pass_ms, _ = sets[knobs]
     name = " + ".join(sorted(knobs))
     rows = []
     if memory_budget is not None:
         link = host_link_gbps or here.host_link_gbps
-        base = {s.stack: s.block_ms for s in baseline.stacks}
-        rows.append(_stream_row(baseline, "baseline", base, weights_bytes(baseline, frozenset())
-                                + baseline.activation_bytes, baseline.pass_ms, memory_budget, link))
-        rows.append(_stream_row(baseline, name, block_ms, memory, pass_ms, memory_budget, link))
+        for streamed in (frozenset(), frozenset({"fp8-attention"}), knobs):
+            streamed_blocks, streamed_pass, memory = sets[streamed]
+            rows.append(_stream_row(baseline, streamed, streamed_blocks, memory, streamed_pass, memory_budget, link))
     if gpus > 1:
         link = link_gbps or here.nvlink_gbps
         parallel, why = context_parallel_pass_ms(baseline, block_ms, gpus, link)

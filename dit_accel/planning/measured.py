@@ -70,9 +70,9 @@ class Baseline:
     outside_bytes: int
     dtype: str
     measured: list[Measured] = field(default_factory=list)
-    # A whole-transformer pass streamed from host memory that a run measured (profile-block --validate model
-    # --offload stream --memory-budget B): its pass ms, host-to-device GB/s and budget, and the run's folder.
-    streamed: dict[str, Any] | None = None
+    # Whole-transformer passes streamed from host memory that runs measured (profile-block --validate model
+    # --offload stream --memory-budget B), each its recipe, pass ms, host-to-device GB/s, budget and run folder.
+    streamed: list[dict[str, Any]] = field(default_factory=list)
     rerun_options: list[str] | None = None  # the options that rebuild the block and its inputs (plan --verify)
 
     @property
@@ -90,13 +90,14 @@ class Baseline:
         return max(0, self.peak_memory_bytes - max(s.param_bytes for s in self.stacks))
 
 
-def streamed_pass(report: dict[str, Any], folder: Path) -> dict[str, Any] | None:
-    """The streamed whole-transformer pass a report's --validate measured, or None."""
+def streamed_passes(report: dict[str, Any], folder: Path) -> list[dict[str, Any]]:
+    """The streamed whole-transformer pass a report's --validate measured (under its first recipe), or none."""
     validation = report.get("validation") or {}
     if not validation.get("whole_model") or validation.get("residency") != "streamed":
-        return None
-    return {"pass_ms": validation["measured_ms"], "h2d_gbps": validation["streamed"]["h2d_gbps"],
-            "budget": report.get("memory_budget"), "run": str(folder)}
+        return []
+    return [{"recipe": report["runs"][0]["backend"].split(" of ")[0], "pass_ms": validation["measured_ms"],
+             "h2d_gbps": validation["streamed"]["h2d_gbps"], "budget": report.get("memory_budget"),
+             "run": str(folder)}]
 
 
 def read_baseline(folder: Path) -> Baseline:
@@ -128,7 +129,7 @@ def read_baseline(folder: Path) -> Baseline:
         stacks, extrapolation["outside_ms"], extrapolation["outside_source"], extrapolation["steps"],
         extrapolation["guidance_passes"], max(r["peak_memory_bytes"] or 0 for r in base_runs),
         (report.get("memory_estimate") or {}).get("outside_bytes", 0), report["dtype"])
-    baseline.streamed = streamed_pass(report, folder)
+    baseline.streamed = streamed_passes(report, folder)
     baseline.rerun_options = report.get("rerun_options")
     for label in dict.fromkeys(r["backend"].split(" of ")[0] for r in runs[len(base_runs):]):
         recipe_knobs = knobs_of(label)

@@ -251,26 +251,47 @@ def test_gpu_verify_measures_every_knob_beside_its_prediction(tmp_path, monkeypa
         assert all(abs(d) < 50 for d in row["measured"]["difference_pct"].values()), row
 
 
-def test_a_streamed_pass_verify_cannot_run_is_said_and_the_plan_still_written(tmp_path, monkeypatch):
-    """--verify --memory-budget: when profile-block refuses the streamed pass (the block and its profiling do not
-    fit the budget), the plan of the knobs it did verify is written, the refusal in a note and in not_verified."""
+def test_verify_streams_the_baseline_and_our_attention_and_says_what_it_could_not(tmp_path, monkeypatch):
+    """--verify --memory-budget streams the whole transformer twice, with the baseline's attention and with ours;
+    each pass stands beside its row's prediction (knobs and budget alike); a pass profile-block refuses (the block
+    and its profiling do not fit the budget) is a note and plan.json's not_verified, and the plan is written."""
     from dit_accel.commands import plan as plan_command
 
     run = _report(tmp_path)
     monkeypatch.setattr(plan_command, "_verify_run", lambda run, baseline, out: run)
+    monkeypatch.setattr(plan_command, "_streamable", lambda baseline: ["cudnn", "fp8"])
 
-    def refused(run, baseline, budget, out):
-        raise UserError("the block needs about 19.6 GiB: it does not fit in the 16GiB budget")
+    def stream(run, baseline, attention, budget, out):
+        if attention == "fp8":
+            raise UserError("the block needs about 19.6 GiB: it does not fit in the 16GiB budget")
+        streamed = _report(tmp_path / "streamed")
+        report = json.loads((streamed / "report.json").read_text())
+        report["memory_budget"] = budget.text
+        report["validation"] = {"whole_model": True, "residency": "streamed", "measured_ms": 1150.0,
+                                "streamed": {"h2d_gbps": 9.5}}
+        (streamed / "report.json").write_text(json.dumps(report))
+        return streamed
 
-    monkeypatch.setattr(plan_command, "_verify_streaming", refused)
-    result = _plan(run, "--verify", "--memory-budget", "16GiB", "--out", tmp_path / "plan")
+    (tmp_path / "streamed").mkdir()
+    monkeypatch.setattr(plan_command, "_verify_streaming", stream)
+    result = _plan(run, "--verify", "--memory-budget", "16GiB", "--host-link-gbps", "10", "--out", tmp_path / "plan")
     assert result.exit_code == 0, result.output
-    assert "--verify could not run the streamed pass: the block needs about 19.6 GiB" in result.output
+    assert "--verify could not stream the pass with fp8: the block needs about 19.6 GiB" in result.output
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
-    assert plan["verified_in"] == [str(run)]
-    assert plan["not_verified"] == ["the streamed pass under 16GiB: the block needs about 19.6 GiB: it does not fit "
-                                    "in the 16GiB budget"]
-    assert not any("measured" in row for row in plan["knobs"] if "stream" in row["knobs"])
+    assert plan["verified_in"] == [str(run), str(tmp_path / "streamed" / "run")]
+    assert plan["not_verified"] == ["the streamed pass with fp8 under 16GiB: the block needs about 19.6 GiB: it does "
+                                    "not fit in the 16GiB budget"]
+    rows = {row["knobs"]: row for row in plan["knobs"] if "stream" in row["knobs"]}
+    assert list(rows) == ["baseline + stream under 16GiB", "fp8-attention + stream under 16GiB",
+                          "compile + fp8-attention + fp8-linear + stream under 16GiB"]
+    base = rows["baseline + stream under 16GiB"]
+    assert base["measured"]["recipe"] == "cudnn, --validate model --offload stream"
+    # 10 GB of blocks and 2 GB of activations fit 16 GiB: predicted resident, 10 x 100 ms
+    assert base["fits"] == "model" and base["pass_ms"] == 1000.0
+    assert base["measured"]["pass_ms"] == 1150.0 and base["measured"]["difference_pct"] == {"pass": -13.0}
+    ours = rows["fp8-attention + stream under 16GiB"]
+    alone = next(row for row in plan["knobs"] if row["knobs"] == "fp8-attention")
+    assert "measured" not in ours and ours["fits"] == "model" and ours["pass_ms"] == alone["pass_ms"]
 
 
 def test_a_folder_that_is_not_a_run_is_refused_before_torch_loads():
