@@ -195,7 +195,7 @@ def _pack_int8_heads(x_ptr, w_ptr, scale_ptr, descale_ptr, out_ptr, b, h0, H, bl
                      PROLOGUE: tl.constexpr):
     """INT8 Q or K, one scale block (rows block * SCALE_BLOCK ..) of heads h0 .. h0 + HEADS - 1 (those < H): the
     block's amax, its scale into scale_ptr [B*H, ceil(S_pad / SCALE_BLOCK)], its codes row-major (rows >= S
-    are 0); descale [B*H] (unread by the kernel) 1 where write_descale."""
+    are 0); descale [B*H] 1 where write_descale (a no-op in the kernel's per-head product)."""
     pos = block * SCALE_ROWS + tl.arange(0, SCALE_ROWS)
     cols = tl.arange(0, D)
     n_blocks = tl.cdiv(S_pad, SCALE_ROWS)
@@ -280,18 +280,17 @@ def _fp8_prep_pack_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, out_q, out_k, out_v, de
     if which == 2:  # v takes no prologue
         _pack_heads(v_ptr, wk_ptr, amax_ptr + 2 * BH, descale_ptr + 2 * BH, out_v, b, h0, H, pos, Skv, Skv_pad,
                     svb, svs, svh, eps, tl.arange(0, D), 1.0, 0.0, first, D, HEADS, False, True)
-    elif QK_INT8:
-        partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, pos, Sq, stride_cos, stride_sin, D, HALF, PROLOGUE)
-        if which == 0:
-            if tl.program_id(0) * BLOCK < Sq_pad:
-                _pack_int8_heads(q_ptr, wq_ptr, q_scale_ptr, descale_ptr, out_q, b, h0, H, tl.program_id(0), Sq,
-                                 Sq_pad, sqb, sqs, sqh, eps, partner, c, ssin, first, D, HEADS, PROLOGUE)
-        elif tl.program_id(0) * BLOCK < Skv_pad:
-            _pack_int8_heads(k_ptr, wk_ptr, k_scale_ptr, descale_ptr + BH, out_k, b, h0, H, tl.program_id(0), Skv,
-                             Skv_pad, skb, sks, skh, eps, partner, c, ssin, first, D, HEADS, PROLOGUE)
     else:
         partner, c, ssin = _rotary_tables(cos_ptr, sin_ptr, pos, Sq, stride_cos, stride_sin, D, HALF, PROLOGUE)
-        if which == 0:
+        if QK_INT8:  # (a constexpr branch: the e4m3 q and k stores below are not compiled for int8 outputs)
+            if which == 0:
+                if tl.program_id(0) * BLOCK < Sq_pad:
+                    _pack_int8_heads(q_ptr, wq_ptr, q_scale_ptr, descale_ptr, out_q, b, h0, H, tl.program_id(0), Sq,
+                                     Sq_pad, sqb, sqs, sqh, eps, partner, c, ssin, first, D, HEADS, PROLOGUE)
+            elif tl.program_id(0) * BLOCK < Skv_pad:
+                _pack_int8_heads(k_ptr, wk_ptr, k_scale_ptr, descale_ptr + BH, out_k, b, h0, H, tl.program_id(0),
+                                 Skv, Skv_pad, skb, sks, skh, eps, partner, c, ssin, first, D, HEADS, PROLOGUE)
+        elif which == 0:
             _pack_heads(q_ptr, wq_ptr, amax_ptr, descale_ptr, out_q, b, h0, H, pos, Sq, Sq_pad, sqb, sqs, sqh, eps,
                         partner, c, ssin, first, D, HEADS, PROLOGUE, False)
         else:
@@ -327,23 +326,21 @@ def _fp8_prep_single_kernel(q_ptr, k_ptr, v_ptr, out_q, out_k, out_v, descale_pt
     which = tl.program_id(1)
     b, h = tl.program_id(0) // H, tl.program_id(0) % H
     cols = tl.arange(0, D)
-    if QK_INT8:  # (a constexpr branch: the e4m3 q and k stores below are not compiled for int8 outputs)
+    if which == 2:
+        _prep_head(v_ptr, descale_ptr + 2 * BH, out_v, b, h, H, Skv, Skv_pad, svb, svs, svh, D, BLOCK, True)
+    elif QK_INT8:  # (a constexpr branch: the e4m3 q and k stores below are not compiled for int8 outputs)
         if which == 0:
             for block in range(0, tl.cdiv(Sq_pad, SCALE_ROWS)):
                 _pack_int8_heads(q_ptr, q_ptr, q_scale_ptr, descale_ptr, out_q, b, h, H, block, Sq, Sq_pad, sqb, sqs,
                                  sqh, 0.0, cols, 1.0, 0.0, block == 0, D, 1, False)
-        elif which == 1:
+        else:
             for block in range(0, tl.cdiv(Skv_pad, SCALE_ROWS)):
                 _pack_int8_heads(k_ptr, k_ptr, k_scale_ptr, descale_ptr + BH, out_k, b, h, H, block, Skv, Skv_pad,
                                  skb, sks, skh, 0.0, cols, 1.0, 0.0, block == 0, D, 1, False)
-        else:
-            _prep_head(v_ptr, descale_ptr + 2 * BH, out_v, b, h, H, Skv, Skv_pad, svb, svs, svh, D, BLOCK, True)
     elif which == 0:
         _prep_head(q_ptr, descale_ptr, out_q, b, h, H, Sq, Sq_pad, sqb, sqs, sqh, D, BLOCK, False)
-    elif which == 1:
-        _prep_head(k_ptr, descale_ptr + BH, out_k, b, h, H, Skv, Skv_pad, skb, sks, skh, D, BLOCK, False)
     else:
-        _prep_head(v_ptr, descale_ptr + 2 * BH, out_v, b, h, H, Skv, Skv_pad, svb, svs, svh, D, BLOCK, True)
+        _prep_head(k_ptr, descale_ptr + BH, out_k, b, h, H, Skv, Skv_pad, skb, sks, skh, D, BLOCK, False)
 
 
 # Launchers of compiled kernels by (kernel name, launch spec, grid, constexprs): see `_launch`. A miss costs one
