@@ -181,7 +181,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
     for knobs, blocks in predicted.items():
         pass_ms = pass_ms_of(baseline, {stack: block.ms for stack, block in blocks.items()})
         memory = weights_bytes(baseline, knobs) + baseline.activation_bytes
-        row = {"knobs": " + ".join(sorted(knobs)) or "baseline", "gpu": baseline.device_name,
+        row = {"knobs": knobs_label(knobs), "gpu": baseline.device_name,
                "block_ms": {s: round(b.ms, 2) for s, b in blocks.items()}, "pass_ms": round(pass_ms, 1),
                "video_s": round(video_seconds(baseline, pass_ms), 1), "memory_gib": round(memory / GIB, 2),
                "fits": fits(memory, largest_block, baseline.outside_bytes, baseline.activation_bytes,
@@ -197,14 +197,15 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
                                                   for s, ms in m.block_ms.items() if s in blocks}}
         knobs_rows.append(row)
         sets[knobs] = ({stack: block.ms for stack, block in blocks.items()}, pass_ms, memory)
-    knobs_rows += _scaling_rows(baseline, here, sets, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip)
     full = max(sets, key=len)
+    knobs_rows += _scaling_rows(baseline, here, sets, full, memory_budget, host_link_gbps, gpus, link_gbps,
+                                cache_skip)
 
     gpu_rows = []
     for target in targets:
         for knobs in (frozenset(), full):
             blocks = predicted[knobs]
-            row = {"gpu": target.key, "name": target.name, "knobs": " + ".join(sorted(knobs)) or "baseline",
+            row = {"gpu": target.key, "name": target.name, "knobs": knobs_label(knobs),
                    "basis": "datasheet-scaled from this run"}
             if here is None:
                 row["note"] = f"{baseline.device_name} is not in the datasheet table: nothing to scale from"
@@ -248,6 +249,11 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
     }
 
 
+def knobs_label(knobs: frozenset) -> str:
+    """A knob set as the plan's rows name it: its knobs sorted, joined by " + ", or "baseline"."""
+    return " + ".join(sorted(knobs)) or "baseline"
+
+
 def _error_of(knob: str, baseline) -> dict[str, Any]:
     """The errors the run measured with `knob` alone, else with the smallest recipe that turns it (said so)."""
     runs = sorted((m for m in baseline.measured if knob in m.knobs), key=lambda m: len(m.knobs))
@@ -267,7 +273,7 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], memory: 
     from ..planning.measured import knobs_of
     from ..planning.predict import GIB, streamed_pass_ms, video_seconds
 
-    name = " + ".join(sorted(knobs)) or "baseline"
+    name = knobs_label(knobs)
     resident = memory <= budget.nbytes
     two_blocks = 2 * max(s.param_bytes for s in baseline.stacks) + baseline.outside_bytes + baseline.activation_bytes
     fits = "model" if resident else ("streamed" if two_blocks <= budget.nbytes else "no")
@@ -286,19 +292,19 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], memory: 
     return row
 
 
-def _scaling_rows(baseline, here, sets, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip) -> list[dict]:
+def _scaling_rows(baseline, here, sets, full, memory_budget, host_link_gbps, gpus, link_gbps,
+                  cache_skip) -> list[dict]:
     """Streaming of the baseline, of our FP8 attention alone (what --verify can stream too) and of the full recipe;
     context parallelism and step caching on top of the full recipe. sets: knob set -> (block ms by stack, pass ms,
-    memory bytes)."""
+    memory bytes); full: the full recipe's knob set."""
     from ..planning.predict import cached_video_seconds, context_parallel_pass_ms, video_seconds
 
-    knobs = max(sets, key=len)
-    block_ms, pass_ms, _ = sets[knobs]
-    name = " + ".join(sorted(knobs))
+    block_ms, pass_ms, _ = sets[full]
+    name = knobs_label(full)
     rows = []
     if memory_budget is not None:
         link = host_link_gbps or here.host_link_gbps
-        for streamed in (frozenset(), frozenset({"fp8-attention"}), knobs):
+        for streamed in (frozenset(), frozenset({"fp8-attention"}), full):
             streamed_blocks, streamed_pass, memory = sets[streamed]
             rows.append(_stream_row(baseline, streamed, streamed_blocks, memory, streamed_pass, memory_budget, link))
     if gpus > 1:
