@@ -160,14 +160,15 @@ def time_variants(kernels: Kernels, variants: list, args: argparse.Namespace, de
         b, h, d = 1, 56, args.head_dim
         try:
             q, k, v = random_qkv(b, s, s, h, d, False, seed=123)
-            packed = {qk_int8: prep_triton(q, k, v, qk_int8=qk_int8) for qk_int8 in (False, True)}
+            named = [(variant, variant_name(variant, d, kernels.sm_count, s),
+                      resolve(variant, d, kernels.sm_count, s).qk_int8) for variant in variants]
+            # e4m3 (v1 and the e4m3 variants) and, where a variant takes it, INT8 Q/K
+            packed = {int8: prep_triton(q, k, v, qk_int8=int8) for int8 in {False, *(int8 for *_, int8 in named)}}
             out = torch.empty_like(q)
             cases = {"prep alone": lambda: prep_triton(q, k, v)}
-            if any(resolve(variant, d, kernels.sm_count, s).qk_int8 for variant in variants):
+            if True in packed:
                 cases["INT8 Q/K prep alone"] = lambda: prep_triton(q, k, v, qk_int8=True)
-            for variant in variants:
-                name = variant_name(variant, d, kernels.sm_count, s)
-                int8 = resolve(variant, d, kernels.sm_count, s).qk_int8
+            for variant, name, int8 in named:
                 cases[f"sm90 {name} kernel"] = lambda variant=variant, int8=int8: kernels.run(packed[int8], out, None,
                                                                                               variant)
                 cases[f"sm90 {name} prep+kernel"] = lambda variant=variant, int8=int8: kernels.run(
