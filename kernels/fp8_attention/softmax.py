@@ -64,7 +64,7 @@ def biased_scores(acc_S: cute.Tensor) -> cute.Tensor:
     """INT8 Q/K: the s32 scores s of acc_S as the fp32 1.5 * 2^23 + s, exactly, in the same registers (returned
     as a Float32 view): for |s| < 2^22 those are the bits of s + ROUND_TO_INT_BITS, one IADD each, where an
     I2F would queue on the quarter-rate pipe the exp2s need. The softmax takes the bias off in the FFMA it
-    already does (`OnlineSoftmax.online_update`'s offsets)."""
+    already does (`BiasedGroups`)."""
     acc_S.store(acc_S.load() + Int32(ROUND_TO_INT_BITS))
     return cute.recast_tensor(acc_S, Float32)
 
