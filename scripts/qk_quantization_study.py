@@ -26,9 +26,8 @@ import torch
 
 from dit_accel.attention.reference import random_qkv, reference_attention, rel_rms_err
 from dit_accel.kernels.fp8_attention.emulation import softmax_pv
-from dit_accel.kernels.fp8_attention.layout import LOG2_E
+from dit_accel.kernels.fp8_attention.layout import E4M3_MAX, INT8_MAX, LOG2_E
 
-E4M3_MAX, INT8_MAX = 448.0, 127.0
 Q_BLOCK, K_BLOCK, WARP_ROWS, KEY_TILE = 64, 128, 16, 128
 
 
