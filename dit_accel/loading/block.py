@@ -12,9 +12,18 @@ from ..adapters.building import synthetic_weights
 from ..errors import UserError
 from .checkpoint import LoadStats, count_blocks, read_layout, read_tensors, transformer_folder
 
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """Bytes `tensor` holds: a tensor subclass's (torchao's FP8 weights) are its inner tensors' (codes, scales)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(tensor):
+        return sum(tensor_bytes(getattr(tensor, name)) for name in tensor.__tensor_flatten__()[0])
+    return tensor.numel() * tensor.element_size()
+
+
 def param_bytes(module: nn.Module) -> int:
     """Bytes of the module's parameters, in the dtypes they are held in."""
-    return sum(p.numel() * p.element_size() for p in module.parameters())
+    return sum(tensor_bytes(p) for p in module.parameters())
 
 
 def loaded_param_bytes(module: nn.Module, adapter: BlockAdapter, dtype: torch.dtype, prefix: str = "") -> int:

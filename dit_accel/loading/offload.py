@@ -20,8 +20,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..errors import UserError
+from .block import tensor_bytes
 
 
 def check_offload(offload: str, device: torch.device) -> None:
@@ -32,6 +34,13 @@ def check_offload(offload: str, device: torch.device) -> None:
 
 
 _ALIGN = 256  # bytes; every tensor of a packed module starts on this boundary
+_ONLOAD_DEVICE = "_dit_accel_onload_device"  # set by `stream_blocks` on the model, its stacks and their blocks
+
+
+def onload_device(module: nn.Module) -> torch.device | None:
+    """The device `stream_blocks` brings the weights of `module` (or of the streamed modules inside it) to for their
+    forward (between calls they live in host memory, so their parameters' device is the CPU), or None."""
+    return next((vars(m)[_ONLOAD_DEVICE] for m in module.modules() if _ONLOAD_DEVICE in vars(m)), None)
 
 
 @torch.no_grad()
@@ -60,10 +69,17 @@ def pin_to_host(module: nn.Module, pin: bool = True) -> int:
     allocation up to a power of two, which costs the H3 block 1.88 GB of pinned memory for 1.29 GB
     of weights (94 GB for the 50 blocks). Registered memory reports `is_pinned()`, so diffusers
     uses it as it is, and a second call moves nothing.
+
+    A tensor subclass (torchao's FP8 weights) moves to the CPU whole and its inner tensors but the smallest are
+    packed: the codes, not the scales (`_pinned_parts`).
     """
     everything = [*module.parameters(), *module.buffers()]
     on_host = (lambda t: t.device.type == "cpu" and t.is_pinned()) if pin else (lambda t: t.device.type == "cpu")
-    to_move = [t for t in everything if not on_host(t)]
+    to_move = []
+    for tensor in everything:
+        if is_traceable_wrapper_subclass(tensor) and tensor.device.type != "cpu":
+            torch.utils.swap_tensors(tensor, tensor.to("cpu"))  # in place, as diffusers moves these (identity kept)
+        to_move += [part for part in _pinned_parts(tensor) if not on_host(part)]
     if to_move:
         host = pack_into_one_buffer(to_move)
         if pin:
@@ -74,7 +90,20 @@ def pin_to_host(module: nn.Module, pin: bool = True) -> int:
             weakref.finalize(module, cudart.cudaHostUnregister, host.data_ptr())
         # The buffer lives as long as the module (a list: several calls may each pack a part).
         vars(module).setdefault("_dit_accel_host_buffers", []).append(host)
-    return sum(t.numel() * t.element_size() for t in everything)
+    return sum(tensor_bytes(t) for t in everything)
+
+
+def _pinned_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """What `pin_to_host` packs of `tensor`: itself, or of a tensor subclass (torchao's FP8 weights) its inner
+    tensors but the smallest (the codes, not the per-row scales). Why the scales stay pageable: torchao reports a
+    weight pinned when every inner tensor is, and diffusers then keeps the parameter itself as its pinned host
+    copy (`.cpu().pin_memory()` returns the same object), which its first onload swaps onto the GPU in place: the
+    offload puts nothing back and every block stays on the device. With pageable scales diffusers builds a host
+    copy of its own, sharing the pinned codes as they are and copying the scales (a few KB) into pinned memory."""
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor]
+    inner = sorted((getattr(tensor, name) for name in tensor.__tensor_flatten__()[0]), key=tensor_bytes)
+    return inner[1:]
 
 
 def block_stacks(model: nn.Module) -> dict[str, nn.Module]:
@@ -86,7 +115,7 @@ def block_stacks(model: nn.Module) -> dict[str, nn.Module]:
 def stack_bytes(model: nn.Module) -> int:
     """Bytes of the parameters and buffers of `model`'s block stacks: what `stream_blocks` copies to
     the device per forward pass."""
-    return sum(t.numel() * t.element_size() for stack in block_stacks(model).values()
+    return sum(tensor_bytes(t) for stack in block_stacks(model).values()
                for t in [*stack.parameters(), *stack.buffers()])
 
 
@@ -140,6 +169,8 @@ def stream_blocks(model: nn.Module, device: torch.device) -> int:
         apply_group_offloading(model, onload_device=device, offload_device="cpu", offload_type="block_level",
                                num_blocks_per_group=1, use_stream=cuda, non_blocking=cuda, record_stream=cuda,
                                block_modules=[])
+    for streamed in [model, *stacks.values(), *(block for stack in stacks.values() for block in stack)]:
+        vars(streamed)[_ONLOAD_DEVICE] = device
     return stack_bytes(model)
 
 

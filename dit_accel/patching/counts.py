@@ -27,7 +27,13 @@ from torch import nn
 
 
 def module_device(module: nn.Module) -> torch.device:
-    """The device of `module`'s first parameter (the CPU for a module without parameters)."""
+    """The device `module` computes on: the one its blocks stream to (`offload.stream_blocks`), else its first
+    parameter's (the CPU for a module without parameters)."""
+    from ..loading.offload import onload_device
+
+    streamed_to = onload_device(module)
+    if streamed_to is not None:
+        return streamed_to
     parameter = next(module.parameters(), None)
     return parameter.device if parameter is not None else torch.device("cpu")
 

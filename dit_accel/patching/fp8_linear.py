@@ -260,6 +260,8 @@ def quantize_linears(module: nn.Module, policy: Any, *, prefix: str = "", fast_a
     from torchao.quantization import quantize_
     from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor
 
+    from ..loading.block import tensor_bytes
+
     before = sum(w.numel() * w.element_size() for w in weights.values())
     chosen = set(plan.chosen_names)
     with torch.no_grad():
@@ -270,7 +272,7 @@ def quantize_linears(module: nn.Module, policy: Any, *, prefix: str = "", fast_a
         if not isinstance(weight, Float8Tensor):
             missed.append(name)
             continue
-        after += weight.qdata.numel() * weight.qdata.element_size() + weight.scale.numel() * weight.scale.element_size()
+        after += tensor_bytes(weight)
     if missed:  # torchao leaves a layer alone silently when it cannot take it
         raise UserError(f"torchao did not quantize {', '.join(missed)}; check the torchao version "
                         f"(dit-accel pins 0.18.0: {INSTALL_HINT})")

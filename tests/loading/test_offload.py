@@ -102,6 +102,83 @@ def test_streamed_h3_chain_under_a_small_budget(tmp_path):
     assert "offload stream: streamed" in result.output
 
 
+def test_a_streamed_module_computes_on_the_device_its_blocks_stream_to():
+    """Streamed blocks' parameters live on the host between calls, so patches ask `module_device`, which answers
+    the device stream_blocks brings them to, for the model, its stack and each block (a CUDA device stands in
+    for the CPU stream here, which cannot be told from the parameters' device otherwise)."""
+    from dit_accel.loading.offload import onload_device
+    from dit_accel.patching.counts import module_device
+
+    chain, _ = tiny_h3_chain()
+    assert onload_device(chain) is None
+    stream_blocks(chain, torch.device("cpu"))
+    for module in (chain, chain.blocks, chain.blocks[1]):
+        assert onload_device(module) == torch.device("cpu")
+        vars(module)["_dit_accel_onload_device"] = torch.device("cuda", 0)
+        assert module_device(module) == torch.device("cuda", 0)
+    assert module_device(torch.nn.Linear(2, 2)) == torch.device("cpu")
+
+
+def test_a_torchao_fp8_weight_pins_its_codes_and_leaves_its_scales_to_diffusers():
+    """Of an FP8 weight pin_to_host packs the codes only: with every inner tensor pinned torchao would call the weight
+    pinned, and diffusers would keep the parameter itself as its host copy (see `_pinned_parts`)."""
+    from torchao.quantization import PerRow
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor
+
+    from dit_accel.loading.block import tensor_bytes
+    from dit_accel.loading.offload import _pinned_parts
+
+    weight = Float8Tensor.from_hp(torch.randn(64, 32, dtype=torch.bfloat16), granularity=PerRow())
+    assert _pinned_parts(weight) == [weight.qdata] and tensor_bytes(weight) == 64 * 32 + 64 * 4
+    plain = torch.ones(3)
+    assert _pinned_parts(plain) == [plain]
+
+
+@pytest.mark.gpu
+def test_the_full_recipe_streamed_gives_its_resident_output_and_copies_fp8_weights():
+    """The whole (small) H3 transformer under our FP8 attention, FP8 linears and compile: streamed from pinned host
+    memory (torchao's FP8 weights packed and pinned by pin_to_host, moved by diffusers' group offloading) it gives
+    what the same blocks give resident, and a pass copies the FP8 bytes (about half the bf16 ones)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    from dit_accel.loading.block import param_bytes, tensor_bytes
+    from dit_accel.patching.apply import apply_recipe
+    from dit_accel.patching.recipe import parse_recipe
+    from dit_accel.profiling.validate import build_stack
+
+    cuda, dtype = torch.device("cuda"), torch.bfloat16
+    adapter = _small("minimax-h3", 3)
+    inputs = adapter.make_transformer_inputs(adapter.workload_from_seq_len(1024, 1), cuda, dtype,
+                                             torch.Generator(device=cuda).manual_seed(0))
+    first = synthetic_block(adapter, 0, cuda, dtype).block
+    bf16_bytes = 3 * param_bytes(first)
+
+    def run(offload):
+        stack = build_stack(adapter, first, 3, device=cuda, dtype=dtype, activation_bytes=0, offload=offload,
+                            whole_model=True, fp8_linear=True)
+        with torch.no_grad(), apply_recipe(stack.blocks, parse_recipe("fp8+compile")) as applied:
+            outputs = [stack.model(**inputs.kwargs) for _ in range(2)]  # the second: prefetched blocks
+            summary = applied.attention.summary()  # served by the kernel or routed by shape: counted either way
+        return stack, outputs[-1], summary["served_calls"] + sum(summary["fallback_calls"].values())
+
+    resident_stack, resident, resident_served = run("resident")
+    streamed_stack, streamed, streamed_served = run("stream")
+    # Between calls every block's tensors are on the host (of an FP8 weight its inner tensors: diffusers puts those
+    # back and leaves the wrapper's device as it was on the GPU).
+    held = [*streamed_stack.blocks.parameters(), *streamed_stack.blocks.buffers()]
+    assert streamed_stack.blocks[0] is not first
+    assert all(getattr(t, name).device.type == "cpu" for t in held for name in t.__tensor_flatten__()[0]
+               if is_traceable_wrapper_subclass(t)) and all(t.device.type == "cpu" for t in held
+                                                            if not is_traceable_wrapper_subclass(t))
+    # The FP8 codes and their scales, the rest in bf16: 0.70x the bf16 bytes for these small blocks on the H200.
+    assert streamed_stack.streamed_bytes == sum(tensor_bytes(t) for t in held) < 0.75 * bf16_bytes
+    assert streamed_served == resident_served > 0
+    for r, s in zip(resident, streamed):
+        torch.testing.assert_close(s, r, rtol=1e-3, atol=1e-3)
+
+
 def test_pack_into_one_buffer_keeps_values_and_aligns():
     block = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3, bias=False).to(torch.bfloat16))
     tensors = list(block.parameters())
