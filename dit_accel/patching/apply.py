@@ -10,7 +10,8 @@ alone), the fused RoPE (`+rope`) or the fused prologue (`+prologue`), FP8 linear
 the bf16 weights kept and put back on exit), torch.compile (`+compile`, `+max-autotune`). On exit, even
 by an exception, every swap is undone in reverse order; a model compiled here is uncompiled (and dynamo's
 caches, which hold the compiled graphs and with them their weights, are dropped) unless `keep_compiled`,
-which generate asks for so that its warm-up call's compile serves the timed call.
+which generate asks for so that its warm-up call's compile serves the timed call. A block stack (an
+nn.ModuleList, what profile-block's --validate pass patches) is compiled block by block.
 """
 from __future__ import annotations
 
@@ -119,11 +120,15 @@ def apply_recipe(target: Any, recipe: Recipe, *, adapter: BlockAdapter | None = 
                     applied.linears.append(swap)
                     applied._undo.append(swap.restore)
         if recipe.compile_mode is not None:
-            for model in applied.models:
-                if model._compiled_call_impl is None:  # a model generate compiled on an earlier call stays so
-                    model.compile(mode=recipe.compile_mode)
-                    if not keep_compiled:
-                        applied._undo.append(lambda model=model: _uncompile(model))
+            # A block stack (an nn.ModuleList) compiles block by block, as diffusers' regional compilation does
+            # (blocks of one class share their compiled code); a model generate compiled on an earlier call stays so.
+            compiled = [module for model in applied.models
+                        for module in (model if isinstance(model, nn.ModuleList) else [model])
+                        if module._compiled_call_impl is None]
+            for module in compiled:
+                module.compile(mode=recipe.compile_mode)
+            if compiled and not keep_compiled:
+                applied._undo.append(lambda: _uncompile(compiled))
         yield applied
     finally:
         applied.unpatch()
@@ -165,7 +170,8 @@ def _quantize(model: nn.Module, adapter: BlockAdapter | None) -> list[Fp8LinearS
     return [quantize_linears(model, adapter, keep_original=True)]
 
 
-def _uncompile(model: nn.Module) -> None:
-    """Back to the eager module; dynamo's caches hold the compiled graph (and with it the weights): dropped."""
-    model._compiled_call_impl = None
+def _uncompile(modules: list[nn.Module]) -> None:
+    """Back to the eager modules; dynamo's caches hold the compiled graphs (and with them the weights): dropped."""
+    for module in modules:
+        module._compiled_call_impl = None
     torch._dynamo.reset()

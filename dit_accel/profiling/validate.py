@@ -5,6 +5,7 @@ pass the block is one block of. With `--offload stream` the blocks live in host 
 onto the GPU (the parts outside them stay on it)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,8 @@ from torch import nn
 from ..adapters import BlockAdapter, Workload
 from ..loading.block import param_bytes, synthetic_block, synthetic_outside
 from ..loading.offload import StreamedRun, host_to_device_gbps, pin_to_host, stream_blocks
-from ..patching.apply import apply_recipe
+from ..patching.apply import apply_recipe, compile_failures_as_user_errors
+from ..patching.fp8_linear import quantize_linears
 from ..patching.recipe import Recipe
 from ..timing import time_region
 from .extrapolate import Validation
@@ -53,8 +55,8 @@ class BlockChain(nn.Module):
 @dataclass
 class ValidationStack:
     """What a --validate pass runs. model: the module called (a `BlockChain`, or the whole
-    transformer); blocks: its block stack, where the recipe's attention backend goes (the parts
-    outside the blocks keep diffusers' default, as the outside measurement ran them); distinct: the
+    transformer); blocks: its block stack (an nn.ModuleList), where the recipe goes (the parts outside the
+    blocks keep diffusers' default attention, eager, as the outside measurement ran them); distinct: the
     blocks held; streamed_bytes: what one pass copies from host memory (0: resident)."""
 
     model: nn.Module
@@ -64,8 +66,8 @@ class ValidationStack:
 
 
 def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device: torch.device, dtype: torch.dtype,
-                activation_bytes: int, offload: str = "resident", whole_model: bool = False, seed: int = 0,
-                progress: SessionProgress = NO_PROGRESS) -> ValidationStack:
+                activation_bytes: int, offload: str = "resident", whole_model: bool = False, fp8_linear: bool = False,
+                seed: int = 0, progress: SessionProgress = NO_PROGRESS) -> ValidationStack:
     """The blocks of a --validate pass, in a `BlockChain` of `n` blocks of the adapter's stack or
     (`whole_model`) in the transformer, every stack full.
 
@@ -74,7 +76,9 @@ def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device
     fit, they are cycled through (the whole model holds all its blocks: the memory check refuses it when they
     do not fit). stream: fresh synthetic blocks, each built on the device and moved to pinned host memory,
     streamed back one block at a time, the next prefetched while one runs (`offload.stream_blocks`, the same
-    for the chain and the whole model; the parts outside the blocks stay on the device).
+    for the chain and the whole model; the parts outside the blocks stay on the device). `fp8_linear`: each
+    block's linears go to FP8 as it is built (`quantize_linears`, on the device, so a streamed block keeps and
+    copies one byte a weight), and the first block is a fresh one too (the profiled block keeps its bf16 weights).
     """
     stacks = adapter.stacks if whole_model else [(adapter.stack, n)]
     if offload == "stream":
@@ -90,11 +94,13 @@ def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device
             stack_adapter = adapter.for_stack(name)
             blocks = []
             for i in range(count if whole_model or offload == "stream" else distinct):
-                if name == adapter.stack and i == 0 and offload != "stream":
+                if name == adapter.stack and i == 0 and offload != "stream" and not fp8_linear:
                     block = first_block  # the profiled block is the first of its stack
                 else:  # one block on the device at a time while streaming
                     block = synthetic_block(stack_adapter, i % stack_adapter.num_blocks, device, dtype,
                                             seed=seed + i).block
+                    if fp8_linear:
+                        quantize_linears(block, stack_adapter)
                     if offload == "stream":
                         pin_to_host(block, pin=device.type == "cuda")
                 blocks.append(block)
@@ -109,7 +115,8 @@ def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device
         stack = next(iter(lists.values())) if len(lists) == 1 else nn.ModuleList(
             [block for blocks in lists.values() for block in blocks])
     else:
-        model = stack = BlockChain(list(lists[adapter.stack]))
+        model = BlockChain(list(lists[adapter.stack]))
+        stack = model.blocks
     streamed_bytes = stream_blocks(model, device) if offload == "stream" else 0
     return ValidationStack(model, stack, distinct, streamed_bytes)
 
@@ -119,7 +126,8 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
                    activation_bytes: int, offload: str = "resident", whole_model: Workload | None = None,
                    outside_ms: float = 0.0, outside_source: str | None = None, warmup: int = 1, runs: int = 3,
                    seed: int = 0, progress: SessionProgress = NO_PROGRESS) -> Validation:
-    """Time one pass of `n` blocks, all under the eager `recipe` (`build_stack` holds them).
+    """Time one pass of `n` blocks, all under `recipe` (`build_stack` holds them, its FP8 linears in them; compiled,
+    block by block, as the profiled block was).
 
     Without `whole_model`: the blocks chained on the block's `inputs`, against n x block_ms. With it
     (the block profile's workload): the whole transformer's forward on that workload's pass
@@ -128,7 +136,8 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
     says how much copying was hidden. On a GPU the peak memory of the timed passes is kept.
     """
     stack = build_stack(adapter, first_block, n, device=device, dtype=dtype, activation_bytes=activation_bytes,
-                        offload=offload, whole_model=whole_model is not None, seed=seed, progress=progress)
+                        offload=offload, whole_model=whole_model is not None, fp8_linear=recipe.fp8_linear, seed=seed,
+                        progress=progress)
     if whole_model is None:
         hidden = inputs["hidden_states"]
         rest = {k: v for k, v in inputs.items() if k != "hidden_states"}
@@ -146,7 +155,8 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
             return stack.model(**arguments)
 
     cuda = device.type == "cuda"
-    with apply_recipe(stack.blocks, recipe):
+    with apply_recipe(stack.blocks, dataclasses.replace(recipe, fp8_linear=False)), \
+            compile_failures_as_user_errors(f"{recipe.label} on the --validate pass", "put an eager recipe first"):
         # The first streamed pass teaches diffusers the block order it prefetches in: warm up once more.
         chain_warmup = warmup + (offload == "stream")
         with progress.stage(f"validation: {what}, warm-up and timed passes", chain_warmup + runs) as done:

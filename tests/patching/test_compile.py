@@ -153,7 +153,7 @@ def test_two_compiled_recipes_report_no_false_recompiles(tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--compare-attn", "native+compile,native", "--validate", "2"], "--validate chains eager blocks"),
+    (["--compare-attn", "fp8+prologue,native", "--validate", "2"], "adds the fused prologue, which it does not apply"),
     (["--model", "wan", "--attn", "native+rope"], "+rope serves MiniMax-H3's attention processor"),
 ])
 def test_recipes_a_run_cannot_honour_are_refused_before_it_starts(tmp_path, args, words):
@@ -268,3 +268,30 @@ def test_a_block_torch_compile_cannot_compile_is_one_line_naming_the_recipe(tmp_
     assert "run the recipe without +compile" in error[0]
     assert "Polyfill handler" in error[0] and "second line" not in result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_a_block_stack_compiles_block_by_block_sharing_its_graphs_and_is_uncompiled_after():
+    """apply_recipe on an nn.ModuleList of blocks (what --validate patches) compiles each block, as diffusers' regional
+    compilation does: the second and third block of one class reuse the first one's graphs; on exit every block is
+    eager again."""
+    from torch._dynamo.utils import counters
+
+    from dit_accel.adapters import adapter_for_preset
+    from dit_accel.loading.block import synthetic_block
+    from dit_accel.patching.apply import apply_recipe
+    from dit_accel.patching.recipe import parse_recipe
+
+    adapter = adapter_for_preset("wan").scaled_down()
+    workload = adapter.workload_from_seq_len(64, 1)
+    blocks = torch.nn.ModuleList(synthetic_block(adapter, i, torch.device("cpu"), torch.float32, seed=i).block
+                                 for i in range(3))
+    inputs = adapter.make_inputs(workload, torch.device("cpu"), torch.float32, torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    with torch.no_grad(), apply_recipe(blocks, parse_recipe("native+compile")):
+        assert all(block._compiled_call_impl is not None for block in blocks)
+        graphs = []
+        for block in blocks:
+            inputs["hidden_states"] = block(**inputs)
+            graphs.append(counters["stats"]["unique_graphs"])
+        assert graphs[0] >= 1 and graphs[1] == graphs[2] == graphs[0]
+    assert all(block._compiled_call_impl is None for block in blocks)
