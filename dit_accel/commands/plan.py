@@ -54,7 +54,7 @@ class SkipRatio(FiniteFloat):
 @click.option("--verify", is_flag=True,
               help="Run every knob combination this GPU can run on the run's block and inputs (profile-block with "
                    "the run's options, into a profile-block_verify folder of its own; with --memory-budget also the "
-                   "whole transformer streamed, with the baseline's attention and with ours) and put measured "
+                   "whole transformer streamed: the baseline, our FP8 attention, the full recipe) and put measured "
                    "beside predicted.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for plan.json and plan.csv (default: outputs/plan_<run>_<time>).")
@@ -81,13 +81,13 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     if verify:  # runs of their own (profile-block's folders, names and messages), the plan made from them
         verify_run = _verify_run(run, baseline, DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify"))
         verified, verified_in = read_baseline(verify_run), [str(verify_run)]
-        for attention in _streamable(verified) if memory_budget is not None else ():
+        for recipe in _streamed_recipes(verified) if memory_budget is not None else ():
             try:
-                stream_run = _verify_streaming(run, verified, attention, memory_budget,
+                stream_run = _verify_streaming(run, verified, recipe, memory_budget,
                                                DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify-stream"))
             except UserError as exc:  # e.g. the block and its profiling do not fit the budget: the plan goes on
-                not_verified.append(f"the streamed pass with {attention} under {memory_budget.text}: {exc}")
-                console.print(f"[yellow]note:[/yellow] --verify could not stream the pass with {attention}: {exc}")
+                not_verified.append(f"the streamed pass with {recipe} under {memory_budget.text}: {exc}")
+                console.print(f"[yellow]note:[/yellow] --verify could not stream the pass with {recipe}: {exc}")
             else:
                 verified.streamed += streamed_passes(read_run(stream_run), stream_run)
                 verified_in.append(str(stream_run))
@@ -139,28 +139,29 @@ def _verify_run(run: Path, baseline, out: Path) -> Path:
     return out
 
 
-def _streamable(baseline) -> list[str]:
-    """The attentions --verify streams the whole transformer with: the baseline's, and ours where this GPU runs it
-    (--validate runs its first recipe eagerly: FP8 linears and compile are not streamed)."""
+def _streamed_recipes(baseline) -> list[str]:
+    """The recipes --verify streams the whole transformer with, those this GPU runs of: the baseline, our FP8
+    attention alone, and the full recipe (our FP8 attention, FP8 linears, compile): the three streaming rows."""
     import torch
 
     from ..patching.recipe import check_recipes, parse_recipe
 
-    attentions = [baseline.attention_backend]
-    try:
-        check_recipes([parse_recipe("fp8")], torch.device("cuda"), getattr(torch, baseline.dtype))
-        attentions.append("fp8")
-    except UserError as exc:
-        console.print(f"[yellow]note:[/yellow] --verify streams no pass with fp8: {exc}")
-    return attentions
+    recipes = [baseline.attention_backend]
+    for name in ("fp8", "fp8+fp8-linear+compile"):
+        try:
+            check_recipes([parse_recipe(name)], torch.device("cuda"), getattr(torch, baseline.dtype))
+            recipes.append(name)
+        except UserError as exc:
+            console.print(f"[yellow]note:[/yellow] --verify streams no pass with {name}: {exc}")
+    return recipes
 
 
-def _verify_streaming(run: Path, baseline, attention: str, budget, out: Path) -> Path:
-    """The whole transformer with its blocks streamed under `budget`, with `attention`, eager (what profile-block
-    --validate model --offload stream measures of its first recipe), into `out`."""
+def _verify_streaming(run: Path, baseline, recipe: str, budget, out: Path) -> Path:
+    """The whole transformer with its blocks streamed under `budget`, under `recipe` (what profile-block --validate
+    model --offload stream measures of its first recipe), into `out`."""
     from .profile_block import profile_block
 
-    options = [*_rerun_options(run, baseline), "--compare-attn", attention, "--validate", "model",
+    options = [*_rerun_options(run, baseline), "--compare-attn", recipe, "--validate", "model",
                "--offload", "stream", "--memory-budget", budget.text, "--out", str(out)]
     console.print(f"[dim]--verify: profile-block {' '.join(options[:-2])}[/dim]")
     profile_block.main(options, standalone_mode=False)
@@ -294,7 +295,7 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], memory: 
 
 def _scaling_rows(baseline, here, sets, full, memory_budget, host_link_gbps, gpus, link_gbps,
                   cache_skip) -> list[dict]:
-    """Streaming of the baseline, of our FP8 attention alone (what --verify can stream too) and of the full recipe;
+    """Streaming of the baseline, of our FP8 attention alone and of the full recipe (what --verify streams too);
     context parallelism and step caching on top of the full recipe. sets: knob set -> (block ms by stack, pass ms,
     memory bytes); full: the full recipe's knob set."""
     from ..planning.predict import cached_video_seconds, context_parallel_pass_ms, video_seconds

@@ -251,34 +251,38 @@ def test_gpu_verify_measures_every_knob_beside_its_prediction(tmp_path, monkeypa
         assert all(abs(d) < 50 for d in row["measured"]["difference_pct"].values()), row
 
 
-def test_verify_streams_the_baseline_and_our_attention_and_says_what_it_could_not(tmp_path, monkeypatch):
-    """--verify --memory-budget streams the whole transformer twice, with the baseline's attention and with ours;
-    each pass stands beside its row's prediction (knobs and budget alike); a pass profile-block refuses (the block
-    and its profiling do not fit the budget) is a note and plan.json's not_verified, and the plan is written."""
+def test_verify_streams_the_baseline_our_attention_and_the_full_recipe_and_says_what_it_could_not(tmp_path,
+                                                                                                   monkeypatch):
+    """--verify --memory-budget streams the whole transformer three times: the baseline, our FP8 attention, the full
+    recipe; each pass stands beside its row's prediction (knobs and budget alike); a pass profile-block refuses (the
+    block and its profiling do not fit the budget) is a note and plan.json's not_verified, and the plan is written."""
     from dit_accel.commands import plan as plan_command
 
     run = _report(tmp_path)
     monkeypatch.setattr(plan_command, "_verify_run", lambda run, baseline, out: run)
-    monkeypatch.setattr(plan_command, "_streamable", lambda baseline: ["cudnn", "fp8"])
+    monkeypatch.setattr(plan_command, "_streamed_recipes", lambda baseline: ["cudnn", "fp8", "fp8+fp8-linear+compile"])
+    pass_ms = {"cudnn": 1150.0, "fp8+fp8-linear+compile": 800.0}
 
-    def stream(run, baseline, attention, budget, out):
-        if attention == "fp8":
+    def stream(run, baseline, recipe, budget, out):
+        if recipe == "fp8":
             raise UserError("the block needs about 19.6 GiB: it does not fit in the 16GiB budget")
-        streamed = _report(tmp_path / "streamed")
+        (tmp_path / recipe).mkdir()
+        streamed = _report(tmp_path / recipe)
         report = json.loads((streamed / "report.json").read_text())
+        report["runs"][0]["backend"] = recipe
         report["memory_budget"] = budget.text
-        report["validation"] = {"whole_model": True, "residency": "streamed", "measured_ms": 1150.0,
+        report["validation"] = {"whole_model": True, "residency": "streamed", "measured_ms": pass_ms[recipe],
                                 "streamed": {"h2d_gbps": 9.5}}
         (streamed / "report.json").write_text(json.dumps(report))
         return streamed
 
-    (tmp_path / "streamed").mkdir()
     monkeypatch.setattr(plan_command, "_verify_streaming", stream)
     result = _plan(run, "--verify", "--memory-budget", "16GiB", "--host-link-gbps", "10", "--out", tmp_path / "plan")
     assert result.exit_code == 0, result.output
     assert "--verify could not stream the pass with fp8: the block needs about 19.6 GiB" in result.output
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
-    assert plan["verified_in"] == [str(run), str(tmp_path / "streamed" / "run")]
+    assert plan["verified_in"] == [str(run), str(tmp_path / "cudnn" / "run"),
+                                   str(tmp_path / "fp8+fp8-linear+compile" / "run")]
     assert plan["not_verified"] == ["the streamed pass with fp8 under 16GiB: the block needs about 19.6 GiB: it does "
                                     "not fit in the 16GiB budget"]
     rows = {row["knobs"]: row for row in plan["knobs"] if "stream" in row["knobs"]}
@@ -292,6 +296,9 @@ def test_verify_streams_the_baseline_and_our_attention_and_says_what_it_could_no
     ours = rows["fp8-attention + stream under 16GiB"]
     alone = next(row for row in plan["knobs"] if row["knobs"] == "fp8-attention")
     assert "measured" not in ours and ours["fits"] == "model" and ours["pass_ms"] == alone["pass_ms"]
+    full = rows["compile + fp8-attention + fp8-linear + stream under 16GiB"]
+    assert full["measured"]["recipe"] == "fp8+fp8-linear+compile, --validate model --offload stream"
+    assert full["measured"]["difference_pct"]["pass"] == pytest.approx(100 * (full["pass_ms"] / 800.0 - 1), abs=0.06)
 
 
 def test_a_folder_that_is_not_a_run_is_refused_before_torch_loads():
