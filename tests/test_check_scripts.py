@@ -167,6 +167,14 @@ def test_the_quantization_study_reproduces_the_kernels_emulation_for_todays_sche
         today = study.scheme_error(q, k, v, study.SCHEMES["e4m3 per head (today)"])
         assert today == pytest.approx(rel_rms_err(emulated, reference_attention(q, k, v)), rel=1e-4)
         assert study.scheme_error(q, k, v, study.SCHEMES["int8 per block + K smoothing"]) < 0.8 * today
+        everything = torch.arange(300)
+        assert study.scheme_error(q, k, v, study.SCHEMES["int8 per thread"], everything) == pytest.approx(
+            study.scheme_error(q, k, v, study.SCHEMES["int8 per thread"]), rel=1e-12)
+    # SageAttention2's per-thread groups: rows r and r + 8 of each 16 queries; keys 2t, 2t + 1 mod 8 of each 128
+    assert study.thread_groups(32, study.PER_THREAD_Q).tolist() == [*range(8), *range(8), *range(8, 16),
+                                                                     *range(8, 16)]
+    assert study.thread_groups(136, study.PER_THREAD_K).tolist()[:10] == [0, 0, 1, 1, 2, 2, 3, 3, 0, 0]
+    assert study.thread_groups(136, study.PER_THREAD_K).tolist()[128:] == [4, 4, 5, 5, 6, 6, 7, 7]
     q, k, v = (x.double() for x in random_qkv(1, 64, 64, 1, 64, device="cpu", seed=1))
     shifted = k + torch.randn(1, 1, 1, 64, dtype=torch.float64)  # a mean shared by every key
     torch.testing.assert_close(reference_attention(q, shifted, v), reference_attention(q, k, v))

@@ -6,6 +6,7 @@ stream damps the attention error (a block error well under the attention error) 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable
 
@@ -28,22 +29,24 @@ def attention_functions(adapter: BlockAdapter) -> tuple[tuple[str, str], ...]:
 def capture_attention_inputs(block: nn.Module, inputs: dict[str, Any],
                              adapter: BlockAdapter) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v [B, S, H, D] of the block's first attention call (its self- or joint attention): through diffusers'
-    dispatch ([B, S, H, D]) or torch's SDPA ([B, H, S, D], transposed here)."""
+    dispatch ([B, S, H, D]) or torch's SDPA ([B, H, S, D], transposed here). The forward stops at that call."""
     captured: list[tuple[torch.Tensor, ...]] = []
+
+    class Captured(Exception):
+        pass
 
     def recording(original: Callable) -> Callable:
         heads_major = getattr(original, "__name__", "") == "scaled_dot_product_attention"
 
         def record(query, key, value, *args, **kwargs):
-            if not captured:
-                qkv = (query, key, value)
-                if heads_major:
-                    qkv = tuple(x.transpose(1, 2) for x in qkv)
-                captured.append(tuple(x.detach().clone() for x in qkv))
-            return original(query, key, value, *args, **kwargs)
+            qkv = (query, key, value)
+            if heads_major:
+                qkv = tuple(x.transpose(1, 2) for x in qkv)
+            captured.append(tuple(x.detach().clone() for x in qkv))
+            raise Captured
         return record
 
-    with wrapped_functions(attention_functions(adapter), recording):
+    with wrapped_functions(attention_functions(adapter), recording), contextlib.suppress(Captured):
         block(**inputs)
     if not captured:
         raise RuntimeError(f"{type(block).__name__} made no attention call through {attention_functions(adapter)}")

@@ -66,7 +66,11 @@ def test_attention_error_on_the_blocks_own_inputs(small_h3, monkeypatch):
     from dit_accel.profiling.attention_error import attention_errors, capture_attention_inputs
 
     adapter, block, workload, inputs = small_h3
+    finished = []
+    hook = block.register_forward_hook(lambda *_: finished.append(True))
     q, k, v = capture_attention_inputs(block, inputs, adapter)
+    hook.remove()
+    assert not finished  # the forward stopped at the attention call
     heads, head_dim = adapter.config["num_attention_heads"], adapter.config["attention_head_dim"]
     assert q.shape == k.shape == v.shape == (1, workload.seq_len, heads, head_dim)
     monkeypatch.setitem(backends.BACKENDS, "zeros", AttentionBackend(
