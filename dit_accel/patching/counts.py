@@ -46,7 +46,7 @@ class CallCounts:
 
     @classmethod
     def on_device_of(cls, module: nn.Module) -> "CallCounts":
-        """Counters on the device `module` computes on (its first parameter's; the CPU without one)."""
+        """Counters on the device `module` computes on (`module_device`)."""
         return cls(module_device(module))
 
     def expect(self, *reasons: str | None) -> None:

@@ -32,7 +32,7 @@ def capture_attention_inputs(block: nn.Module, inputs: dict[str, Any],
     dispatch ([B, S, H, D]) or torch's SDPA ([B, H, S, D], transposed here). The forward stops at that call."""
     captured: list[tuple[torch.Tensor, ...]] = []
 
-    class Captured(Exception):
+    class Captured(BaseException):  # not an Exception: a processor's own `except Exception` must not swallow it
         pass
 
     def recording(original: Callable) -> Callable:
