@@ -21,7 +21,8 @@ attention reference's bytes: 8 on the CPU, 4 on a GPU):
   (each at most REFERENCE_CHUNK_SCORES, `attention.reference`), the backend's output and the error's
   temporaries in the reference dtype (B*S*I_g*(e + 2r));
 - validate: the chain's other blocks ((N-1) x weights on the CPU; on a GPU the chain holds what
-  fits and cycles, so only one more block when streaming); `--validate model` holds every block
+  fits and cycles, so only one more block when streaming: in FP8 where the first recipe has FP8 linears,
+  `streamed_block_bytes`); `--validate model` holds every block
   resident ((N-1) x weights, no cycling) or streams them (one more block), and beside them the
   transformer without its blocks (counted as `outside`, here held together with the block and the
   chain; streamed too, since only the block stacks stream and the rest stays on the GPU). Its
@@ -109,6 +110,19 @@ def block_weight_bytes(settings: "ProfileSettings") -> int:
     return loaded_param_bytes(s.adapter.build_block(), s.adapter, s.dtype, prefix)
 
 
+def streamed_block_bytes(settings: "ProfileSettings", weights: int) -> int:
+    """One streamed block of the --validate pass on the device: its `weights`, or where the first recipe has FP8
+    linears (built into the streamed blocks) with the chosen linears' e4m3 codes and per-row fp32 scales in
+    place of their weights (the family's FP8 plan on a meta-device block)."""
+    from ..patching.fp8_linear import plan_fp8_linears
+
+    if not settings.recipes[0].fp8_linear:
+        return weights
+    e = torch.empty((), dtype=settings.dtype).element_size()
+    chosen = plan_fp8_linears(settings.adapter.build_block(), settings.adapter).chosen
+    return weights - sum(c.in_features * c.out_features * (e - 1) - 4 * c.out_features for c in chosen)
+
+
 def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = None,
                      outside_bytes: int | None = None) -> MemoryEstimate:
     s = settings
@@ -140,7 +154,7 @@ def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = No
     validate = 0
     if s.validate_blocks > 1:
         if s.offload == "stream":
-            validate = weights
+            validate = streamed_block_bytes(s, weights)
         elif kind == "cpu" or s.validate_model:  # all N held: no cycling
             validate = (s.validate_blocks - 1) * weights
     if outside_bytes is None:

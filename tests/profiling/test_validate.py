@@ -200,3 +200,26 @@ def test_the_full_size_h3_transformer_matches_its_extrapolation_on_the_gpu(tmp_p
     v = json.loads((out / "report.json").read_text())["validation"]
     assert v["whole_model"] and v["chained_blocks"] == 50 and v["peak_memory_bytes"] > 64e9
     assert abs(v["ratio"] - 1) < 0.05
+
+
+def test_a_streamed_fp8_linear_pass_counts_its_blocks_in_fp8(monkeypatch):
+    """--validate model --offload stream with FP8 linears in the first recipe streams FP8 blocks: the estimate's
+    streamed block is the chosen linears in e4m3 with per-row fp32 scales and the rest as loaded (Wan 2.1 14B:
+    0.40 of 0.70 GB), so the full recipe's streamed Wan 720p session fits a 16 GiB budget as the baseline's does."""
+    from dit_accel.patching.fp8_linear import plan_fp8_linears
+
+    budget = 16 * memory.GiB
+    monkeypatch.setattr(memory, "memory_room", lambda device, b=None, text=None: (budget, "the 16GiB budget"))
+    adapter = adapter_for_preset("wan")
+
+    def settings(recipe):
+        return ProfileSettings(adapter, adapter.default_workload(1), torch.bfloat16, torch.device("cuda"),
+                               (parse_recipe(recipe),), measure_outside=True, validate_blocks=adapter.num_blocks,
+                               validate_model=True, offload="stream")
+
+    plain, full = (memory.check_fits(settings(r), budget, "16GiB") for r in ("cudnn", "fp8+fp8-linear+compile"))
+    chosen = plan_fp8_linears(adapter.build_block(), adapter).chosen
+    assert plain.validate_bytes == plain.weights_bytes == full.weights_bytes
+    assert full.validate_bytes == plain.weights_bytes - sum(c.in_features * c.out_features - 4 * c.out_features
+                                                            for c in chosen)
+    assert 0.5 < full.validate_bytes / plain.weights_bytes < 0.65 and full.total_bytes < budget
