@@ -117,43 +117,48 @@ def _verify_run(run: Path, baseline, out: Path) -> Path:
     combination this GPU can run side by side, into `out`."""
     import torch
 
-    from ..patching.recipe import check_recipes, parse_recipe
-    from ..planning.measured import KNOBS
     from ..planning.predict import knob_sets
     from .profile_block import profile_block
 
     if not torch.cuda.is_available():
         raise UserError("--verify runs the knobs on this machine's GPU, and it has none; plan without --verify here")
     options = _rerun_options(run, baseline)
-    recipes = []
-    for knobs in knob_sets():
-        name = ("fp8" if "fp8-attention" in knobs else baseline.attention_backend) + "".join(
-            f"+{k}" for k in KNOBS if k in knobs and k != "fp8-attention")
-        try:
-            check_recipes([parse_recipe(name)], torch.device("cuda"), getattr(torch, baseline.dtype))
-            recipes.append(name)
-        except UserError as exc:
-            console.print(f"[yellow]note:[/yellow] --verify leaves {name} out: {exc}")
+    recipes = [name for name in (_recipe_of(knobs, baseline) for knobs in knob_sets())
+               if _runs_here(name, baseline, f"--verify leaves {name} out")]
     console.print(f"[dim]--verify: profile-block {' '.join(options)} --compare-attn {','.join(recipes)}[/dim]")
     profile_block.main([*options, "--compare-attn", ",".join(recipes), "--out", str(out)], standalone_mode=False)
     return out
 
 
-def _streamed_recipes(baseline) -> list[str]:
-    """The recipes --verify streams the whole transformer with, those this GPU runs of: the baseline, our FP8
-    attention alone, and the full recipe (our FP8 attention, FP8 linears, compile): the three streaming rows."""
+def _recipe_of(knobs: frozenset, baseline) -> str:
+    """The recipe that turns `knobs` on the baseline's attention (ours where fp8-attention is one of them)."""
+    from ..planning.measured import KNOBS
+
+    return ("fp8" if "fp8-attention" in knobs else baseline.attention_backend) + "".join(
+        f"+{k}" for k in KNOBS if k in knobs and k != "fp8-attention")
+
+
+def _runs_here(name: str, baseline, skipped: str) -> bool:
+    """Whether this GPU runs recipe `name` in the baseline's dtype; if not, a note: `skipped` and why."""
     import torch
 
     from ..patching.recipe import check_recipes, parse_recipe
 
-    recipes = [baseline.attention_backend]
-    for name in ("fp8", "fp8+fp8-linear+compile"):
-        try:
-            check_recipes([parse_recipe(name)], torch.device("cuda"), getattr(torch, baseline.dtype))
-            recipes.append(name)
-        except UserError as exc:
-            console.print(f"[yellow]note:[/yellow] --verify streams no pass with {name}: {exc}")
-    return recipes
+    try:
+        check_recipes([parse_recipe(name)], torch.device("cuda"), getattr(torch, baseline.dtype))
+    except UserError as exc:
+        console.print(f"[yellow]note:[/yellow] {skipped}: {exc}")
+        return False
+    return True
+
+
+def _streamed_recipes(baseline) -> list[str]:
+    """The recipes --verify streams the whole transformer with, those this GPU runs of the streaming rows'
+    (`predict.streamed_knob_sets`): the baseline, our FP8 attention alone, the full recipe."""
+    from ..planning.predict import streamed_knob_sets
+
+    return [name for name in (_recipe_of(knobs, baseline) for knobs in streamed_knob_sets())
+            if _runs_here(name, baseline, f"--verify streams no pass with {name}")]
 
 
 def _verify_streaming(run: Path, baseline, recipe: str, budget, out: Path) -> Path:
@@ -298,14 +303,14 @@ def _scaling_rows(baseline, here, sets, full, memory_budget, host_link_gbps, gpu
     """Streaming of the baseline, of our FP8 attention alone and of the full recipe (what --verify streams too);
     context parallelism and step caching on top of the full recipe. sets: knob set -> (block ms by stack, pass ms,
     memory bytes); full: the full recipe's knob set."""
-    from ..planning.predict import cached_video_seconds, context_parallel_pass_ms, video_seconds
+    from ..planning.predict import cached_video_seconds, context_parallel_pass_ms, streamed_knob_sets, video_seconds
 
     block_ms, pass_ms, _ = sets[full]
     name = knobs_label(full)
     rows = []
     if memory_budget is not None:
         link = host_link_gbps or here.host_link_gbps
-        for streamed in (frozenset(), frozenset({"fp8-attention"}), full):
+        for streamed in streamed_knob_sets():
             streamed_blocks, streamed_pass, memory = sets[streamed]
             rows.append(_stream_row(baseline, streamed, streamed_blocks, memory, streamed_pass, memory_budget, link))
     if gpus > 1:

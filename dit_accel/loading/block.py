@@ -12,6 +12,7 @@ from ..adapters.building import synthetic_weights
 from ..errors import UserError
 from .checkpoint import LoadStats, count_blocks, read_layout, read_tensors, transformer_folder
 
+
 def tensor_bytes(tensor: torch.Tensor) -> int:
     """Bytes `tensor` holds: a tensor subclass's (torchao's FP8 weights) are its inner tensors' (codes, scales)."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass

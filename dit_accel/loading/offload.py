@@ -34,7 +34,7 @@ def check_offload(offload: str, device: torch.device) -> None:
 
 
 _ALIGN = 256  # bytes; every tensor of a packed module starts on this boundary
-_ONLOAD_DEVICE = "_dit_accel_onload_device"  # set by `stream_blocks` on the model, its stacks and their blocks
+_ONLOAD_DEVICE = "_dit_accel_onload_device"  # set by `stream_blocks` on each block it streams
 
 
 def onload_device(module: nn.Module) -> torch.device | None:
@@ -169,8 +169,8 @@ def stream_blocks(model: nn.Module, device: torch.device) -> int:
         apply_group_offloading(model, onload_device=device, offload_device="cpu", offload_type="block_level",
                                num_blocks_per_group=1, use_stream=cuda, non_blocking=cuda, record_stream=cuda,
                                block_modules=[])
-    for streamed in [model, *stacks.values(), *(block for stack in stacks.values() for block in stack)]:
-        vars(streamed)[_ONLOAD_DEVICE] = device
+    for block in (block for stack in stacks.values() for block in stack):
+        vars(block)[_ONLOAD_DEVICE] = device
     return stack_bytes(model)
 
 

@@ -212,6 +212,12 @@ def knob_sets() -> list[frozenset[str]]:
     return [frozenset(c) for n in range(len(KNOBS) + 1) for c in itertools.combinations(KNOBS, n)]
 
 
+def streamed_knob_sets() -> tuple[frozenset[str], ...]:
+    """The knob sets the plan predicts streaming for (and `plan --verify` streams): the baseline, our FP8 attention
+    alone, and every knob (the full recipe)."""
+    return frozenset(), frozenset({"fp8-attention"}), frozenset(KNOBS)
+
+
 def weights_bytes(baseline: Baseline, knobs: frozenset[str]) -> int:
     """Every block and the outside weights; FP8 linears keep one byte a weight instead of two."""
     saved = 0
