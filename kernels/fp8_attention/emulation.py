@@ -5,8 +5,8 @@ The truth it and the kernels are compared with (`reference_attention`, `referenc
 kernels import no library code.
 
 `emulate_fp8_attention` is the kernel's scheme with every rounding it does and nothing else:
-per-(b, h) e4m3 Q, K, V (prep's `quantize`; with `qk_int8`, INT8 Q and K with a scale per 64 rows, prep's
-`quantize_int8_blocks`), online softmax over 32-key strips, p rounded
+per-(b, h) e4m3 Q, K, V (prep's `quantize`; with `qk_int8`, INT8 Q and K with a scale per group of the rows a
+kernel thread holds, prep's `quantize_int8_groups`), online softmax over 32-key strips, p rounded
 to e4m3 as p * 256 against the running max, row sums of the unrounded p (or, `rounded_row_sum`,
 of the rounded p, as the sm90 kernel's `pv_row_sum` takes them from the tensor core), output
 rounded to the output dtype. The kernel should land within ~0.5 percentage points of it (its remaining
@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from .layout import FP8, KEYS, LN_2, LOG2_E, MAX_STEP, P_SCALE, ROUND_TO_INT, SCALE_BLOCK
-from .prep import head_amax, padded_rows, quantize, quantize_int8_blocks, scales_from_amax
+from .layout import FP8, KEYS, LN_2, LOG2_E, MAX_STEP, P_SCALE, ROUND_TO_INT, SCALE_BLOCK, k_scale_group, q_scale_group
+from .prep import head_amax, padded_rows, quantize, quantize_int8_groups, scales_from_amax
 
 # How far a kernel's LSE may sit from the emulation's when both sum the rounded P (`rounded_row_sum`): a p
 # that the kernel's arithmetic (its exp2, its logits' fp32 accumulation) puts on the other side of an e4m3
@@ -52,7 +52,7 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
     are independent, so this is exact and makes long sequences affordable.
     block_keys, reverse: the key blocks the running max is taken over and their order (v1:
     32-key strips first to last; the sm90 kernel: tile_n-key blocks last to first).
-    qk_int8: Q and K as the sm90 kernel's INT8 option takes them (`prep.quantize_int8_blocks`)."""
+    qk_int8: Q and K as the sm90 kernel's INT8 option takes them (`prep.quantize_int8_groups`)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     b, _, h, _ = q.shape
     amax = torch.stack([head_amax(x) for x in (q, k, v)])
@@ -64,7 +64,7 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
     vc = quantize(v, quant[2]).double().transpose(1, 2)  # e4m3 codes as float64, [B, H, S, D]
     max_steps = None
     if qk_int8:
-        qc, kc = (int8_codes(x) for x in (q, k))
+        qc, kc = int8_codes(q, q_scale_group), int8_codes(k, k_scale_group)
         qc = qc if rows is None else qc[:, :, rows]
         qk_scales, max_steps = int8_kernel_scales(q, k, scale, block_keys, rows)
         logits = qc @ kc.transpose(-1, -2) * qk_scales  # log2 units, [B, H, Sq, Skv]
@@ -78,37 +78,39 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
     return (out, lse) if return_lse else out
 
 
-def int8_codes(x):
-    """The codes of x [B, S, H, D] as the INT8 Q/K prep makes them, float64 [B, H, S, D]."""
+def int8_codes(x, group_of):
+    """The codes of x [B, S, H, D] as the INT8 Q/K prep makes them with these scale groups
+    (`layout.q_scale_group` or `layout.k_scale_group`), float64 [B, H, S, D]."""
     b, s, h, d = x.shape
-    return quantize_int8_blocks(padded_rows(x.float(), s))[0].double().view(b, h, s, d)
+    return quantize_int8_groups(padded_rows(x.float(), s), group_of)[0].double().view(b, h, s, d)
 
 
 def int8_kernel_scales(q, k, scale, block_keys, rows=None):
     """What the sm90 kernel's INT8 Q/K scales each score by, and the running-max step of each key block
-    (`softmax.BiasedGroups`): per query row and key group of 64, the fp32 product (softmax scale * log2(e)) * q's
-    block scale * k's group scale, cut to a multiple of u * 2^-22, u = 2^(e - 22) for e the exponent of 1.5 * 2^23
-    times the block's larger group scale; the step is u, or 0 (the max not rounded) where u > MAX_STEP.
+    (`softmax.BiasedGroups`): per query row and key, the fp32 product (softmax scale * log2(e)) * the row's group
+    scale * the key's group scale, cut to a multiple of u * 2^-22, u = 2^(e - 22) for e the exponent of
+    1.5 * 2^23 times the largest such scale of the row over the key block (the quad's four lanes hold all of its
+    key groups); the step is u, or 0 (the max not rounded) where u > MAX_STEP.
     ([B, H, rows, Skv] float64 scales, [B, H, rows, n_blocks] float64 steps.)"""
     if block_keys != 2 * SCALE_BLOCK:
-        raise ValueError(f"INT8 Q/K's kernel takes {2 * SCALE_BLOCK}-key blocks (two key scales each)")
+        raise ValueError(f"INT8 Q/K's kernel takes {2 * SCALE_BLOCK}-key blocks (two key scales a thread)")
     b, sq, h, _ = q.shape
     skv = k.shape[1]
-    q_scale = quantize_int8_blocks(padded_rows(q.float(), sq))[1]  # [B*H, ceil(Sq / 64)]
-    k_scale = quantize_int8_blocks(padded_rows(k.float(), skv))[1]
-    n_blocks = -(-skv // block_keys)
-    groups = torch.arange(2 * n_blocks, device=k.device).clamp(max=k_scale.shape[1] - 1)
+    q_scale = quantize_int8_groups(padded_rows(q.float(), sq), q_scale_group)[1]
+    k_scale = quantize_int8_groups(padded_rows(k.float(), skv), k_scale_group)[1]
     softmax_scale_log2 = torch.tensor(scale, dtype=torch.float32) * torch.tensor(LOG2_E, dtype=torch.float32)
-    per_row = (softmax_scale_log2.to(q.device) * q_scale).repeat_interleave(SCALE_BLOCK, dim=1)[:, :sq]
-    if rows is not None:
-        per_row = per_row[:, rows]
-    scales = (per_row[:, :, None] * k_scale[:, None, groups]).view(b * h, -1, n_blocks, 2)  # fp32
-    largest = (scales.amax(-1) * ROUND_TO_INT).view(torch.int32)  # its exponent alone is read
-    steps = torch.exp2((((largest >> 23) & 0xFF) - 127 - 22).double())[..., None]
-    cut = torch.floor(scales.double() / (steps * 2.0**-22)) * (steps * 2.0**-22)
-    scales = cut.view(b, h, -1, 2 * n_blocks).repeat_interleave(SCALE_BLOCK, dim=-1)[..., :skv]
+    row_groups = q_scale_group(torch.arange(sq, device=q.device) if rows is None else rows.to(q.device))
+    per_row = softmax_scale_log2.to(q.device) * q_scale[:, row_groups]  # [B*H, rows] fp32
+    n_blocks = -(-skv // block_keys)
+    per_key = torch.zeros(b * h, n_blocks * block_keys, dtype=torch.float32, device=k.device)
+    per_key[:, :skv] = k_scale[:, k_scale_group(torch.arange(skv, device=k.device))]
+    scales = per_row[:, :, None] * per_key[:, None, :]  # fp32 [B*H, rows, keys]
+    largest = (scales.view(b * h, -1, n_blocks, block_keys).amax(-1) * ROUND_TO_INT).view(torch.int32)
+    steps = torch.exp2((((largest >> 23) & 0xFF) - 127 - 22).double())  # its exponent alone is read
+    quantum = (steps * 2.0**-22).repeat_interleave(block_keys, dim=-1)
+    cut = (torch.floor(scales.double() / quantum) * quantum)[..., :skv].view(b, h, -1, skv)
     steps = torch.where(steps > MAX_STEP, 0.0, steps).view(b, h, -1, n_blocks)
-    return scales, steps
+    return cut, steps
 
 
 def softmax_pv(logits, v_codes, v_descale, block_keys=KEYS, reverse=False, rounded_row_sum=False, max_steps=None):

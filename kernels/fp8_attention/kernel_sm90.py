@@ -44,12 +44,13 @@ row sum adds the same unrounded fp32 values (with `pv_row_sum`, the tensor core 
 e4m3 ones O's numerator uses), so the 256 cancels in O = acc / sum * descale_v.
 O accumulates over all key blocks in fp32 registers (rescaled when the max grows).
 
-INT8 Q/K (`qk_int8`): Q and K are int8 codes with a scale per 64 rows (prep's contract), S = Q K^T an
-s8 x s8 -> s32 wgmma at the FP8 rate. |s| <= 128 * 127^2 < 2^22, so s + 0x4B400000 read as fp32 is
-1.5 * 2^23 + s exactly (`softmax.biased_scores`: one IADD, not an I2F on the MUFU's quarter-rate pipe), and
-the softmax's FFMA takes the 1.5 * 2^23 off, exactly (`softmax.BiasedGroups`). A consumer warpgroup's 64
-rows are one query block; a 128-key block two key blocks, so a block's scores take one of two scales by column (its
-first or second 64 keys), read per key block from k_scale.
+INT8 Q/K (`qk_int8`): Q and K are int8 codes with a scale per group of the rows a thread holds (prep's
+contract, `layout.q_scale_group`, `layout.k_scale_group`), S = Q K^T an s8 x s8 -> s32 wgmma at the FP8 rate.
+|s| <= 128 * 127^2 < 2^22, so s + 0x4B400000 read as fp32 is 1.5 * 2^23 + s exactly (`softmax.biased_scores`:
+one IADD, not an I2F on the MUFU's quarter-rate pipe), and the softmax's FFMA takes the 1.5 * 2^23 off, exactly
+(`softmax.BiasedGroups`). A thread's two rows share one query scale, read once a tile; of a 128-key block it
+holds keys of two key groups (one per 64-key half), two scales read per key block. The lanes of a quad hold
+different key groups, so the row max is taken after scaling.
 """
 from typing import NamedTuple
 
@@ -62,7 +63,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from .config import CONSUMER_REGS, Sm90Config
 from .epilogue import store_row
-from .layout import LOG2_E, P_SCALE_LOG2
+from .layout import K_SCALE_GROUPS, LOG2_E, P_SCALE_LOG2, Q_SCALE_GROUPS
 from .named_barrier import NamedBarrier
 from .softmax import OnlineSoftmax, biased_groups, biased_scores, rows_view
 from .support import check_head_dim
@@ -513,10 +514,11 @@ class Fp8AttentionSm90:
         if const_expr(scalars is None):
             scalars = self.tile_scalars(io, tile.bh)
         qk_scale_log2 = scalars.qk_scale_log2
-        if const_expr(self.config.qk_int8):  # this warpgroup's rows are one query block
-            q_blocks = io.q_scale.shape[1]
-            qk_scale_log2 *= io.q_scale[tile.bh, cutlass.min(tile.m_block * self.consumer_warpgroups + mma.wg,
-                                                             q_blocks - 1)]
+        if const_expr(self.config.qk_int8):  # this warpgroup's rows are one query block; this thread's two one group
+            q_blocks = io.q_scale.shape[1] // Q_SCALE_GROUPS
+            q_block = cutlass.min(tile.m_block * self.consumer_warpgroups + mma.wg, q_blocks - 1)
+            qk_scale_log2 *= io.q_scale[tile.bh, q_block * Q_SCALE_GROUPS + cute.arch.warp_idx() % 4 * 8
+                                        + cute.arch.lane_idx() // 4]
         state, q_state = states
         pipes.q.consumer_wait(q_state)
 
@@ -625,13 +627,16 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def key_scales(self, io: TileIO, bh: Int32, qk_scale_log2: Float32, block: Int32) -> tuple:
-        """The scales (log2 units) of a key block's scores by key group (`softmax.key_groups_view`): the tile's
-        qk_scale_log2 alone, or with INT8 Q/K times the scales of the block's two 64-key halves (a half past
-        the last key reads the last scale: its keys are masked)."""
+        """The scales (log2 units) of this thread's scores of a key block by key group (`softmax.key_groups_view`):
+        the tile's qk_scale_log2 alone, or with INT8 Q/K (qk_scale_log2 holding this thread's query group) times
+        the scale of its keys' group in each 64-key half of the block (`layout.k_scale_group`; a half past the
+        last key reads the last block's: its keys are masked)."""
         if const_expr(not self.config.qk_int8):
             return (qk_scale_log2,)
-        last = io.k_scale.shape[1] - 1
-        return tuple(qk_scale_log2 * io.k_scale[bh, cutlass.min(2 * block + g, last)] for g in range(2))
+        last = io.k_scale.shape[1] // K_SCALE_GROUPS - 1
+        group = cute.arch.lane_idx() % 4
+        return tuple(qk_scale_log2 * io.k_scale[bh, cutlass.min(2 * block + g, last) * K_SCALE_GROUPS + group]
+                     for g in range(2))
 
     @cute.jit
     def pv(self, mma: WarpgroupMma, stage: Int32, wait: cutlass.Constexpr):

@@ -10,9 +10,10 @@
   = 256 < ``E4M3_MAX`` = 448, so no P code saturates).
 - Logits are kept in log2 units (scaled by ``LOG2_E``); LSE goes back to natural log with
   ``LN_2``.
-- With INT8 Q/K (the sm90 kernel's ``qk_int8``), Q and K are int8 codes with one scale per
-  ``SCALE_BLOCK`` (64) rows of a head: per query block one consumer warpgroup's rows, per key block
-  half of a 128-key block. V stays e4m3 with its per-head scale.
+- With INT8 Q/K (the sm90 kernel's ``qk_int8``), Q and K are int8 codes with a scale per group of the
+  rows one thread of the kernel holds (`q_scale_group`, `k_scale_group`), in blocks of ``SCALE_BLOCK``
+  (64) rows of a head: a query block is one consumer warpgroup's rows, a key block half of a 128-key
+  block. V stays e4m3 with its per-head scale.
 
 Torch only (no cutlass): prep and the emulation import it on machines without CuTe DSL.
 """
@@ -26,7 +27,9 @@ P_SCALE_LOG2 = 8.0  # P is stored as p * 2^8 in e4m3
 P_SCALE = 2.0**P_SCALE_LOG2  # 256.0
 E4M3_MAX = 448.0  # largest finite e4m3 (float8_e4m3fn) value
 INT8_MAX = 127.0  # INT8 Q/K codes are in -127..127 (symmetric; -128 unused)
-SCALE_BLOCK = 64  # INT8 Q/K: rows (queries or keys) of a head per scale
+SCALE_BLOCK = 64  # INT8 Q/K: rows (queries or keys) of a head per block of scale groups
+Q_SCALE_GROUPS = 32  # INT8 Q/K: scale groups per 64-query block (`q_scale_group`)
+K_SCALE_GROUPS = 4  # INT8 Q/K: scale groups per 64-key block (`k_scale_group`)
 ROUND_TO_INT = 1.5 * 2**23  # x + this - this rounds |x| < 2^22 to an integer; the INT8 scores' bias (sm90 softmax)
 MAX_STEP = 4.0  # INT8 Q/K: the largest running-max step the sm90 softmax rounds to (`softmax.BiasedGroups`)
 FP8 = torch.float8_e4m3fn
@@ -53,3 +56,23 @@ def key_order(positions: torch.Tensor) -> torch.Tensor:
     lane = (positions % 16) // 4
     element = positions % 4
     return group + 8 * (element // 2) + 2 * lane + element % 2
+
+
+def q_scale_group(rows: torch.Tensor) -> torch.Tensor:
+    """INT8 Q/K: the scale group of query rows (indices into q_scale [B*H, blocks * Q_SCALE_GROUPS]).
+
+    A consumer warpgroup's wgmma accumulator gives lane l of warp w (of 4) rows 16w + l // 4 and 16w + l // 4 + 8
+    of its 64: those two rows share a scale, read once per tile. Row x of block x // 64 is in group
+    32 * (x // 64) + 8 * w + x % 8, w = (x % 64) // 16.
+    """
+    return rows // SCALE_BLOCK * Q_SCALE_GROUPS + rows % SCALE_BLOCK // 16 * 8 + rows % 8
+
+
+def k_scale_group(keys: torch.Tensor) -> torch.Tensor:
+    """INT8 Q/K: the scale group of keys (indices into k_scale [B*H, blocks * K_SCALE_GROUPS]).
+
+    Lane l of every warp holds, of each n8 tile of S, keys 8j + 2(l % 4) + {0, 1}: within a 64-key block the 16
+    keys with (key % 8) // 2 = l % 4, which share a scale (two per 128-key block and thread). Key x is in group
+    4 * (x // 64) + (x % 8) // 2.
+    """
+    return keys // SCALE_BLOCK * K_SCALE_GROUPS + keys % 8 // 2

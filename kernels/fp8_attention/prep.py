@@ -12,12 +12,14 @@ Contract (the kernel relies on every line):
   ``x ~= code * descale``. Codes are round-to-nearest-even of x * (448 / amax), clamped to
   +-448, so |code| <= 448 and no e4m3 value saturates to NaN.
 - With ``qk_int8`` (the sm90 kernel's INT8 Q/K): ``q`` and ``k`` hold int8 codes instead, in the same
-  layouts, with one scale per ``layout.SCALE_BLOCK`` (64) rows of a head: ``q_scale`` [B*H, Sq_pad / 64]
-  and ``k_scale`` [B*H, ceil(Skv_pad / 64)] fp32, amax / 127 of the block (padding rows count as 0);
-  codes are round-to-nearest-even of x * (127 / amax), clamped to +-127. ``descale`` rows 0 and 1 are
-  1 (the kernel's per-head product of them is then a no-op); V is as above. A block holding inf or NaN
-  gets a NaN scale: the rows it reaches come out NaN (a query block's own rows; every row of the head for a
-  key block).
+  layouts, with one scale per group of the rows one kernel thread holds (`layout.q_scale_group`: 32 groups
+  of 2 rows per 64 queries; `layout.k_scale_group`: 4 groups of 16 keys per 64 keys): ``q_scale``
+  [B*H, Sq_pad / 64 * 32] and ``k_scale`` [B*H, ceil(Skv_pad / 64) * 4] fp32, amax / 127 of the group
+  (padding rows count as 0; an all-zero group takes its 64-row block's largest finite amax); codes are
+  round-to-nearest-even of x * (127 / amax), clamped to +-127. ``descale`` rows 0 and 1 are 1 (the
+  kernel's per-head product of them is then a no-op); V is as above. A group holding inf or NaN gets a NaN
+  scale: the rows it reaches come out NaN (a query group's own two rows; every row of the head for a key
+  group).
 
 Non-finite inputs give NaN heads, as in torch's attention: the amax of a head holding inf or
 NaN is inf or NaN, and that head's descale is set to NaN, which the kernel multiplies into
@@ -41,7 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .layout import E4M3_MAX, FP8, INT8_MAX, KEYS, Q_ROWS, SCALE_BLOCK, key_order, round_up
+from .layout import (E4M3_MAX, FP8, INT8_MAX, K_SCALE_GROUPS, KEYS, Q_ROWS, Q_SCALE_GROUPS, SCALE_BLOCK, k_scale_group,
+                     key_order, q_scale_group, round_up)
 from .support import on_device
 
 
@@ -136,20 +139,28 @@ def quantize(x: torch.Tensor, quant: torch.Tensor) -> torch.Tensor:
     return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
 
 
-def quantize_int8_blocks(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """INT8 codes of rows [B*H, S, D] with one scale per SCALE_BLOCK rows (the last block may be short):
-    (codes int8 [B*H, S, D], descale fp32 [B*H, ceil(S / 64)]). amax counts NaN as inf (so a block holding
-    one gets a NaN descale and quant 0, as the Triton prep does); codes are RNE of fp32 x * quant, 0 where that
-    product is NaN, clamped to +-127."""
+def quantize_int8_groups(rows: torch.Tensor, group_of) -> tuple[torch.Tensor, torch.Tensor]:
+    """INT8 codes of rows [B*H, S, D] with one scale per group of rows, `group_of(row indices)` giving each row's
+    (`layout.q_scale_group`, `layout.k_scale_group`: G groups per SCALE_BLOCK rows, the last block padded with
+    zero rows): (codes int8 [B*H, S, D], descale fp32 [B*H, ceil(S / 64) * G]). A group's amax counts NaN as inf
+    (so a group holding one gets a NaN descale and quant 0, as the Triton prep does); an all-zero group takes the
+    largest finite amax of its block (its codes are 0 either way; a scale of 1 would set the kernel's max step
+    for the real groups beside it); codes are RNE of fp32 x * quant, 0 where that product is NaN, clamped to
+    +-127."""
     bh, s, d = rows.shape
     blocks = -(-s // SCALE_BLOCK)
     padded = torch.zeros(bh, blocks * SCALE_BLOCK, d, dtype=torch.float32, device=rows.device)
     padded[:, :s] = rows.float()
-    padded = padded.view(bh, blocks, SCALE_BLOCK, d)
-    magnitude = torch.where(torch.isnan(padded), torch.inf, padded.abs())
-    descale, quant = scales_from_amax(magnitude.amax(dim=(2, 3)), INT8_MAX)
-    scaled = (padded * quant[..., None, None]).nan_to_num(0.0).clamp(-INT8_MAX, INT8_MAX)
-    return scaled.round().to(torch.int8).view(bh, -1, d)[:, :s], descale
+    group = group_of(torch.arange(blocks * SCALE_BLOCK, device=rows.device))
+    per_block = (int(group.max()) + 1) // blocks  # groups per block
+    magnitude = torch.where(torch.isnan(padded), torch.inf, padded.abs()).amax(dim=2)  # [B*H, rows]
+    amax = torch.zeros(bh, blocks * per_block, dtype=torch.float32, device=rows.device)
+    amax = amax.scatter_reduce(1, group.expand(bh, -1), magnitude, "amax").view(bh, blocks, per_block)
+    block_max = torch.where(torch.isfinite(amax), amax, 0.0).amax(dim=2, keepdim=True)
+    amax = torch.where(amax == 0, block_max, amax).view(bh, -1)
+    descale, quant = scales_from_amax(amax, INT8_MAX)
+    scaled = (padded * quant[:, group, None]).nan_to_num(0.0).clamp(-INT8_MAX, INT8_MAX)
+    return scaled.round().to(torch.int8)[:, :s], descale
 
 
 def head_amax(x: torch.Tensor) -> torch.Tensor:
@@ -179,8 +190,9 @@ def prep_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     order = key_order(torch.arange(skv_pad, device=v.device))
     q_scale = k_scale = None
     if qk_int8:
-        (q_codes, q_scale), (k_codes, k_scale) = (quantize_int8_blocks(padded_rows(x.float(), s_pad))
-                                                  for x, s_pad in ((q, sq_pad), (k, skv_pad)))
+        (q_codes, q_scale), (k_codes, k_scale) = (quantize_int8_groups(padded_rows(x.float(), s_pad), group_of)
+                                                  for x, s_pad, group_of in ((q, sq_pad, q_scale_group),
+                                                                             (k, skv_pad, k_scale_group)))
         descale[:2] = 1.0
     else:
         q_codes, k_codes = padded_rows(quantize(q, quant[0]), sq_pad), padded_rows(quantize(k, quant[1]), skv_pad)
@@ -235,8 +247,8 @@ def prep_triton_with_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pro
     out_v = torch.empty(b * h, d, skv_pad, dtype=FP8, device=device)
     q_scale = k_scale = None
     if qk_int8:
-        q_scale = torch.empty(b * h, -(-sq_pad // SCALE_BLOCK), dtype=torch.float32, device=device)
-        k_scale = torch.empty(b * h, -(-skv_pad // SCALE_BLOCK), dtype=torch.float32, device=device)
+        q_scale = torch.empty(b * h, -(-sq_pad // SCALE_BLOCK) * Q_SCALE_GROUPS, dtype=torch.float32, device=device)
+        k_scale = torch.empty(b * h, -(-skv_pad // SCALE_BLOCK) * K_SCALE_GROUPS, dtype=torch.float32, device=device)
     fields = None if prologue is None else (prologue.norm_q_weight, prologue.norm_k_weight, prologue.eps,
                                             prologue.cos, prologue.sin)
     with on_device(device):

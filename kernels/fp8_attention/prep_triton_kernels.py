@@ -23,8 +23,8 @@ S 128-2048) and was not bit-identical to them there: descale 1 ulp off in 2 of 9
 D128, codes equal (compiled, the two kernels' fp32 prologue arithmetic differs; in the interpreter it did
 not; docs/notes/one-launch-prep.md).
 
-With QK_INT8 (INT8 Q/K, `prep` contract) q and k need no amax pass: a program of SCALE_BLOCK rows is one
-scale block, so the pack pass takes its amax, writes its scale and its codes (`_pack_int8_heads`); the amax
+With QK_INT8 (INT8 Q/K, `prep` contract) q and k need no amax pass: a program of SCALE_BLOCK rows holds its
+scale groups whole, so the pack pass takes their amax, writes their scales and its codes (`_pack_int8_heads`); the amax
 launch reads v alone, and the prologue's programs take 64 rows too.
 
 All read x [B, S, H, D] through its strides (innermost stride 1). With PROLOGUE, q and k are
@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import E4M3_MAX, INT8_MAX, ROUND_TO_INT, SCALE_BLOCK
+from .layout import E4M3_MAX, INT8_MAX, K_SCALE_GROUPS, Q_SCALE_GROUPS, ROUND_TO_INT, SCALE_BLOCK
 from .memo import BoundedMemo
 
 BLOCK_S = 64  # rows per program; a multiple of 16 so V's key permutation stays inside it
@@ -55,7 +55,9 @@ CODE_MAX = tl.constexpr(E4M3_MAX)  # a jitted function reads module globals only
 DESCALE_PER_AMAX = tl.constexpr(1.0 / E4M3_MAX)  # rounded to fp32 in the kernel, as torch rounds it
 INT8_CODE_MAX = tl.constexpr(INT8_MAX)
 INT8_DESCALE_PER_AMAX = tl.constexpr(1.0 / INT8_MAX)
-SCALE_ROWS = tl.constexpr(SCALE_BLOCK)  # INT8 Q/K: rows per scale (as a constexpr, which compiled jit code needs)
+SCALE_ROWS = tl.constexpr(SCALE_BLOCK)  # INT8 Q/K: rows per block of scale groups (a constexpr, as jit code needs)
+Q_GROUPS = tl.constexpr(Q_SCALE_GROUPS)
+K_GROUPS = tl.constexpr(K_SCALE_GROUPS)
 TO_INT = tl.constexpr(ROUND_TO_INT)  # x + this - this: x rounded to nearest even, for |x| < 2^22
 # The plain prep's one-launch path up to this padded length. GPU time (H200, B1 D128, CUDA-graph replays),
 # one launch against two: H1 S128 3.5 against 5.1 us, H56 S128 5.9 / 7.7, S512 17.8 / 14.1, S1024 44.7 / 33.9,
@@ -190,15 +192,40 @@ def _int8_codes(x, quant):
 
 
 @triton.jit
+def _group_amax(rows_amax, KEY_GROUPS: tl.constexpr):
+    """The amax of each scale group of a 64-row block from its rows' [64] (`layout.q_scale_group`: row
+    16w + 8i + g in group 8w + g, 32 groups; with KEY_GROUPS `layout.k_scale_group`: key 8m + 2t + c in group t,
+    4 groups); an all-zero group takes the block's largest finite amax."""
+    if KEY_GROUPS:
+        amax = tl.max(tl.max(tl.reshape(rows_amax, (8, K_GROUPS, 2)), axis=2), axis=0)
+    else:
+        amax = tl.reshape(tl.max(tl.reshape(rows_amax, (4, 2, 8)), axis=1), (Q_GROUPS,))
+    largest = tl.max(tl.where(amax == float("inf"), 0.0, amax), axis=0)
+    return tl.where(amax == 0, largest, amax)
+
+
+@triton.jit
+def _per_row(groups, KEY_GROUPS: tl.constexpr):
+    """A value per scale group [32] or [4] (`_group_amax`) -> the same value for each row of the block [64]."""
+    if KEY_GROUPS:
+        rows = tl.broadcast_to(tl.reshape(groups, (1, K_GROUPS, 1)), (8, K_GROUPS, 2))
+    else:
+        rows = tl.broadcast_to(tl.reshape(groups, (4, 1, 8)), (4, 2, 8))
+    return tl.reshape(rows, (SCALE_ROWS,))
+
+
+@triton.jit
 def _pack_int8_heads(x_ptr, w_ptr, scale_ptr, descale_ptr, out_ptr, b, h0, H, block, S, S_pad, stride_b, stride_s,
                      stride_h, eps, partner, c, ssin, write_descale, D: tl.constexpr, HEADS: tl.constexpr,
-                     PROLOGUE: tl.constexpr):
-    """INT8 Q or K, one scale block (rows block * SCALE_BLOCK ..) of heads h0 .. h0 + HEADS - 1 (those < H): the
-    block's amax, its scale into scale_ptr [B*H, ceil(S_pad / SCALE_BLOCK)], its codes row-major (rows >= S
-    are 0); descale [B*H] 1 where write_descale (a no-op in the kernel's per-head product)."""
+                     PROLOGUE: tl.constexpr, KEY_GROUPS: tl.constexpr):
+    """INT8 Q or K (KEY_GROUPS), one 64-row block (rows block * SCALE_BLOCK ..) of heads h0 .. h0 + HEADS - 1
+    (those < H): its groups' amax (`_group_amax`), their scales into scale_ptr [B*H, ceil(S_pad / 64) * groups],
+    its codes row-major (rows >= S are 0); descale [B*H] 1 where write_descale (a no-op in the kernel's per-head
+    product)."""
+    GROUPS: tl.constexpr = K_GROUPS if KEY_GROUPS else Q_GROUPS
     pos = block * SCALE_ROWS + tl.arange(0, SCALE_ROWS)
     cols = tl.arange(0, D)
-    n_blocks = tl.cdiv(S_pad, SCALE_ROWS)
+    n_groups = tl.cdiv(S_pad, SCALE_ROWS) * GROUPS
     for i in tl.static_range(HEADS):
         h = h0 + i
         if h < H:
@@ -206,10 +233,12 @@ def _pack_int8_heads(x_ptr, w_ptr, scale_ptr, descale_ptr, out_ptr, b, h0, H, bl
             if write_descale:
                 tl.store(descale_ptr + bh, 1.0)
             y = _values(x_ptr, w_ptr, b, h, pos, S, stride_b, stride_s, stride_h, eps, partner, c, ssin, D, PROLOGUE)
-            amax = _magnitude(y)
-            tl.store(scale_ptr + bh * n_blocks + block, _descale(amax, INT8_DESCALE_PER_AMAX))
+            amax = _group_amax(tl.max(tl.where(y != y, float("inf"), tl.abs(y)), axis=1), KEY_GROUPS)
+            tl.store(scale_ptr + bh * n_groups + block * GROUPS + tl.arange(0, GROUPS),
+                     _descale(amax, INT8_DESCALE_PER_AMAX))
+            quant = _per_row(_quant_from(amax, INT8_CODE_MAX), KEY_GROUPS)
             dst = out_ptr + bh * S_pad * D + pos[:, None] * D + cols[None, :]
-            tl.store(dst, _int8_codes(y, _quant_from(amax, INT8_CODE_MAX)), mask=pos[:, None] < S_pad)
+            tl.store(dst, _int8_codes(y, quant[:, None]), mask=pos[:, None] < S_pad)
 
 
 @triton.jit
@@ -286,10 +315,10 @@ def _fp8_prep_pack_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, out_q, out_k, out_v, de
             if which == 0:
                 if tl.program_id(0) * BLOCK < Sq_pad:
                     _pack_int8_heads(q_ptr, wq_ptr, q_scale_ptr, descale_ptr, out_q, b, h0, H, tl.program_id(0), Sq,
-                                     Sq_pad, sqb, sqs, sqh, eps, partner, c, ssin, first, D, HEADS, PROLOGUE)
+                                     Sq_pad, sqb, sqs, sqh, eps, partner, c, ssin, first, D, HEADS, PROLOGUE, False)
             elif tl.program_id(0) * BLOCK < Skv_pad:
                 _pack_int8_heads(k_ptr, wk_ptr, k_scale_ptr, descale_ptr + BH, out_k, b, h0, H, tl.program_id(0),
-                                 Skv, Skv_pad, skb, sks, skh, eps, partner, c, ssin, first, D, HEADS, PROLOGUE)
+                                 Skv, Skv_pad, skb, sks, skh, eps, partner, c, ssin, first, D, HEADS, PROLOGUE, True)
         elif which == 0:
             _pack_heads(q_ptr, wq_ptr, amax_ptr, descale_ptr, out_q, b, h0, H, pos, Sq, Sq_pad, sqb, sqs, sqh, eps,
                         partner, c, ssin, first, D, HEADS, PROLOGUE, False)
@@ -332,11 +361,11 @@ def _fp8_prep_single_kernel(q_ptr, k_ptr, v_ptr, out_q, out_k, out_v, descale_pt
         if which == 0:
             for block in range(0, tl.cdiv(Sq_pad, SCALE_ROWS)):
                 _pack_int8_heads(q_ptr, q_ptr, q_scale_ptr, descale_ptr, out_q, b, h, H, block, Sq, Sq_pad, sqb, sqs,
-                                 sqh, 0.0, cols, 1.0, 0.0, block == 0, D, 1, False)
+                                 sqh, 0.0, cols, 1.0, 0.0, block == 0, D, 1, False, False)
         else:
             for block in range(0, tl.cdiv(Skv_pad, SCALE_ROWS)):
                 _pack_int8_heads(k_ptr, k_ptr, k_scale_ptr, descale_ptr + BH, out_k, b, h, H, block, Skv, Skv_pad,
-                                 skb, sks, skh, 0.0, cols, 1.0, 0.0, block == 0, D, 1, False)
+                                 skb, sks, skh, 0.0, cols, 1.0, 0.0, block == 0, D, 1, False, True)
     elif which == 0:
         _prep_head(q_ptr, descale_ptr, out_q, b, h, H, Sq, Sq_pad, sqb, sqs, sqh, D, BLOCK, False)
     else:

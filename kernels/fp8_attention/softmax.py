@@ -107,8 +107,9 @@ def floor_f32(x: Float32, *, loc=None, ip=None) -> Float32:
 
 class BiasedGroups(NamedTuple):
     """INT8 Q/K: what `OnlineSoftmax.online_update` needs to take `biased_scores`' 1.5 * 2^23 off exactly, per key
-    block. u = `ulp_steps` of 1.5 * 2^23 times the larger group scale; each group's scale is cut to a multiple of
-    u * 2^-22 (21-22 significant bits for the larger, fewer for a much smaller one), so its bias b = 1.5 * 2^23 *
+    block and thread. u = `ulp_steps` of 1.5 * 2^23 times the largest scale of the quad; each group's scale is cut
+    to a multiple of u * 2^-22 (21-22 significant bits for the largest, fewer for a much smaller one), so its bias
+    b = 1.5 * 2^23 *
     scale is exact and a multiple of u; with the running max m kept a multiple of u too (rounded up), the
     constant (8 - m) - b of the exp2's FFMA is exact, so s * scale - m + 8 is rounded once, as the e4m3 scores'
     is. Rounding m up lowers p by up to a factor 2^u (P is p * 256 in e4m3, normal down to 2^-6): where u >
@@ -123,9 +124,10 @@ class BiasedGroups(NamedTuple):
 
 @cute.jit
 def biased_groups(scales: tuple) -> BiasedGroups:
-    """The key block's `BiasedGroups` from its groups' scales (warp-uniform: one query block, one key block)."""
+    """The key block's `BiasedGroups` from this thread's groups' scales; u from the largest scale of the quad (the
+    lanes of a row hold different key groups, and the row's max must be a multiple of one u on all of them)."""
     largest = cute.arch.fmax(scales[0], scales[1]) if const_expr(len(scales) == 2) else scales[0]
-    step, inverse = ulp_steps(largest * Float32(ROUND_TO_INT))
+    step, inverse = ulp_steps(quad_max(largest) * Float32(ROUND_TO_INT))
     quantum, inverse_quantum = step * Float32(2.0**-22), inverse * Float32(2.0**22)
     cut = tuple(floor_f32(scale * inverse_quantum) * quantum for scale in scales)
     biases = tuple(scale * Float32(ROUND_TO_INT) for scale in cut)
@@ -205,19 +207,23 @@ class OnlineSoftmax:
         biases = None
         if const_expr(biased is not None):
             scales, biases = biased.scales, biased.biases
-            if biased.exact:  # (uniform over the warpgroup) the bias off by a FADD each, the max unrounded
+            if biased.exact:  # (uniform over the quad) the bias off by a FADD each, the max unrounded
                 acc_S.store(acc_S.load() - Float32(ROUND_TO_INT))
                 biases = (Float32(0.0),) * len(scales)
         for r in cutlass.range_constexpr(2):
-            raw_max = [quad_max(groups[r, g, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
-                       for g in range(len(scales))]
-            if const_expr(biased is not None):  # (1.5 * 2^23 + s) * scale - bias, the one rounding of s * scale
-                group_max = [fma_f32(raw_max[g], scales[g], -biases[g]) for g in range(len(scales))]
+            if const_expr(biased is not None):  # (1.5 * 2^23 + s) * scale - bias, the one rounding of s * scale;
+                # this lane's scales are its own, so its max is scaled before the quad's is taken
+                block_max = -Float32.inf
+                for g in cutlass.range_constexpr(len(scales)):
+                    lane_max = groups[r, g, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+                    block_max = cute.arch.fmax(block_max, fma_f32(lane_max, scales[g], -biases[g]))
+                block_max = quad_max(block_max)
             else:
-                group_max = [raw_max[g] * scales[g] for g in range(len(scales))]
-            block_max = group_max[0]
-            for g in cutlass.range_constexpr(1, len(scales)):
-                block_max = cute.arch.fmax(block_max, group_max[g])
+                group_max = [quad_max(groups[r, g, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
+                             * scales[g] for g in range(len(scales))]
+                block_max = group_max[0]
+                for g in cutlass.range_constexpr(1, len(scales)):
+                    block_max = cute.arch.fmax(block_max, group_max[g])
             # Every row sees a real key in the first block it processes (the masked block holds
             # key n_blocks-1 * N < seqlen_kv), so new_max is finite from then on.
             new_max = cute.arch.fmax(row_max[r], block_max)

@@ -10,7 +10,8 @@ import torch
 
 from dit_accel.attention.reference import random_qkv, reference_attention, rel_rms_err
 from dit_accel.kernels.fp8_attention.emulation import emulate_fp8_attention, int8_kernel_scales
-from dit_accel.kernels.fp8_attention.layout import FP8, LOG2_E, MAX_STEP, ROUND_TO_INT, key_order
+from dit_accel.kernels.fp8_attention.layout import (FP8, LOG2_E, MAX_STEP, ROUND_TO_INT, k_scale_group, key_order,
+                                                    q_scale_group)
 from dit_accel.kernels.fp8_attention.prep import prep_reference
 
 TILE_N = 128
@@ -35,10 +36,10 @@ def test_int8_qk_errs_less_than_e4m3_on_gaussian_inputs_and_rows_are_exact():
 
 def kernel_replica(q, k, v):
     """The sm90 kernel's INT8 Q/K softmax in fp32, rows at once, key blocks last to first: s + 1.5 * 2^23 as
-    fp32; per key block u from 1.5 * 2^23 times the larger group scale, each group's scale cut to a multiple of
-    u * 2^-22; the group max by one rounding; the running max rounded up to u (u <= MAX_STEP), else the bias off
-    by a FADD and the max as is; exp2 of one FMA (p * 256: the 8 in its constant); p * 256 in e4m3; two-level
-    P.V; row sums of the unrounded p."""
+    fp32; per row and key block u from 1.5 * 2^23 times the largest of its scales (the quad's), each key's (its
+    row group's times its key group's) cut to a multiple of u * 2^-22; the block max by one rounding; the running
+    max rounded up to u (u <= MAX_STEP), else the bias off by a FADD and the max as is; exp2 of one FMA (p * 256:
+    the 8 in its constant); p * 256 in e4m3; two-level P.V; row sums of the unrounded p."""
     p = prep_reference(q, k, v, qk_int8=True)
     b, sq, h, d = q.shape
     skv = k.shape[1]
@@ -48,23 +49,21 @@ def kernel_replica(q, k, v):
     for bh in range(b * h):
         v_rows = torch.empty(p.v.shape[2], d)
         v_rows[order] = p.v[bh].float().t()
-        q_scale = (softmax_scale_log2 * p.q_scale[bh]).repeat_interleave(64)[:sq, None]  # [Sq, 1] fp32
+        q_scale = (softmax_scale_log2 * p.q_scale[bh, q_scale_group(torch.arange(sq))])[:, None]  # [Sq, 1] fp32
         biased = (p.q[bh, :sq].double() @ p.k[bh, :skv].double().t() + ROUND_TO_INT).to(F32)  # exact
         m = torch.full((sq, 1), -math.inf, dtype=F32)
         row_sum, acc = torch.zeros(sq, 1, dtype=F32), torch.zeros(sq, d, dtype=F32)
         for block in reversed(range(math.ceil(skv / TILE_N))):
             keys = torch.arange(block * TILE_N, min(block * TILE_N + TILE_N, skv))
-            halves = (2 * block + torch.arange(2)).clamp(max=p.k_scale.shape[1] - 1)
-            group_scale = q_scale * p.k_scale[bh, halves][None, :]  # [Sq, 2] fp32
-            largest = group_scale.amax(1, keepdim=True) * ROUND_TO_INT
+            key_scale = q_scale * p.k_scale[bh, k_scale_group(keys)][None, :]  # [Sq, keys] fp32
+            largest = key_scale.amax(1, keepdim=True) * ROUND_TO_INT  # over the quad's lanes
             step = torch.exp2(torch.floor(torch.log2(largest.double())) - 22).to(F32)
             quantum = step * 2.0**-22
-            cut = torch.floor(group_scale * (1 / quantum)) * quantum
-            bias = cut * ROUND_TO_INT  # exact
+            scale = torch.floor(key_scale * (1 / quantum)) * quantum
+            bias = scale * ROUND_TO_INT  # exact
             exact = step > MAX_STEP
-            group = (keys - block * TILE_N) // 64
-            scale, f = cut[:, group], biased[:, keys]
-            bias = torch.where(exact, 0.0, bias[:, group])
+            f = biased[:, keys]
+            bias = torch.where(exact, 0.0, bias)
             f = torch.where(exact, f - ROUND_TO_INT, f)  # the FADD path, exact
             block_max = (f.double() * scale.double() - bias.double()).to(F32).amax(1, keepdim=True)
             new = torch.maximum(m, block_max)
@@ -101,9 +100,9 @@ def test_the_kernels_fp32_arithmetic_lands_on_the_emulation(b, sq, skv, d, seed,
 
 
 def test_a_group_much_smaller_than_its_neighbour_keeps_an_exact_bias():
-    """Two key groups of one block 2^6 apart in scale: the smaller one's scale is cut to a multiple of the
-    block's quantum (u * 2^-22), so its bias is a multiple of u and (8 - m) - bias is exact; the cut moves its
-    logits by under 2^-15 relative."""
+    """Two halves of one key block ~2^6 apart in scale (their per-thread groups spread a little more): the smaller
+    scales are cut to a multiple of the block's quantum (u * 2^-22), so their bias is a multiple of u and
+    (8 - m) - bias is exact; the cut moves their logits by under 2^-14 relative."""
     q, k, v = random_qkv(1, 64, 128, 1, 64, seed=1, device="cpu")
     k[:, 64:] *= 2.0**-6
     scales, steps = int8_kernel_scales(q, k, 64 ** -0.5, TILE_N)
@@ -112,7 +111,9 @@ def test_a_group_much_smaller_than_its_neighbour_keeps_an_exact_bias():
     assert torch.equal(torch.remainder(small * ROUND_TO_INT, step), torch.zeros_like(step))
     assert torch.equal(torch.remainder(large * ROUND_TO_INT, step), torch.zeros_like(step))
     p = prep_reference(q, k, v, qk_int8=True)
-    exact = (torch.tensor(64 ** -0.5, dtype=F32) * torch.tensor(LOG2_E, dtype=F32) * p.q_scale[0, 0] * p.k_scale[0, 1])
-    assert float((small / exact.double() - 1).abs().max()) < 2.0**-15
+    row_scales = p.q_scale[0, q_scale_group(torch.arange(64))]
+    exact = (torch.tensor(64 ** -0.5, dtype=F32) * torch.tensor(LOG2_E, dtype=F32) * row_scales
+             * p.k_scale[0, k_scale_group(torch.tensor(100))])
+    assert float((small / exact.double() - 1).abs().max()) < 2.0**-14
     out = emulate(q, k, v, out_dtype=torch.float64)
     assert rel_rms_err(kernel_replica(q, k, v), out) < 1e-3

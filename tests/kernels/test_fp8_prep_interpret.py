@@ -183,12 +183,12 @@ def test_prologue_prep_matches_the_plain_prep_of_its_spec(monkeypatch, b, h, s, 
 @pytest.mark.parametrize("b, h, sq, skv, d, layout, special", [
     (1, 1, 1, 1, 64, "contiguous", False),
     (2, 3, 17, 65, 128, "contiguous", True),
-    (1, 2, 200, 129, 64, "heads-major", True),  # a query block past Sq's last row; a 1-key scale block
+    (1, 2, 200, 129, 64, "heads-major", True),  # a query block past Sq's last row; a 1-key scale group
     (1, 3, 300, 300, 128, "qkv", True),  # two launches
 ])
 def test_int8_qk_prep_matches_the_torch_spec_bit_for_bit(monkeypatch, b, h, sq, skv, d, layout, special):
-    """INT8 Q/K (`prep_reference(qk_int8=True)` is the spec): one and two launches, codes and block scales bit
-    for bit; an inf or NaN block (`add_special_heads`) has a NaN scale, its codes 0 where the value was not
+    """INT8 Q/K (`prep_reference(qk_int8=True)` is the spec): one and two launches, codes and group scales bit
+    for bit; an inf or NaN group (`add_special_heads`) has a NaN scale, its codes 0 where the value was not
     finite; v as the e4m3 prep packs it."""
     from dit_accel.kernels.fp8_attention.prep import prep_reference
 
@@ -196,7 +196,7 @@ def test_int8_qk_prep_matches_the_torch_spec_bit_for_bit(monkeypatch, b, h, sq, 
     if special:
         add_special_heads(q, k, v)
     spec = prep_reference(q, k, v, qk_int8=True)
-    assert spec.q_scale.shape == (b * h, -(-sq // 128) * 2) and spec.k_scale.shape == (b * h, -(-skv // 64))
+    assert spec.q_scale.shape == (b * h, -(-sq // 128) * 64) and spec.k_scale.shape == (b * h, -(-skv // 64) * 4)
     assert bool(torch.isnan(spec.q_scale).any()) == special and bool(torch.isnan(spec.k_scale).any()) == special
     for one_launch in (True, False):
         got = run_prep(monkeypatch, q, k, v, one_launch, qk_int8=True)
