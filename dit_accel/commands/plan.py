@@ -275,7 +275,7 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], memory: 
                 link: float) -> dict[str, Any]:
     """A recipe with its blocks streamed from host memory under `budget` (resident when the model fits), beside
     the streamed pass a run measured with the same knobs and budget (--verify, or --validate model --offload
-    stream), if one did."""
+    stream), if one did: its time and its peak memory."""
     from ..planning.measured import knobs_of
     from ..planning.predict import GIB, streamed_pass_ms, video_seconds
 
@@ -295,6 +295,8 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], memory: 
         row["measured"] = {"recipe": f"{streamed['recipe']}, --validate model --offload stream", "run": streamed["run"],
                            "pass_ms": round(streamed["pass_ms"], 1), "h2d_gbps": round(streamed["h2d_gbps"], 1),
                            "difference_pct": {"pass": round(100 * (predicted / streamed["pass_ms"] - 1), 1)}}
+        if streamed["peak_bytes"]:
+            row["measured"]["peak_gib"] = round(streamed["peak_bytes"] / GIB, 2)
     return row
 
 
@@ -344,8 +346,7 @@ def render(plan_data: dict[str, Any]) -> None:
                       " / ".join(f"{v:.2f}" for v in measured.get("block_ms", {}).values())
                       or _pass(measured.get("pass_ms")),
                       " / ".join(f"{v:+.1f}%" for v in measured.get("difference_pct", {}).values()) or "—",
-                      _minutes(row.get("video_s")), f"{row['memory_gib']:.1f} GiB" if "memory_gib" in row else "—",
-                      row.get("fits", "—"), row["basis"])
+                      _minutes(row.get("video_s")), _memory(row), row.get("fits", "—"), row["basis"])
     console.print(table)
     gpus = Table(title="Other GPUs (datasheet-scaled from this run: compute by tensor rate, memory-bound work by "
                        "bandwidth, at the efficiencies measured here)")
@@ -363,6 +364,14 @@ def render(plan_data: dict[str, Any]) -> None:
         console.print(f"  {entry['knob']}: {_minutes(entry['video_s'])} a video; {error}")
     for line in plan_data["assumptions"]:
         console.print(f"[dim]assumes: {line}[/dim]")
+
+
+def _memory(row: dict[str, Any]) -> str:
+    """A knob row's predicted memory, and a streamed pass's measured peak beside it where one was measured."""
+    if "memory_gib" not in row:
+        return "—"
+    peak = row.get("measured", {}).get("peak_gib")
+    return f"{row['memory_gib']:.1f} GiB" + (f" (peak {peak:.1f})" if peak else "")
 
 
 def _pass(ms: float | None) -> str:

@@ -97,7 +97,7 @@ def streamed_passes(report: dict[str, Any], folder: Path) -> list[dict[str, Any]
         return []
     return [{"recipe": report["runs"][0]["backend"].split(" of ")[0], "pass_ms": validation["measured_ms"],
              "h2d_gbps": validation["streamed"]["h2d_gbps"], "budget": report.get("memory_budget"),
-             "run": str(folder)}]
+             "peak_bytes": validation.get("peak_memory_bytes"), "run": str(folder)}]
 
 
 def read_baseline(folder: Path) -> Baseline:

@@ -142,7 +142,7 @@ def test_a_streamed_pass_the_run_measured_stands_beside_the_baselines_streaming_
     report = json.loads((run / "report.json").read_text())
     report["memory_budget"] = "8GiB"
     report["validation"] = {"whole_model": True, "residency": "streamed", "measured_ms": 1150.0,
-                            "streamed": {"h2d_gbps": 9.5}}
+                            "peak_memory_bytes": 5.5 * 2**30, "streamed": {"h2d_gbps": 9.5}}
     (run / "report.json").write_text(json.dumps(report))
     result = _plan(run, "--memory-budget", "8GiB", "--host-link-gbps", "10", "--out", tmp_path / "p")
     assert result.exit_code == 0, result.output
@@ -151,7 +151,8 @@ def test_a_streamed_pass_the_run_measured_stands_beside_the_baselines_streaming_
     # 10 blocks of 100 ms, each 1 GB copied in 100 ms at 10 GB/s, the first copy not hidden: 1100 ms
     assert base["fits"] == "streamed" and base["pass_ms"] == 1100.0
     assert base["measured"]["pass_ms"] == 1150.0 and base["measured"]["difference_pct"] == {"pass": -4.3}
-    assert "pass 1150" in result.output
+    assert base["measured"]["peak_gib"] == 5.5  # the pass's measured peak beside the predicted memory
+    assert "pass 1150" in result.output and "(peak 5.5)" in result.output
     # another budget than the one measured: nothing beside the prediction
     other = _plan(run, "--memory-budget", "9GiB", "--host-link-gbps", "10", "--out", tmp_path / "q")
     rows = json.loads((tmp_path / "q" / "plan.json").read_text())["knobs"]
