@@ -88,7 +88,7 @@ def int8_codes(x, group_of):
 def int8_kernel_scales(q, k, scale, block_keys, rows=None):
     """What the sm90 kernel's INT8 Q/K scales each score by, and the running-max step of each key block
     (`softmax.BiasedGroups`): per query row and key, the fp32 product (softmax scale * log2(e)) * the row's group
-    scale * the key's group scale, cut to a multiple of u * 2^-22, u = 2^(e - 22) for e the exponent of
+    scale * the key's group scale, rounded up to a multiple of u * 2^-22, u = 2^(e - 22) for e the exponent of
     1.5 * 2^23 times the largest such scale of the row over the key block (the quad's four lanes hold all of its
     key groups); the step is u, or 0 (the max not rounded) where u > MAX_STEP.
     ([B, H, rows, Skv] float64 scales, [B, H, rows, n_blocks] float64 steps.)"""
@@ -108,7 +108,7 @@ def int8_kernel_scales(q, k, scale, block_keys, rows=None):
     largest = (scales.view(b * h, -1, n_blocks, block_keys).amax(-1) * ROUND_TO_INT).view(torch.int32)
     steps = torch.exp2((((largest >> 23) & 0xFF) - 127 - 22).double())  # its exponent alone is read
     quantum = (steps * 2.0**-22).repeat_interleave(block_keys, dim=-1)
-    cut = (torch.floor(scales.double() / quantum) * quantum)[..., :skv].view(b, h, -1, skv)
+    cut = (torch.ceil(scales.double() / quantum) * quantum)[..., :skv].view(b, h, -1, skv)
     steps = torch.where(steps > MAX_STEP, 0.0, steps).view(b, h, -1, n_blocks)
     return cut, steps
 

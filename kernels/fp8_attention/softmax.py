@@ -99,18 +99,12 @@ def ceil_f32(x: Float32, *, loc=None, ip=None) -> Float32:
     return _f32_asm("cvt.rpi.f32.f32 $0, $1;", x, loc=loc, ip=ip)
 
 
-@dsl_user_op
-def floor_f32(x: Float32, *, loc=None, ip=None) -> Float32:
-    """x rounded down to an integer (one cvt.rmi)."""
-    return _f32_asm("cvt.rmi.f32.f32 $0, $1;", x, loc=loc, ip=ip)
-
-
 class BiasedGroups(NamedTuple):
     """INT8 Q/K: what `OnlineSoftmax.online_update` needs to take `biased_scores`' 1.5 * 2^23 off exactly, per key
     block and thread. u = `ulp_steps` of 1.5 * 2^23 times the largest scale of the quad; each group's scale is cut
-    to a multiple of u * 2^-22 (21-22 significant bits for the largest, fewer for a much smaller one), so its bias
-    b = 1.5 * 2^23 *
-    scale is exact and a multiple of u; with the running max m kept a multiple of u too (rounded up), the
+    (rounded up) to a multiple of u * 2^-22 (21-22 significant bits for the largest, fewer for a much smaller one;
+    never 0, which would make a masked key's -inf score NaN), so its bias b = 1.5 * 2^23 * scale (below 2^23 u)
+    is exact and a multiple of u; with the running max m kept a multiple of u too (rounded up), the
     constant (8 - m) - b of the exp2's FFMA is exact, so s * scale - m + 8 is rounded once, as the e4m3 scores'
     is. Rounding m up lowers p by up to a factor 2^u (P is p * 256 in e4m3, normal down to 2^-6): where u >
     MAX_STEP (scales of more than ~1.3 log2 units a unit of s: INT8 codes that coarse make a poor attention
@@ -129,7 +123,7 @@ def biased_groups(scales: tuple) -> BiasedGroups:
     largest = cute.arch.fmax(scales[0], scales[1]) if const_expr(len(scales) == 2) else scales[0]
     step, inverse = ulp_steps(quad_max(largest) * Float32(ROUND_TO_INT))
     quantum, inverse_quantum = step * Float32(2.0**-22), inverse * Float32(2.0**22)
-    cut = tuple(floor_f32(scale * inverse_quantum) * quantum for scale in scales)
+    cut = tuple(ceil_f32(scale * inverse_quantum) * quantum for scale in scales)
     biases = tuple(scale * Float32(ROUND_TO_INT) for scale in cut)
     return BiasedGroups(cut, biases, step, inverse, step > Float32(MAX_STEP))
 

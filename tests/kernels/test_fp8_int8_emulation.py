@@ -59,7 +59,7 @@ def kernel_replica(q, k, v):
             largest = key_scale.amax(1, keepdim=True) * ROUND_TO_INT  # over the quad's lanes
             step = torch.exp2(torch.floor(torch.log2(largest.double())) - 22).to(F32)
             quantum = step * 2.0**-22
-            scale = torch.floor(key_scale * (1 / quantum)) * quantum
+            scale = torch.ceil(key_scale * (1 / quantum)) * quantum
             bias = scale * ROUND_TO_INT  # exact
             exact = step > MAX_STEP
             f = biased[:, keys]
@@ -117,3 +117,15 @@ def test_a_group_much_smaller_than_its_neighbour_keeps_an_exact_bias():
     assert float((small / exact.double() - 1).abs().max()) < 2.0**-14
     out = emulate(q, k, v, out_dtype=torch.float64)
     assert rel_rms_err(kernel_replica(q, k, v), out) < 1e-3
+
+
+def test_a_tiny_key_group_keeps_a_nonzero_scale():
+    """A key group 2^-24 of the largest beside it: its scale is rounded up to one quantum (u * 2^-22), not down to
+    0, which in the kernel turns a masked key's -inf score into NaN (-inf * 0) and its rows with it."""
+    q, k, v = random_qkv(1, 64, 100, 1, 64, seed=3, device="cpu")  # 100 keys: 28 masked in the one block
+    k[:, 2::8] *= 2.0**-24
+    k[:, 3::8] *= 2.0**-24  # key group 1 of every 64 keys (`layout.k_scale_group`)
+    scales, _ = int8_kernel_scales(q, k, 64 ** -0.5, TILE_N)
+    assert bool((scales > 0).all())
+    out = emulate(q, k, v, out_dtype=torch.float64)
+    assert torch.isfinite(out).all() and rel_rms_err(kernel_replica(q, k, v), out) < 1e-3
