@@ -522,8 +522,8 @@ BACKENDS: dict[str, AttentionBackend] = {
         _fp8_backend("fp8", "auto", "ours: CuTe DSL FP8 attention, prep included (sm_90: wgmma kernel; else v1)"),
         _fp8_backend("fp8-v1", "mma_sync", "ours, v1: the mma.sync FP8 kernel (sm_89/sm_90/sm_120), prep included"),
         AttentionBackend(
-            "fp8-int8qk", "ours with INT8 Q/K (a scale per 64 rows of q and of k; V and P e4m3), sm_90 kernel, "
-            "prep included",
+            "fp8-int8qk", "ours with INT8 Q/K (a scale per group of the rows one kernel thread holds: 2 query rows, "
+            "16 of 64 keys; V and P e4m3), sm_90 kernel, prep included",
             lambda q, k, v, scale=None: _fp8_kernel(_fp8_prepare(q, k, v, scale, kernel="sm90", qk_int8=True)),
             _requirements(_needs_sm90_exactly("the INT8 Q/K kernel"),
                           _needs_module("dit_accel.kernels.fp8_attention", "pip install -e .[kernels]"),

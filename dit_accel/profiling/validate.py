@@ -163,22 +163,24 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
             return stack.model(**arguments)
 
     cuda = device.type == "cuda"
-    with apply_recipe(stack.blocks, built_in), \
-            compile_failures_as_user_errors(f"{recipe.label} on the --validate pass", "put an eager recipe first"):
-        # The first streamed pass teaches diffusers the block order it prefetches in: warm up once more.
-        chain_warmup = warmup + (offload == "stream")
-        with progress.stage(f"validation: {what}, warm-up and timed passes", chain_warmup + runs) as done:
-            def counted():
-                run_pass()
-                done()
-            if cuda:
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            for _ in range(chain_warmup):
-                counted()
-            timing = time_region(counted, device=device, warmup=0, runs=runs)
-    if built_in.compile_mode != recipe.compile_mode:  # the streamed blocks' graphs, held in dynamo's caches
-        torch._dynamo.reset()
+    try:
+        with apply_recipe(stack.blocks, built_in), \
+                compile_failures_as_user_errors(f"{recipe.label} on the --validate pass", "put an eager recipe first"):
+            # The first streamed pass teaches diffusers the block order it prefetches in: warm up once more.
+            chain_warmup = warmup + (offload == "stream")
+            with progress.stage(f"validation: {what}, warm-up and timed passes", chain_warmup + runs) as done:
+                def counted():
+                    run_pass()
+                    done()
+                for _ in range(chain_warmup):
+                    counted()
+                if cuda:  # the peak of the timed passes, not of a first call's compile
+                    torch.cuda.synchronize(device)
+                    torch.cuda.reset_peak_memory_stats(device)
+                timing = time_region(counted, device=device, warmup=0, runs=runs)
+    finally:
+        if built_in.compile_mode != recipe.compile_mode:  # the streamed blocks' graphs, held in dynamo's caches
+            torch._dynamo.reset()
     peak = torch.cuda.max_memory_allocated(device) if cuda else None
     extrapolated_ms = n * block_ms + outside_ms
     streamed = None

@@ -68,9 +68,10 @@ class Sm90Config:
     # the e4m3-rounded P that O's numerator uses (the emulation's `rounded_row_sum`). Two-level only:
     # that sum is folded like O.
     pv_row_sum: bool = False
-    # Q and K as int8 codes with a scale per 64 rows (prep's INT8 contract) and S = Q K^T an s8 x s8 -> s32
-    # wgmma, instead of e4m3 with a scale per head: 3.9% error on N(0,1) q/k/v against 5.3% (emulated,
-    # docs/notes/qk-quantization.md). 128-key blocks (two 64-key scales each) and every exp2 on the MUFU.
+    # Q and K as int8 codes with a scale per group of the rows one thread holds (prep's INT8 contract) and
+    # S = Q K^T an s8 x s8 -> s32 wgmma, instead of e4m3 with a scale per head: 3.8% error on N(0,1) q/k/v
+    # against 5.3% (docs/notes/qk-quantization.md). 128-key blocks (a key scale per 64-key half and thread)
+    # and every exp2 on the MUFU.
     qk_int8: bool = False
 
     def __post_init__(self):

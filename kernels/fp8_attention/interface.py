@@ -8,7 +8,7 @@ per plan, launches.
     out = fp8_attention(q, k, v, kernel="mma_sync")   # force v1 (comparison); default "auto"
     out = fp8_attention(q_raw, k_raw, v, prologue=Prologue(wq, wk, eps, cos, sin))
                                                       # QK-norm + RoPE fused into prep (MiniMax-H3)
-    out = fp8_attention(q, k, v, qk_int8=True)        # INT8 Q/K with 64-row block scales (sm_90 only)
+    out = fp8_attention(q, k, v, qk_int8=True)        # INT8 Q/K with per-thread group scales (sm_90 only)
 
 Kernel choice ("auto"): sm_90 -> `kernel_sm90` (TMA + FP8 wgmma, warp-specialized, in the configuration
 `tuning.sm90_config` gives its head dim and key length); sm_89 and sm_120 -> v1 `kernel_mma_sync`.

@@ -425,7 +425,7 @@ def launch_prep(q, k, v, out_q, out_k, out_v, descale, prologue, spec: tuple, q_
         stride_cos, stride_sin, half = cos.stride(0), sin.stride(0), cos.shape[1] // 2
         block, heads = PROLOGUE_BLOCK_S, min(PROLOGUE_HEADS, h)
     if qk_int8:
-        block = SCALE_BLOCK  # a program is one scale block of q or k
+        block = SCALE_BLOCK  # a program holds whole scale groups of q or k (`_pack_int8_heads`)
     groups = triton.cdiv(h, heads)
     shared = dict(D=d, BLOCK=block, HEADS=heads, PROLOGUE=prologue is not None, HALF=half, QK_INT8=qk_int8)
     tail = (wq, wk, cos, sin, stride_cos, stride_sin, eps)
