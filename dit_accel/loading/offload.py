@@ -14,6 +14,7 @@ computation hid.
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -35,12 +36,39 @@ def check_offload(offload: str, device: torch.device) -> None:
 
 _ALIGN = 256  # bytes; every tensor of a packed module starts on this boundary
 _ONLOAD_DEVICE = "_dit_accel_onload_device"  # set by `stream_blocks` on each block it streams
+_OWN_FORWARD = "_dit_accel_own_forward"  # the `OwnForward` of each block `stream_blocks` streams
 
 
 def onload_device(module: nn.Module) -> torch.device | None:
     """The device `stream_blocks` brings the weights of `module` (or of the streamed modules inside it) to for their
     forward (between calls they live in host memory, so their parameters' device is the CPU), or None."""
     return next((vars(m)[_ONLOAD_DEVICE] for m in module.modules() if _ONLOAD_DEVICE in vars(m)), None)
+
+
+class OwnForward:
+    """A streamed block's own forward, inside the offload hooks diffusers wraps around it, with a place for a compiled
+    version of it (`patching.apply_recipe` compiles streamed blocks here).
+
+    Why: compiling a hooked block's whole call (`module.compile()`) or the model around it makes dynamo trace
+    diffusers' hooks, guard on each block's own hook objects and recompile per block until its limit of 8, after
+    which the blocks run eager (on the H200, CogVideoX's 42 streamed blocks under the full recipe took 1.8x their
+    compiled time). Compiled here, the hooks stay eager around code that the blocks of one class share."""
+
+    def __init__(self, forward):
+        functools.update_wrapper(self, forward)  # signature and name: the block's own
+        self.eager = self.call = forward
+
+    def __call__(self, *args, **kwargs):
+        return self.call(*args, **kwargs)
+
+    @property
+    def compiled(self) -> bool:
+        return self.call is not self.eager
+
+
+def own_forwards(module: nn.Module) -> list[OwnForward]:
+    """The `OwnForward`s of the streamed blocks in `module` (itself included)."""
+    return [vars(m)[_OWN_FORWARD] for m in module.modules() if _OWN_FORWARD in vars(m)]
 
 
 @torch.no_grad()
@@ -158,6 +186,8 @@ def stream_blocks(model: nn.Module, device: torch.device) -> int:
                         f"has none; leave out --offload stream")
     for stack in stacks.values():
         pin_to_host(stack, pin=cuda)
+        for block in stack:  # before diffusers wraps it
+            block.forward = vars(block)[_OWN_FORWARD] = OwnForward(block.forward)
     with torch.no_grad():
         for name, child in model.named_children():
             if name not in stacks:

@@ -11,7 +11,8 @@ the bf16 weights kept and put back on exit), torch.compile (`+compile`, `+max-au
 by an exception, every swap is undone in reverse order; a model compiled here is uncompiled (and dynamo's
 caches, which hold the compiled graphs and with them their weights, are dropped) unless `keep_compiled`,
 which generate asks for so that its warm-up call's compile serves the timed call. A block stack (an
-nn.ModuleList, what profile-block's --validate pass patches) is compiled block by block.
+nn.ModuleList, what profile-block's --validate pass patches) is compiled block by block, and streamed blocks in
+their own forward, inside diffusers' offload hooks (`_compile`).
 """
 from __future__ import annotations
 
@@ -120,15 +121,9 @@ def apply_recipe(target: Any, recipe: Recipe, *, adapter: BlockAdapter | None = 
                     applied.linears.append(swap)
                     applied._undo.append(swap.restore)
         if recipe.compile_mode is not None:
-            # A block stack (an nn.ModuleList) compiles block by block, as diffusers' regional compilation does
-            # (blocks of one class share their compiled code); a model generate compiled on an earlier call stays so.
-            compiled = [module for model in applied.models
-                        for module in (model if isinstance(model, nn.ModuleList) else [model])
-                        if module._compiled_call_impl is None]
-            for module in compiled:
-                module.compile(mode=recipe.compile_mode)
-            if compiled and not keep_compiled:
-                applied._undo.append(lambda: _uncompile(compiled))
+            compiled, own = _compile(applied.models, recipe.compile_mode)
+            if (compiled or own) and not keep_compiled:
+                applied._undo.append(lambda: _uncompile(compiled, own))
         yield applied
     finally:
         applied.unpatch()
@@ -170,19 +165,34 @@ def _quantize(model: nn.Module, adapter: BlockAdapter | None) -> list[Fp8LinearS
     return [quantize_linears(model, adapter, keep_original=True)]
 
 
-def compile_own_forward(module: nn.Module, mode: str) -> None:
-    """Compiles `module`'s own forward in place, for a module that hooks will wrap afterwards: diffusers' offload
-    hooks replace `forward` with a wrapper, which `module.compile()` (the whole call) would trace, guarding on each
-    block's own hook objects: one recompile per block until dynamo's limit of 8, every later block eager (found on
-    the H200: CogVideoX's 42 streamed blocks under the full recipe ran 1.8x their compiled time). Compiled before
-    the hooks come, the wrapper stays eager around compiled code that the blocks of one class share. For modules
-    that are dropped after use (a --validate pass's streamed blocks); `torch._dynamo.reset()` then frees the
-    compiled graphs."""
-    module.forward = torch.compile(module.forward, mode=mode)
+def _compile(models: list[nn.Module], mode: str) -> tuple[list[nn.Module], list]:
+    """torch.compile on `models`, what is not compiled yet (what generate compiled on an earlier call stays so): a
+    block stack (an nn.ModuleList) block by block, as
+    diffusers' regional compilation does (blocks of one class share their compiled code); streamed blocks (inside a
+    model or a stack) in their own forward, inside diffusers' offload hooks (`offload.OwnForward` says why), and the
+    rest of a model with streamed blocks eager; any other model whole. Returns (the modules compiled whole, the
+    `OwnForward`s compiled)."""
+    from ..loading.offload import own_forwards
+
+    whole, own = [], []
+    for target in (module for model in models for module in (model if isinstance(model, nn.ModuleList) else [model])):
+        streamed = own_forwards(target)
+        if streamed:
+            own += [forward for forward in streamed if not forward.compiled]
+        elif target._compiled_call_impl is None:
+            whole.append(target)
+    for module in whole:
+        module.compile(mode=mode)
+    for forward in own:
+        forward.call = torch.compile(forward.eager, mode=mode)
+    return whole, own
 
 
-def _uncompile(modules: list[nn.Module]) -> None:
-    """Back to the eager modules; dynamo's caches hold the compiled graphs (and with them the weights): dropped."""
+def _uncompile(modules: list[nn.Module], own: list) -> None:
+    """Back to the eager modules and forwards; dynamo's caches hold the compiled graphs (and with them the weights):
+    dropped."""
     for module in modules:
         module._compiled_call_impl = None
+    for forward in own:
+        forward.call = forward.eager
     torch._dynamo.reset()

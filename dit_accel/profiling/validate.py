@@ -15,7 +15,7 @@ from torch import nn
 from ..adapters import BlockAdapter, Workload
 from ..loading.block import param_bytes, synthetic_block, synthetic_outside
 from ..loading.offload import StreamedRun, host_to_device_gbps, pin_to_host, stream_blocks
-from ..patching.apply import apply_recipe, compile_failures_as_user_errors, compile_own_forward
+from ..patching.apply import apply_recipe, compile_failures_as_user_errors
 from ..patching.fp8_linear import quantize_linears
 from ..patching.recipe import Recipe
 from ..timing import time_region
@@ -67,8 +67,7 @@ class ValidationStack:
 
 def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device: torch.device, dtype: torch.dtype,
                 activation_bytes: int, offload: str = "resident", whole_model: bool = False, fp8_linear: bool = False,
-                compile_mode: str | None = None, seed: int = 0,
-                progress: SessionProgress = NO_PROGRESS) -> ValidationStack:
+                seed: int = 0, progress: SessionProgress = NO_PROGRESS) -> ValidationStack:
     """The blocks of a --validate pass, in a `BlockChain` of `n` blocks of the adapter's stack or
     (`whole_model`) in the transformer, every stack full.
 
@@ -80,8 +79,6 @@ def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device
     for the chain and the whole model; the parts outside the blocks stay on the device). `fp8_linear`: each
     block's linears go to FP8 as it is built (`quantize_linears`, on the device, so a streamed block keeps and
     copies one byte a weight), and the first block is a fresh one too (the profiled block keeps its bf16 weights).
-    `compile_mode`: streamed blocks get their own forward compiled as they are built, before the offload hooks wrap
-    it (`compile_own_forward`); resident ones are compiled by the caller's `apply_recipe`.
     """
     stacks = adapter.stacks if whole_model else [(adapter.stack, n)]
     if offload == "stream":
@@ -105,8 +102,6 @@ def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device
                     if fp8_linear:
                         quantize_linears(block, stack_adapter)
                     if offload == "stream":
-                        if compile_mode is not None:
-                            compile_own_forward(block, compile_mode)
                         pin_to_host(block, pin=device.type == "cuda")
                 blocks.append(block)
                 built()
@@ -141,11 +136,8 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
     says how much copying was hidden. On a GPU the peak memory of the timed passes is kept.
     """
     stack = build_stack(adapter, first_block, n, device=device, dtype=dtype, activation_bytes=activation_bytes,
-                        offload=offload, whole_model=whole_model is not None, fp8_linear=recipe.fp8_linear,
-                        compile_mode=recipe.compile_mode, seed=seed, progress=progress)
-    # What build_stack built into the blocks: FP8 linears, and compile where they stream.
-    built_in = dataclasses.replace(recipe, fp8_linear=False,
-                                   compile_mode=None if offload == "stream" else recipe.compile_mode)
+                        offload=offload, whole_model=whole_model is not None, fp8_linear=recipe.fp8_linear, seed=seed,
+                        progress=progress)
     if whole_model is None:
         hidden = inputs["hidden_states"]
         rest = {k: v for k, v in inputs.items() if k != "hidden_states"}
@@ -163,24 +155,20 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
             return stack.model(**arguments)
 
     cuda = device.type == "cuda"
-    try:
-        with apply_recipe(stack.blocks, built_in), \
-                compile_failures_as_user_errors(f"{recipe.label} on the --validate pass", "put an eager recipe first"):
-            # The first streamed pass teaches diffusers the block order it prefetches in: warm up once more.
-            chain_warmup = warmup + (offload == "stream")
-            with progress.stage(f"validation: {what}, warm-up and timed passes", chain_warmup + runs) as done:
-                def counted():
-                    run_pass()
-                    done()
-                for _ in range(chain_warmup):
-                    counted()
-                if cuda:  # the peak of the timed passes, not of a first call's compile
-                    torch.cuda.synchronize(device)
-                    torch.cuda.reset_peak_memory_stats(device)
-                timing = time_region(counted, device=device, warmup=0, runs=runs)
-    finally:
-        if built_in.compile_mode != recipe.compile_mode:  # the streamed blocks' graphs, held in dynamo's caches
-            torch._dynamo.reset()
+    with apply_recipe(stack.blocks, dataclasses.replace(recipe, fp8_linear=False)), \
+            compile_failures_as_user_errors(f"{recipe.label} on the --validate pass", "put an eager recipe first"):
+        # The first streamed pass teaches diffusers the block order it prefetches in: warm up once more.
+        chain_warmup = warmup + (offload == "stream")
+        with progress.stage(f"validation: {what}, warm-up and timed passes", chain_warmup + runs) as done:
+            def counted():
+                run_pass()
+                done()
+            for _ in range(chain_warmup):
+                counted()
+            if cuda:  # the peak of the timed passes, not of a first call's compile
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            timing = time_region(counted, device=device, warmup=0, runs=runs)
     peak = torch.cuda.max_memory_allocated(device) if cuda else None
     extrapolated_ms = n * block_ms + outside_ms
     streamed = None

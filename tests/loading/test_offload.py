@@ -315,35 +315,42 @@ def test_each_streamed_block_is_prefetched_while_the_one_before_runs(fake_side_s
             assert not [t for t in outside if id(t) in copied], "the parts outside the blocks were copied again"
 
 
-def test_streamed_blocks_compiled_share_one_graph(fake_side_stream):
-    """A streamed stack under torch.compile (`build_stack(compile_mode=)`): every block runs one shared compiled
-    graph, with no recompile per block. Compiling the blocks' calls after diffusers' offload hooks wrap them
-    traced the hooks and recompiled per block up to dynamo's limit of 8, leaving every later block eager."""
+@pytest.mark.parametrize("family", ["minimax-h3", "wan"])
+@pytest.mark.parametrize("target", ["blocks", "model"], ids=["validate-stack", "generate-model"])
+def test_streamed_blocks_compiled_share_one_graph(fake_side_stream, family, target):
+    """torch.compile on a transformer whose blocks stream (`apply_recipe` on --validate's stack, or on the whole
+    model as generate patches it): every block runs one shared compiled graph, no recompile per block, and the
+    output is the eager one; undone, the blocks are eager again. Compiling the hooked blocks' whole calls, or the
+    model around them, traced diffusers' offload hooks and recompiled per block until dynamo's limit of 8, leaving
+    every later block eager."""
     from torch._dynamo.utils import counters
 
+    from dit_accel.loading.offload import own_forwards
+    from dit_accel.patching.apply import apply_recipe
+    from dit_accel.patching.recipe import parse_recipe
     from dit_accel.profiling.validate import build_stack
 
     cpu, n = torch.device("cpu"), 12
-    adapter = _small("minimax-h3", n)
+    adapter = _small(family, n)
     arguments = adapter.make_transformer_inputs(adapter.workload_from_seq_len(64, 1), cpu, torch.float32,
                                                 torch.Generator().manual_seed(0)).kwargs
     first = synthetic_block(adapter, 0, cpu, torch.float32, seed=0).block
-    eager = build_stack(adapter, first, n, device=cpu, dtype=torch.float32, activation_bytes=0, whole_model=True)
+    stack = build_stack(adapter, first, n, device=cpu, dtype=torch.float32, activation_bytes=0, offload="stream",
+                        whole_model=True)
     torch._dynamo.reset()
     counters.clear()
-    try:
-        stack = build_stack(adapter, first, n, device=cpu, dtype=torch.float32, activation_bytes=0, offload="stream",
-                            whole_model=True, compile_mode="default")
-        with torch.no_grad():
-            expected = eager.model(**arguments)
+    with torch.no_grad():
+        expected = stack.model(**arguments)
+        with apply_recipe(stack.blocks if target == "blocks" else stack.model, parse_recipe("native+compile")):
+            assert all(forward.compiled for forward in own_forwards(stack.model))
             for _ in range(3):
                 outputs = stack.model(**arguments)
-        assert counters["stats"]["unique_graphs"] == 1 and counters["frames"]["ok"] >= 1, dict(counters["stats"])
-        assert not [reason for reason in counters["unimplemented"] if "recompile" in reason.lower()]
-        for got, want in zip(outputs, expected):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    finally:
-        torch._dynamo.reset()
+            assert stack.model._compiled_call_impl is None  # the parts outside the blocks stay eager
+        assert not any(forward.compiled for forward in own_forwards(stack.model))
+    assert counters["stats"]["unique_graphs"] == 1 and counters["frames"]["ok"] >= 1, dict(counters["stats"])
+    assert not [reason for reason in counters["unimplemented"] if "recompile" in reason.lower()]
+    for got, want in zip(outputs, expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_generate_counts_only_the_streamed_block_stacks():
