@@ -91,7 +91,7 @@ class Fp8AttentionMmaSync:
         stream,
     ):
         """Builds the smem layouts, copies and MMA, then launches one CTA per (128 rows, b*h). mQScale and
-        mKScale are the sm90 kernel's INT8 Q/K block scales, None here (v1 takes e4m3 Q/K alone)."""
+        mKScale are the sm90 kernel's INT8 Q/K group scales, None here (v1 takes e4m3 Q/K alone)."""
         fp8 = mQ.element_type
         D = self.head_dim
         # The strides of every leading mode are multiples of 16 bytes (prep pads, O is ours):

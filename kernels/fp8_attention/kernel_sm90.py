@@ -137,8 +137,8 @@ class KeyBlocks(NamedTuple):
 class TileIO(NamedTuple):
     """What a consumer reads and writes per tile beyond the smem rings."""
     descale: cute.Tensor  # [3, B*H] fp32: Q's, K's and V's descales per (batch, head)
-    q_scale: cute.Tensor | None  # INT8 Q/K: [B*H, Sq_pad / 64] fp32 scales of Q's 64-row blocks; else None
-    k_scale: cute.Tensor | None  # INT8 Q/K: [B*H, ceil(Skv_pad / 64)] of K's; else None
+    q_scale: cute.Tensor | None  # INT8 Q/K: [B*H, Sq_pad / 64 * 32] fp32 scales of Q's groups; else None
+    k_scale: cute.Tensor | None  # INT8 Q/K: [B*H, ceil(Skv_pad / 64) * 4] of K's groups; else None
     o: cute.Tensor  # [B, Sq, H, D] output
     lse: cute.Tensor | None  # [B, H, Sq] fp32 natural-log LSE, or None (compiled without)
     softmax_scale_log2: Float32  # softmax scale * log2(e)
@@ -262,7 +262,7 @@ class Fp8AttentionSm90:
     ):
         """Builds the TMA atoms, smem layouts, pipelines' storage and MMAs; launches one CTA per
         (query tile, b*h), or `persistent_ctas` CTAs that walk those tiles (`TileScheduler.grid`).
-        mQScale, mKScale: INT8 Q/K's block scales (`qk_int8`; mQ and mK int8), else None."""
+        mQScale, mKScale: INT8 Q/K's group scales (`qk_int8`; mQ and mK int8), else None."""
         qk_dtype = mQ.element_type  # e4m3, or int8 with qk_int8
         fp8 = mV.element_type
         cfg = self.config

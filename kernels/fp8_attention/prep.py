@@ -96,7 +96,7 @@ def apply_prologue(x: torch.Tensor, weight: torch.Tensor, prologue: Prologue) ->
 @dataclass
 class PackedQKV:
     """Prep's output: the kernel's inputs plus the logical sizes the padding hides; q_scale and k_scale
-    are the INT8 Q/K block scales (None with e4m3 Q/K)."""
+    are the INT8 Q/K group scales (None with e4m3 Q/K)."""
 
     q: torch.Tensor
     k: torch.Tensor

@@ -301,7 +301,7 @@ def _fp8_prep_pack_kernel(q_ptr, k_ptr, v_ptr, amax_ptr, out_q, out_k, out_v, de
                  HALF: tl.constexpr, QK_INT8: tl.constexpr):
     """Scales from amax (`prep.scales_from_amax`, written to descale [3, B*H] by the first block of
     rows), then codes: q and k row-major, v feature-major [D, Skv_pad] holding key_order(p). With QK_INT8
-    (BLOCK = SCALE_BLOCK), q and k by `_pack_int8_heads` into the block scales q_scale and k_scale."""
+    (BLOCK = SCALE_BLOCK), q and k by `_pack_int8_heads` into the group scales q_scale and k_scale."""
     which = tl.program_id(2)
     b, h0 = tl.program_id(1) // GROUPS, tl.program_id(1) % GROUPS * HEADS
     pos = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -403,7 +403,7 @@ def launch_prep(q, k, v, out_q, out_k, out_v, descale, prologue, spec: tuple, q_
     """One launch without a prologue when max(Sq_pad, Skv_pad) <= SINGLE_LAUNCH_MAX_S, else two (and a
     zeroed amax [3, B*H] fp32 buffer for them); prologue None or (norm_q_weight, norm_k_weight, eps, cos,
     sin) with cos, sin [S, R] (`prep.Prologue`); spec: `prep.launch_spec` of these inputs; q_scale and k_scale:
-    INT8 Q/K's block scales (out_q and out_k int8), or None. Launches on the current device: q's
+    INT8 Q/K's group scales (out_q and out_k int8), or None. Launches on the current device: q's
     (`prep.prep_triton` sees to it)."""
     b, sq, h, d = q.shape
     skv = k.shape[1]

@@ -61,7 +61,7 @@ def test_triton_prep_matches_reference_bitwise(monkeypatch, one_launch):
 
 @pytest.mark.parametrize("one_launch", [True, False])
 def test_int8_qk_triton_prep_matches_reference_bitwise(monkeypatch, one_launch):
-    """INT8 Q/K: codes and block scales bit for bit (an inf and a NaN block included: NaN scales in the same
+    """INT8 Q/K: codes and group scales bit for bit (an inf and a NaN group included: NaN scales in the same
     places), v and its descale as the e4m3 prep's."""
     q, k, v = random_qkv(2, 333, 77, 3, 128, outliers=True)
     q = q.transpose(1, 2).contiguous().transpose(1, 2)

@@ -83,7 +83,7 @@ def kernel_replica(q, k, v):
     (1, 70, 300, 128, 4, 400.0),  # amax ~1800: steps above MAX_STEP, where rounding the max flushed P to 0
 ])
 def test_the_kernels_fp32_arithmetic_lands_on_the_emulation(b, sq, skv, d, seed, magnitude):
-    """With outliers block scales are large, where a bias rounded to fp32 put the kernel 2% off the emulation
+    """With outliers group scales are large, where a bias rounded to fp32 put the kernel 2% off the emulation
     (what the GPU measured of such a build); taken off exactly, the replica sits within 1e-3. At magnitudes
     where the step passes MAX_STEP (logits of ~1e6 log2 units, which fp32 holds to a fraction of a unit, where
     INT8 errs 66% and e4m3 30%) the FADD path keeps every row finite and non-zero (rounding the max up flushed

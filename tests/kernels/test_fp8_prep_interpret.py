@@ -108,7 +108,7 @@ def assert_same(one, two):
 
 
 def assert_int8_qk_matches_the_spec(got, spec):
-    """INT8 Q/K codes and block scales bit for bit (both round with `_int8_codes`' arithmetic, which the
+    """INT8 Q/K codes and group scales bit for bit (both round with `_int8_codes`' arithmetic, which the
     interpreter runs as the GPU does), descale rows 0 and 1 all 1."""
     for name in ("q", "k", "q_scale", "k_scale"):
         a, r = getattr(got, name), getattr(spec, name)
