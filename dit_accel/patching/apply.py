@@ -167,11 +167,10 @@ def _quantize(model: nn.Module, adapter: BlockAdapter | None) -> list[Fp8LinearS
 
 def _compile(models: list[nn.Module], mode: str) -> tuple[list[nn.Module], list]:
     """torch.compile on `models`, what is not compiled yet (what generate compiled on an earlier call stays so): a
-    block stack (an nn.ModuleList) block by block, as
-    diffusers' regional compilation does (blocks of one class share their compiled code); streamed blocks (inside a
-    model or a stack) in their own forward, inside diffusers' offload hooks (`offload.OwnForward` says why), and the
-    rest of a model with streamed blocks eager; any other model whole. Returns (the modules compiled whole, the
-    `OwnForward`s compiled)."""
+    block stack (an nn.ModuleList) block by block, as diffusers' regional compilation does (blocks of one class
+    share their compiled code); streamed blocks (inside a model or a stack) in their own forward, inside diffusers'
+    offload hooks (`offload.OwnForward` says why), and the rest of a model with streamed blocks eager; any other
+    model whole. Returns (the modules compiled whole, the `OwnForward`s compiled)."""
     from ..loading.offload import own_forwards
 
     whole, own = [], []

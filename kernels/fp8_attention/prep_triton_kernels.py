@@ -118,9 +118,15 @@ def _values(x_ptr, w_ptr, b, h, rows, S, stride_b, stride_s, stride_h, eps, part
 
 
 @triton.jit
+def _row_magnitude(x):
+    """max |x| of each row of a block; NaN counts as inf."""
+    return tl.max(tl.where(x != x, float("inf"), tl.abs(x)), axis=1)
+
+
+@triton.jit
 def _magnitude(x):
     """max |x| of a block; NaN counts as inf."""
-    return tl.max(tl.max(tl.where(x != x, float("inf"), tl.abs(x)), axis=1), axis=0)
+    return tl.max(_row_magnitude(x), axis=0)
 
 
 @triton.jit
@@ -233,7 +239,7 @@ def _pack_int8_heads(x_ptr, w_ptr, scale_ptr, descale_ptr, out_ptr, b, h0, H, bl
             if write_descale:
                 tl.store(descale_ptr + bh, 1.0)
             y = _values(x_ptr, w_ptr, b, h, pos, S, stride_b, stride_s, stride_h, eps, partner, c, ssin, D, PROLOGUE)
-            amax = _group_amax(tl.max(tl.where(y != y, float("inf"), tl.abs(y)), axis=1), KEY_GROUPS)
+            amax = _group_amax(_row_magnitude(y), KEY_GROUPS)
             tl.store(scale_ptr + bh * n_groups + block * GROUPS + tl.arange(0, GROUPS),
                      _descale(amax, INT8_DESCALE_PER_AMAX))
             quant = _per_row(_quant_from(amax, INT8_CODE_MAX), KEY_GROUPS)
