@@ -301,7 +301,12 @@ _SDPA_STAND_INS = ModelGlobalSwap(FUNCTIONAL_GLOBAL, _make_sdpa_stand_in)
 
 
 def _choose_while_running(modules: list[nn.Module], choice: RoutedBackend | SDPBackend) -> list[RemovableHandle]:
-    """Forward hooks that make `choice` the running choice inside each module's forward, and clear it after."""
+    """Forward hooks that make `choice` the running choice inside each module's forward, and clear it after.
+
+    The clearing hook is not `always_call`: dynamo guards on each always-called hook's id, which differs from
+    block to block, so compiled blocks (diffusers' regional compilation, our --validate stack) recompiled per block
+    until dynamo's limit of 8 and ran eager after it. A forward that raises leaves the choice set until the swap is
+    restored (`restore_attention_backend` clears it), or until the next chosen module sets its own."""
 
     def choose(*_):
         _RUNNING.choice = choice
@@ -309,8 +314,7 @@ def _choose_while_running(modules: list[nn.Module], choice: RoutedBackend | SDPB
     def clear(*_):
         _RUNNING.choice = None
 
-    return [handle for m in modules
-            for handle in (m.register_forward_pre_hook(choose), m.register_forward_hook(clear, always_call=True))]
+    return [handle for m in modules for handle in (m.register_forward_pre_hook(choose), m.register_forward_hook(clear))]
 
 
 # --- swapping -----------------------------------------------------------------------------------
@@ -414,6 +418,8 @@ def restore_attention_backend(swap: AttentionBackendSwap) -> None:
             processor._attention_backend = value
     for handle in swap.hooks:
         handle.remove()
+    if swap.hooks:
+        _RUNNING.choice = None  # a forward that raised did not clear it
     _SDPA_STAND_INS.release_all(swap.sdpa_files, swap)
     _ROUTERS.release_all(swap.router_modules, swap.routed)
     swap.restored = True

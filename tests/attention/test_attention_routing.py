@@ -299,6 +299,25 @@ def test_excluded_modules_keep_torch_sdpa_untouched(fake_backend):
 
 
 @torch.no_grad()
+def test_a_chosen_forward_that_raises_leaves_its_choice_until_the_swap_is_restored(fake_backend, monkeypatch):
+    """The hook that clears the running choice is not always-called (dynamo guards on an always-called hook's id,
+    which differs from block to block, and recompiled every compiled block), so a forward that raises skips it:
+    the choice stays set until the swap is restored, which clears it."""
+    block, inputs, _ = _sdpa_block("cogvideox")
+
+    def boom(self, q, k, v, scale=None):
+        raise RuntimeError("boom")
+
+    with use_attention_backend(block, "fake"):
+        with monkeypatch.context() as patched:
+            patched.setattr(type(fake_backend), "__call__", boom)
+            with pytest.raises(RuntimeError, match="boom"):
+                block(**inputs)
+        assert routing._RUNNING.choice is not None
+    assert routing._RUNNING.choice is None
+
+
+@torch.no_grad()
 def test_a_torch_kernel_is_forced_inside_processors_calling_torch_sdpa(monkeypatch):
     """`math` forces torch's math kernel around each call (the flash kernel is off inside only); `native`
     changes nothing: it is what these processors run."""
