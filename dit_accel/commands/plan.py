@@ -273,22 +273,23 @@ def _error_of(knob: str, baseline) -> dict[str, Any]:
 
 def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], memory: float, pass_ms: float, budget,
                 link: float) -> dict[str, Any]:
-    """A recipe with its blocks streamed from host memory under `budget` (resident when the model fits), beside
-    the streamed pass a run measured with the same knobs and budget (--verify, or --validate model --offload
-    stream), if one did: its time and its peak memory."""
+    """A recipe with its blocks streamed from host memory under `budget` (fits: "model" where the whole model also fits
+    resident, at the pass of its knob row, `pass_ms`), beside the streamed pass a run measured with the same knobs
+    and budget (--verify, or --validate model --offload stream), if one did: its time and its peak memory."""
     from ..planning.measured import knobs_of
     from ..planning.predict import GIB, streamed_pass_ms, video_seconds
 
     name = knobs_label(knobs)
-    resident = memory <= budget.nbytes
     two_blocks = 2 * max(s.param_bytes for s in baseline.stacks) + baseline.outside_bytes + baseline.activation_bytes
-    fits = "model" if resident else ("streamed" if two_blocks <= budget.nbytes else "no")
-    predicted = pass_ms if resident else streamed_pass_ms(baseline, block_ms, link)
+    fits = "model" if memory <= budget.nbytes else ("streamed" if two_blocks <= budget.nbytes else "no")
+    predicted = streamed_pass_ms(baseline, block_ms, link)
+    model = f"each block the longer of its compute and its copy at {link:g} GB/s, the first copy not hidden"
+    if fits == "model":
+        model += f"; the model also fits resident ({pass_ms:.0f} ms a pass, its knob row)"
     row = {"knobs": f"{name} + stream under {budget.text}", "gpu": baseline.device_name,
            "pass_ms": round(predicted, 1), "video_s": round(video_seconds(baseline, predicted), 1) if fits != "no"
-           else None, "memory_gib": round((memory if resident else two_blocks) / GIB, 2), "fits": fits,
-           "basis": "predicted from this run",
-           "model": f"each block the longer of its compute and its copy at {link:g} GB/s, the first copy not hidden"}
+           else None, "memory_gib": round(two_blocks / GIB, 2), "fits": fits, "basis": "predicted from this run",
+           "model": model}
     streamed = next((p for p in baseline.streamed if p["budget"] == budget.text and knobs_of(p["recipe"]) == knobs),
                     None)
     if streamed:
