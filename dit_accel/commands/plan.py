@@ -179,7 +179,6 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
     from ..planning.predict import (ASSUMPTIONS, GIB, KNOB_MODELS, fits, knob_sets, on_other_gpu, predict_block,
                                     pass_ms_of, streamed_pass_ms, video_seconds, weights_bytes)
 
-    largest_block = max(s.param_bytes for s in baseline.stacks)
     measured = {m.knobs: m for m in baseline.measured}
     predicted = {knobs: {s.stack: predict_block(s, baseline, knobs, rates, crossover) for s in baseline.stacks}
                  for knobs in knob_sets()}
@@ -190,8 +189,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
         row = {"knobs": knobs_label(knobs), "gpu": baseline.device_name,
                "block_ms": {s: round(b.ms, 2) for s, b in blocks.items()}, "pass_ms": round(pass_ms, 1),
                "video_s": round(video_seconds(baseline, pass_ms), 1), "memory_gib": round(memory / GIB, 2),
-               "fits": fits(memory, largest_block, baseline.outside_bytes, baseline.activation_bytes,
-                            baseline.device_memory_gib),
+               "fits": fits(baseline, knobs, baseline.device_memory_gib * GIB),
                "basis": "measured" if not knobs else "predicted from this run",
                "parts_ms": {s: {k: round(v, 2) for k, v in b.parts.items()} for s, b in blocks.items()},
                "model": "; ".join(KNOB_MODELS[k] for k in sorted(knobs)) or f"measured: {baseline.recipe}"}
@@ -202,7 +200,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
                                "difference_pct": {s: round(100 * (blocks[s].ms / ms - 1), 1)
                                                   for s, ms in m.block_ms.items() if s in blocks}}
         knobs_rows.append(row)
-        sets[knobs] = ({stack: block.ms for stack, block in blocks.items()}, pass_ms, memory)
+        sets[knobs] = ({stack: block.ms for stack, block in blocks.items()}, pass_ms)
     full = max(sets, key=len)
     knobs_rows += _scaling_rows(baseline, here, sets, full, memory_budget, host_link_gbps, gpus, link_gbps,
                                 cache_skip)
@@ -224,12 +222,11 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
                 gpu_rows.append(row)
                 continue
             memory = weights_bytes(baseline, knobs) + baseline.activation_bytes
-            where = fits(memory, largest_block, baseline.outside_bytes, baseline.activation_bytes, target.memory_gb
-                         * 1e9 / GIB)
+            where = fits(baseline, knobs, target.memory_gb * 1e9)
             block_ms = {s: ms for s, (ms, _) in scaled.items()}
             pass_ms = pass_ms_of(baseline, block_ms)
             if where == "streamed":
-                pass_ms = streamed_pass_ms(baseline, block_ms, target.host_link_gbps)
+                pass_ms = streamed_pass_ms(baseline, knobs, block_ms, target.host_link_gbps)
             row.update({"block_ms": {s: round(v, 2) for s, v in block_ms.items()}, "pass_ms": round(pass_ms, 1),
                         "video_s": round(video_seconds(baseline, pass_ms), 1) if where != "no" else None,
                         "memory_gib": round(memory / GIB, 2), "fits": where,
@@ -271,25 +268,24 @@ def _error_of(knob: str, baseline) -> dict[str, Any]:
             "output_rel_l2": m.output_rel_l2}
 
 
-def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], memory: float, pass_ms: float, budget,
+def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], pass_ms: float, budget,
                 link: float) -> dict[str, Any]:
     """A recipe with its blocks streamed from host memory under `budget` (fits: "model" where the whole model also fits
     resident, at the pass of its knob row, `pass_ms`), beside the streamed pass a run measured with the same knobs
     and budget (--verify, or --validate model --offload stream), if one did: its time and its peak memory."""
     from ..planning.measured import knobs_of
-    from ..planning.predict import GIB, streamed_pass_ms, video_seconds
+    from ..planning.predict import GIB, fits, streamed_bytes, streamed_pass_ms, video_seconds
 
     name = knobs_label(knobs)
-    two_blocks = 2 * max(s.param_bytes for s in baseline.stacks) + baseline.outside_bytes + baseline.activation_bytes
-    fits = "model" if memory <= budget.nbytes else ("streamed" if two_blocks <= budget.nbytes else "no")
-    predicted = streamed_pass_ms(baseline, block_ms, link)
+    where = fits(baseline, knobs, budget.nbytes)
+    predicted = streamed_pass_ms(baseline, knobs, block_ms, link)
     model = f"each block the longer of its compute and its copy at {link:g} GB/s, the first copy not hidden"
-    if fits == "model":
+    if where == "model":
         model += f"; the model also fits resident ({pass_ms:.0f} ms a pass, its knob row)"
     row = {"knobs": f"{name} + stream under {budget.text}", "gpu": baseline.device_name,
-           "pass_ms": round(predicted, 1), "video_s": round(video_seconds(baseline, predicted), 1) if fits != "no"
-           else None, "memory_gib": round(two_blocks / GIB, 2), "fits": fits, "basis": "predicted from this run",
-           "model": model}
+           "pass_ms": round(predicted, 1), "video_s": round(video_seconds(baseline, predicted), 1) if where != "no"
+           else None, "memory_gib": round(streamed_bytes(baseline, knobs) / GIB, 2), "fits": where,
+           "basis": "predicted from this run", "model": model}
     streamed = next((p for p in baseline.streamed if p["budget"] == budget.text and knobs_of(p["recipe"]) == knobs),
                     None)
     if streamed:
@@ -304,18 +300,18 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], memory: 
 def _scaling_rows(baseline, here, sets, full, memory_budget, host_link_gbps, gpus, link_gbps,
                   cache_skip) -> list[dict]:
     """Streaming of the baseline, of our FP8 attention alone and of the full recipe (what --verify streams too);
-    context parallelism and step caching on top of the full recipe. sets: knob set -> (block ms by stack, pass ms,
-    memory bytes); full: the full recipe's knob set."""
+    context parallelism and step caching on top of the full recipe. sets: knob set -> (block ms by stack, pass
+    ms); full: the full recipe's knob set."""
     from ..planning.predict import cached_video_seconds, context_parallel_pass_ms, streamed_knob_sets, video_seconds
 
-    block_ms, pass_ms, _ = sets[full]
+    block_ms, pass_ms = sets[full]
     name = knobs_label(full)
     rows = []
     if memory_budget is not None:
         link = host_link_gbps or here.host_link_gbps
         for streamed in streamed_knob_sets():
-            streamed_blocks, streamed_pass, memory = sets[streamed]
-            rows.append(_stream_row(baseline, streamed, streamed_blocks, memory, streamed_pass, memory_budget, link))
+            streamed_blocks, streamed_pass = sets[streamed]
+            rows.append(_stream_row(baseline, streamed, streamed_blocks, streamed_pass, memory_budget, link))
     if gpus > 1:
         link = link_gbps or here.nvlink_gbps
         parallel, why = context_parallel_pass_ms(baseline, block_ms, gpus, link)

@@ -218,13 +218,25 @@ def streamed_knob_sets() -> tuple[frozenset[str], ...]:
     return frozenset(), frozenset({"fp8-attention"}), frozenset(KNOBS)
 
 
+def block_bytes(stack: StackBaseline, knobs: frozenset[str]) -> int:
+    """One block's weights; FP8 linears keep one byte a weight and a float32 scale per output row instead of two
+    bytes a weight (torchao's per-row FP8 weights)."""
+    if "fp8-linear" not in knobs:
+        return stack.param_bytes
+    return stack.param_bytes - sum(lin["in_features"] * lin["out_features"] - 4 * lin["out_features"]
+                                   for lin in stack.linears if lin["fp8"])
+
+
 def weights_bytes(baseline: Baseline, knobs: frozenset[str]) -> int:
-    """Every block and the outside weights; FP8 linears keep one byte a weight instead of two."""
-    saved = 0
-    if "fp8-linear" in knobs:
-        saved = sum(s.num_blocks * sum(lin["in_features"] * lin["out_features"] for lin in s.linears if lin["fp8"])
-                    for s in baseline.stacks)
-    return baseline.weights_bytes - saved
+    """Every block and the outside weights."""
+    return baseline.outside_bytes + sum(s.num_blocks * block_bytes(s, knobs) for s in baseline.stacks)
+
+
+def streamed_bytes(baseline: Baseline, knobs: frozenset[str]) -> int:
+    """What a streamed pass holds: two of the largest block (the one running, the next one arriving), the outside
+    weights and the measured block's activations."""
+    return (2 * max(block_bytes(s, knobs) for s in baseline.stacks) + baseline.outside_bytes
+            + baseline.activation_bytes)
 
 
 def pass_ms_of(baseline: Baseline, blocks_ms: dict[str, float]) -> float:
@@ -236,24 +248,23 @@ def video_seconds(baseline: Baseline, pass_ms: float) -> float:
     return baseline.steps * baseline.passes * pass_ms / 1e3
 
 
-def fits(memory_bytes: float, block_bytes: float, outside_bytes: float, activations: float, capacity_gib: float,
-         ) -> str:
-    """'model' (the whole transformer resident), 'streamed' (two blocks, the rest and activations) or 'no'."""
-    if memory_bytes <= capacity_gib * GIB:
+def fits(baseline: Baseline, knobs: frozenset[str], capacity_bytes: float) -> str:
+    """'model' (the whole transformer resident), 'streamed' (`streamed_bytes`) or 'no'."""
+    if weights_bytes(baseline, knobs) + baseline.activation_bytes <= capacity_bytes:
         return "model"
-    if 2 * block_bytes + outside_bytes + activations <= capacity_gib * GIB:
+    if streamed_bytes(baseline, knobs) <= capacity_bytes:
         return "streamed"
     return "no"
 
 
-def streamed_pass_ms(baseline: Baseline, blocks_ms: dict[str, float], link_gbps: float) -> float:
+def streamed_pass_ms(baseline: Baseline, knobs: frozenset[str], blocks_ms: dict[str, float], link_gbps: float) -> float:
     """A pass with every block copied from host memory over `link_gbps` while the one before it runs: each block
     takes the longer of its compute and its copy, and the first copy is not hidden."""
     total = baseline.outside_ms
     for stack in baseline.stacks:
-        copy_ms = stack.param_bytes / (link_gbps * 1e6)
+        copy_ms = block_bytes(stack, knobs) / (link_gbps * 1e6)
         total += stack.num_blocks * max(blocks_ms[stack.stack], copy_ms)
-    return total + baseline.stacks[0].param_bytes / (link_gbps * 1e6)
+    return total + block_bytes(baseline.stacks[0], knobs) / (link_gbps * 1e6)
 
 
 def context_parallel_pass_ms(baseline: Baseline, blocks_ms: dict[str, float], gpus: int,

@@ -124,11 +124,17 @@ def test_streaming_parallelism_and_caching_rows(tmp_path):
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "p" / "plan.json").read_text())["knobs"]
     full = next(r for r in rows if r["knobs"] == "compile + fp8-attention + fp8-linear")
-    stream = next(r for r in rows if "stream under 8GiB" in r["knobs"])
-    # FP8 linears halve the FP8 linear's weights: 10 x (1 GB - 5e6 B) + 3 GB - 1 GB of activations > 8 GiB
+    stream = next(r for r in rows if r["knobs"] == "baseline + stream under 8GiB")
+    # 10 x 1 GB of blocks + 3 GB - 1 GB of activations > 8 GiB
     assert stream["fits"] == "streamed"
     # each 1 GB block copies in 100 ms at 10 GB/s, longer than its compute: 10 x 100 + the first copy 100
     assert stream["pass_ms"] == 1100.0 and full["pass_ms"] < 1100
+    # streamed FP8 blocks: the FP8 linear's weight one byte each and a float32 scale per output row, so a block is
+    # 1 GB - (1000 x 5000 - 4 x 5000) B, copied in 99.502 ms; the pass holds two of them and the activations
+    fp8_block = 1 * GB - (1000 * 5000 - 4 * 5000)
+    full_stream = next(r for r in rows if r["knobs"] == "compile + fp8-attention + fp8-linear + stream under 8GiB")
+    assert full_stream["pass_ms"] == round(11 * fp8_block / 10e6, 1) and full["block_ms"]["blocks"] < 99.5
+    assert full_stream["memory_gib"] == round((2 * fp8_block + 2 * GB) / 2**30, 2)
     parallel = next(r for r in rows if "Ulysses over 2" in r["knobs"])
     exchange_ms = 4 * 1000 * 8 * 96 * 2 * (2 - 1) / 4 / (450 * 1e6)  # NVLink 450 GB/s per direction, H200
     assert parallel["pass_ms"] == pytest.approx(10 * (full["block_ms"]["blocks"] / 2 + exchange_ms), abs=0.1)
