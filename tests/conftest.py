@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from safetensors.torch import save_file  # noqa: E402
-from testing import DATA, cpu_fp8, fake_backend  # noqa: E402, F401 (fixtures, shared by every test module)
+from testing import DATA, cpu_fp8, fake_backend, routed_sdpa  # noqa: E402, F401 (fixtures every module shares)
 
 # MiniMax-H3's public checkpoint index (66.28 GB in 14 shards), copied from the public release.
 REAL_H3_INDEX = DATA / "h3_transformer_index.json"

@@ -36,6 +36,21 @@ def fake_backend(monkeypatch):
     return kernel
 
 
+@pytest.fixture
+def routed_sdpa(monkeypatch):
+    """A routed backend named `fake` whose kernel is torch's SDPA and keeps nothing, for compiled models (the
+    `fake_backend` fixture's recorded calls make dynamo guard on their count, which recompiles on every call)."""
+    from dit_accel.attention import backends
+    from dit_accel.attention.backends import AttentionBackend
+
+    def sdpa(q, k, v, scale=None):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              scale=scale).transpose(1, 2)
+
+    monkeypatch.setitem(backends.BACKENDS, "fake", AttentionBackend("fake", "test double", sdpa, lambda device: None,
+                                                                    routed=True, serves_reason=lambda q, k, v: None))
+
+
 # ---------------------------------------------------------------- tiny models
 def tiny_h3_transformer(num_layers: int, num_refiner_layers: int = 2, head_dim: int = 32, rope_freq_dim: int = 4):
     """A MiniMax-H3 transformer with 2 heads of `head_dim` (6 x rope_freq_dim rotary channels: 24 by

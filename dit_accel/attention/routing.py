@@ -33,13 +33,15 @@ goes to that diffusers backend instead, counted as the reason "routed: <name> me
 data (the CPU, an unmeasured GPU, DIT_ACCEL_CROSSOVER=off) every servable call is served, as before.
 Not applied under Ulysses context parallelism (diffusers' engine there serves our kernel only).
 
-Processors that call torch's SDPA themselves (CogVideoX, Mochi, Allegro: `F.scaled_dot_product_attention`
-from their own file, [B, H, S, D], no `_attention_backend`): their file's `F` is replaced by a stand-in whose
-`scaled_dot_product_attention` asks which backend the attention module running now chose. Forward hooks on
-each chosen module say it on entry and clear it on exit, so calls of modules not chosen (kept blocks, other
-models of the same file) run torch's own call untouched. The choice is a RoutedBackend (q/k/v go to it as
-[B, S, H, D] views, through the same servable checks, counts and crossover as above; a call it declines runs
-torch's own call, forced to the crossover's kernel where that routed it) or a torch SDPA kernel to force
+Processors that call torch's SDPA themselves (CogVideoX, Mochi, Allegro: `F.scaled_dot_product_attention` from
+their own file, [B, H, S, D], no `_attention_backend`): their file's `F` is replaced by a stand-in whose
+`scaled_dot_product_attention` asks which backend the processor running now chose. Each chosen processor holds
+its choice and, for the swap, a subclass of its own class whose call makes that choice the running one and puts
+the one before back after it, even when it raises (`_choosing_class`), so calls of processors not chosen (kept
+blocks, other models of the same file) run torch's own call untouched, and compiled blocks of one class keep one
+graph per choice (dynamo guards on the processor's class and its choice). The choice is a RoutedBackend (q/k/v go
+to it as [B, S, H, D] views, through the same servable checks, counts and crossover as above; a call it declines
+runs torch's own call, forced to the crossover's kernel where that routed it) or a torch SDPA kernel to force
 (`cudnn`, `flash`, ...). `native` changes nothing there: it is what they run.
 
 Why this seam: it needs no edit of diffusers or of the model, covers every attention call a
@@ -61,7 +63,6 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.hooks import RemovableHandle
 
 from ..errors import UserError
 from ..patching.counts import CallCounts, CountedCalls, module_device
@@ -253,7 +254,7 @@ def _dispatch_module(processor: Any) -> ModuleType:
 
 @dataclass
 class _Running:
-    """What the attention module running now chose for its `F.scaled_dot_product_attention` calls: a
+    """What the processor running now chose for its `F.scaled_dot_product_attention` calls: a
     RoutedBackend, a torch SDPA kernel to force, or None (torch's own call)."""
 
     choice: RoutedBackend | SDPBackend | None = None
@@ -300,21 +301,50 @@ def _make_sdpa_stand_in(functional: Any, users: list) -> Namespace:
 _SDPA_STAND_INS = ModelGlobalSwap(FUNCTIONAL_GLOBAL, _make_sdpa_stand_in)
 
 
-def _choose_while_running(modules: list[nn.Module], choice: RoutedBackend | SDPBackend) -> list[RemovableHandle]:
-    """Forward hooks that make `choice` the running choice inside each module's forward, and clear it after.
+_SDPA_CHOICE = "_dit_accel_sdpa_choice"  # a chosen processor's choice, on its instance
 
-    The clearing hook is not `always_call`: dynamo guards on each always-called hook's id, which differs from
-    block to block, so compiled blocks (diffusers' regional compilation, our --validate stack) recompiled per block
-    until dynamo's limit of 8 and ran eager after it. A forward that raises leaves the choice set until the swap is
-    restored (`restore_attention_backend` clears it), or until the next chosen module sets its own."""
 
-    def choose(*_):
-        _RUNNING.choice = choice
+@functools.cache
+def _choosing_class(cls: type) -> type:
+    """`cls` (a processor that calls torch's SDPA itself) with a call that makes the processor's own choice (its
+    `_SDPA_CHOICE`) the running one and puts the one before back after it, even when it raises. The class keeps
+    `cls`'s name and module, and its `__call__` the signature of `cls`'s (`functools.wraps`): diffusers reads from
+    that which keyword arguments a processor takes, and `model_file` finds the file from that module.
 
-    def clear(*_):
-        _RUNNING.choice = None
+    Why not forward hooks on the attention modules: dynamo guards on an always-called hook's id, which differs
+    from block to block (blocks compiled one by one recompiled until dynamo's limit of 8, then ran eager); it does
+    not guard on plain hooks at all (a kept block and a chosen one compiled from one class shared one graph); and a
+    plain clearing hook does not run when the forward raises (the choice stayed set for modules not chosen)."""
+    call = cls.__call__
 
-    return [handle for m in modules for handle in (m.register_forward_pre_hook(choose), m.register_forward_hook(clear))]
+    @functools.wraps(call)
+    def __call__(self, *args, **kwargs):
+        previous = _RUNNING.choice
+        _RUNNING.choice = getattr(self, _SDPA_CHOICE)
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            _RUNNING.choice = previous
+
+    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__, "_dit_accel_chooses": cls})
+
+
+def _choose(processor: Any, choice: RoutedBackend | SDPBackend) -> tuple[Any, type, Any]:
+    """Makes `choice` the processor's for its calls (`_choosing_class`); returns what `_unchoose` puts back."""
+    before = (processor, type(processor), vars(processor).get(_SDPA_CHOICE, _UNSET))
+    if "_dit_accel_chooses" not in vars(type(processor)):  # a nested swap's processor has its class already
+        processor.__class__ = _choosing_class(type(processor))
+    setattr(processor, _SDPA_CHOICE, choice)
+    return before
+
+
+def _unchoose(processor: Any, cls: type, choice: Any) -> None:
+    processor.__class__ = cls
+    if choice is _UNSET:
+        vars(processor).pop(_SDPA_CHOICE, None)
+    else:
+        setattr(processor, _SDPA_CHOICE, choice)
 
 
 # --- swapping -----------------------------------------------------------------------------------
@@ -327,25 +357,25 @@ class AttentionBackendSwap:
     routed: the RoutedBackend the processors hold (custom backends), else None.
     router_modules: the model files whose dispatch global this swap holds a router on.
     sdpa_files: the model files whose `F` this swap holds a stand-in on (processors calling torch's SDPA).
-    hooks: the forward hooks that say the choice inside those processors' modules.
+    chosen: each of those processors with the class and choice it had before (`_choose`).
     """
 
     previous: list[tuple[Any, Any]]
     routed: RoutedBackend | None
     router_modules: list[ModuleType]
     sdpa_files: list[ModuleType] = field(default_factory=list)
-    hooks: list[RemovableHandle] = field(default_factory=list)
+    chosen: list[tuple[Any, type, Any]] = field(default_factory=list)
     restored: bool = False
 
 
 def _attention_processors(module: nn.Module,
-                          exclude: tuple[nn.Module, ...]) -> tuple[list[Any], dict[nn.Module, ModuleType]]:
+                          exclude: tuple[nn.Module, ...]) -> tuple[list[Any], dict[int, tuple[Any, ModuleType]]]:
     """Under `module`, outside the `exclude` subtrees: each distinct processor that has a selectable
-    `_attention_backend`; and each attention module whose processor has none but whose file calls torch's SDPA
-    through `F`, with that file."""
+    `_attention_backend`; and each distinct processor that has none but whose file calls torch's SDPA through `F`,
+    with that file, by id."""
     skipped = {id(m) for kept in exclude for m in kept.modules()}
     processors: dict[int, Any] = {}
-    sdpa_calling: dict[nn.Module, ModuleType] = {}
+    sdpa_calling: dict[int, tuple[Any, ModuleType]] = {}
     for submodule in module.modules():
         processor = getattr(submodule, "processor", None)
         if id(submodule) in skipped or processor is None:
@@ -355,7 +385,7 @@ def _attention_processors(module: nn.Module,
             continue
         file = model_file(processor, FUNCTIONAL_GLOBAL)
         if callable(getattr(getattr(file, FUNCTIONAL_GLOBAL, None), "scaled_dot_product_attention", None)):
-            sdpa_calling[submodule] = file
+            sdpa_calling.setdefault(id(processor), (processor, file))
     return list(processors.values()), sdpa_calling
 
 
@@ -394,12 +424,13 @@ def set_attention_backend_by_name(module: nn.Module, name: str, *, exclude: tupl
         sdpa_choice = TORCH_SDPA_KERNELS.get(backend.name)
     swap = AttentionBackendSwap([], value if backend.routed else None, router_modules)
     if sdpa_calling and sdpa_choice is not None:
+        files = {f.__name__: f for _, f in sdpa_calling.values()}
         try:
-            swap.sdpa_files = _SDPA_STAND_INS.acquire_all({f.__name__: f for f in sdpa_calling.values()}.values(), swap)
+            swap.sdpa_files = _SDPA_STAND_INS.acquire_all(files.values(), swap)
         except BaseException:
             _ROUTERS.release_all(router_modules, swap.routed)
             raise
-        swap.hooks = _choose_while_running(list(sdpa_calling), sdpa_choice)
+        swap.chosen = [_choose(processor, sdpa_choice) for processor, _ in sdpa_calling.values()]
 
     swap.previous = [(processor, processor.__dict__.get("_attention_backend", _UNSET)) for processor in processors]
     for processor in processors:
@@ -416,10 +447,8 @@ def restore_attention_backend(swap: AttentionBackendSwap) -> None:
             processor.__dict__.pop("_attention_backend", None)
         else:
             processor._attention_backend = value
-    for handle in swap.hooks:
-        handle.remove()
-    if swap.hooks:
-        _RUNNING.choice = None  # a forward that raised did not clear it
+    for chosen in reversed(swap.chosen):
+        _unchoose(*chosen)
     _SDPA_STAND_INS.release_all(swap.sdpa_files, swap)
     _ROUTERS.release_all(swap.router_modules, swap.routed)
     swap.restored = True

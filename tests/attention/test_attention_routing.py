@@ -299,22 +299,74 @@ def test_excluded_modules_keep_torch_sdpa_untouched(fake_backend):
 
 
 @torch.no_grad()
-def test_a_chosen_forward_that_raises_leaves_its_choice_until_the_swap_is_restored(fake_backend, monkeypatch):
-    """The hook that clears the running choice is not always-called (dynamo guards on an always-called hook's id,
-    which differs from block to block, and recompiled every compiled block), so a forward that raises skips it:
-    the choice stays set until the swap is restored, which clears it."""
-    block, inputs, _ = _sdpa_block("cogvideox")
-
-    def boom(self, q, k, v, scale=None):
-        raise RuntimeError("boom")
-
-    with use_attention_backend(block, "fake"):
+def test_a_chosen_call_that_raises_leaves_no_choice_behind(fake_backend, monkeypatch):
+    """A chosen processor's call that raises puts the running choice back as it goes: a kept block's attention,
+    called next inside the same swap, runs torch's own call (with forward hooks saying the choice, the hook that
+    cleared it did not run on a raise, or ran on every one and recompiled compiled blocks)."""
+    block_a, inputs, _ = _sdpa_block("cogvideox")
+    block_b, _, _ = _sdpa_block("cogvideox")
+    swap = set_attention_backend_by_name(torch.nn.ModuleList([block_a, block_b]), "fake", exclude=(block_a,))
+    try:
         with monkeypatch.context() as patched:
-            patched.setattr(type(fake_backend), "__call__", boom)
-            with pytest.raises(RuntimeError, match="boom"):
+            patched.setattr(type(fake_backend), "__call__", lambda self, q, k, v, scale=None: 1 / 0)
+            with pytest.raises(ZeroDivisionError):
+                block_b(**inputs)
+        assert routing._RUNNING.choice is None
+        block_a(**inputs)
+        assert fake_backend.calls == [] and swap.routed.served_calls == 0
+        block_b(**inputs)
+        assert len(fake_backend.calls) == 1 and swap.routed.served_calls == 1
+    finally:
+        restore_attention_backend(swap)
+
+
+@pytest.mark.parametrize("kept_first", [True, False])
+def test_compiled_kept_and_chosen_blocks_of_one_class_each_get_their_own_graph(routed_sdpa, kept_first):
+    """Blocks compiled one by one (diffusers' regional compilation) share their class's graph unless a guard tells
+    them apart: a kept block and a chosen one must not share one (forward hooks, which dynamo does not guard,
+    gave the chosen block the kept one's graph, or the other way round, whichever compiled first); chosen blocks
+    share theirs. The processors' classes and attributes are as before once the swap is undone."""
+    from torch._dynamo.utils import counters
+
+    blocks = [_sdpa_block("cogvideox")[0] for _ in range(3)]
+    _, inputs, _ = _sdpa_block("cogvideox")
+    classes = [type(p) for b in blocks for p in processors(b)]
+    torch._dynamo.reset()
+    counters.clear()
+    swap = set_attention_backend_by_name(torch.nn.ModuleList(blocks), "fake", exclude=(blocks[0],))
+    try:
+        for block in blocks:
+            block.compile()
+        with torch.no_grad():
+            for block in (blocks if kept_first else blocks[::-1]):
                 block(**inputs)
-        assert routing._RUNNING.choice is not None
-    assert routing._RUNNING.choice is None
+        assert swap.routed.served_calls == 2 and swap.routed.fallback_total == 0
+        assert counters["stats"]["unique_graphs"] == 2  # the kept block's, the chosen ones'
+    finally:
+        restore_attention_backend(swap)
+        for block in blocks:
+            block._compiled_call_impl = None
+        torch._dynamo.reset()
+    assert [type(p) for b in blocks for p in processors(b)] == classes
+    assert not any(routing._SDPA_CHOICE in vars(p) for b in blocks for p in processors(b))
+
+
+@torch.no_grad()
+def test_nested_swaps_of_one_processor_put_back_each_choice(fake_backend):
+    """A processor chosen by two nested swaps runs the inner one's choice, then the outer one's, then its own
+    class again."""
+    block, inputs, _ = _sdpa_block("cogvideox")
+    (processor,) = processors(block)
+    own = type(processor)
+    outer = set_attention_backend_by_name(block, "fake")
+    inner = set_attention_backend_by_name(block, "math")
+    block(**inputs)
+    assert outer.routed.served_calls == 0
+    restore_attention_backend(inner)
+    block(**inputs)
+    assert outer.routed.served_calls == 1 and type(processor) is not own
+    restore_attention_backend(outer)
+    assert type(processor) is own and routing._SDPA_CHOICE not in vars(processor)
 
 
 @torch.no_grad()

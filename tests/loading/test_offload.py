@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 from click.testing import CliRunner
 
 from dit_accel.adapters import BlockAdapter, adapter_for_preset
@@ -320,21 +319,6 @@ def test_each_streamed_block_is_prefetched_while_the_one_before_runs(fake_side_s
             assert not [t for t in outside if id(t) in copied], "the parts outside the blocks were copied again"
 
 
-@pytest.fixture
-def routed_sdpa(monkeypatch):
-    """A routed backend named `fake` whose kernel is torch's SDPA, keeping nothing (the `fake_backend` fixture's
-    recorded calls make dynamo guard on their count, which recompiles on every call)."""
-    from dit_accel.attention import backends
-    from dit_accel.attention.backends import AttentionBackend
-
-    def sdpa(q, k, v, scale=None):
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              scale=scale).transpose(1, 2)
-
-    monkeypatch.setitem(backends.BACKENDS, "fake", AttentionBackend("fake", "test double", sdpa, lambda device: None,
-                                                                    routed=True, serves_reason=lambda q, k, v: None))
-
-
 # Compiled graphs by family whatever the number of blocks: CogVideoX's first block takes its hidden states as a
 # strided view (of the patch embedding's joined text and video rows), the later ones contiguous tensors.
 _GRAPHS = {"minimax-h3": 1, "wan": 1, "cogvideox": 2}
@@ -349,9 +333,9 @@ def test_streamed_blocks_compiled_share_one_graph(fake_side_stream, routed_sdpa,
     class compiled once, no recompile per block, and the output is the eager one; undone, the blocks are eager
     again. Compiling the hooked blocks' whole calls, or the model around them, traced diffusers' offload hooks and
     recompiled per block until dynamo's limit of 8, leaving every later block eager; so did the routing's
-    always-called hooks on attention modules whose processors call torch's SDPA themselves (CogVideoX's: a
+    always-called hooks on the attention modules of processors that call torch's SDPA themselves (CogVideoX's: a
     guard on each hook's id, which differs from block to block; on the H200 its full recipe streamed took 1.8x its
-    compiled time)."""
+    compiled time), which the routing no longer uses."""
     from torch._dynamo.utils import counters
 
     from dit_accel.loading.offload import own_forwards
