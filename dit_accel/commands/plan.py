@@ -177,7 +177,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
                cache_skip) -> dict[str, Any]:
     from ..planning.gpus import datasheets
     from ..planning.predict import (ASSUMPTIONS, GIB, KNOB_MODELS, fits, knob_sets, on_other_gpu, predict_block,
-                                    pass_ms_of, streamed_pass_ms, video_seconds, weights_bytes)
+                                    pass_ms_of, streamed_bytes, streamed_pass_ms, video_seconds, weights_bytes)
 
     measured = {m.knobs: m for m in baseline.measured}
     predicted = {knobs: {s.stack: predict_block(s, baseline, knobs, rates, crossover) for s in baseline.stacks}
@@ -227,6 +227,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
             pass_ms = pass_ms_of(baseline, block_ms)
             if where == "streamed":
                 pass_ms = streamed_pass_ms(baseline, knobs, block_ms, target.host_link_gbps)
+                memory = streamed_bytes(baseline, knobs)
             row.update({"block_ms": {s: round(v, 2) for s, v in block_ms.items()}, "pass_ms": round(pass_ms, 1),
                         "video_s": round(video_seconds(baseline, pass_ms), 1) if where != "no" else None,
                         "memory_gib": round(memory / GIB, 2), "fits": where,

@@ -92,6 +92,27 @@ def test_predictions_reproduce_the_models_by_hand_and_exactly_twice(tmp_path):
     assert "compile + fp8-linear" in first.output and "b200" in first.output
 
 
+def test_another_gpu_that_holds_two_blocks_but_not_the_model_streams_them(tmp_path):
+    run = _report(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    report["blocks"]["blocks"]["param_bytes"] = 2 * GB  # 10 x 2 GB + 1 GB of activations (3 GB peak): > 16 GB
+    (run / "report.json").write_text(json.dumps(report))
+    result = _plan(run, "--gpu", "rtx-5080", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    rows = {r["knobs"]: r for r in json.loads((tmp_path / "p" / "plan.json").read_text())["gpus"]}
+    base, full = rows["baseline"], rows["compile + fp8-attention + fp8-linear"]
+    assert base["fits"] == full["fits"] == "streamed"
+    # a streamed pass holds two blocks (in FP8 under FP8 linears) and the activations
+    fp8_block = 2 * GB - (1000 * 5000 - 4 * 5000)
+    assert base["memory_gib"] == round((2 * 2 * GB + 1 * GB) / 2**30, 2)
+    assert full["memory_gib"] == round((2 * fp8_block + 1 * GB) / 2**30, 2)
+    # each block the longer of its compute and its copy over the card's host link, the first copy not hidden
+    link = datasheets()[1]["rtx-5080"].host_link_gbps * 1e6  # bytes per ms
+    for row, block_bytes in ((base, 2 * GB), (full, fp8_block)):
+        copy_ms = block_bytes / link
+        assert row["pass_ms"] == pytest.approx(10 * max(row["block_ms"]["blocks"], copy_ms) + copy_ms, abs=0.1)
+
+
 def test_fp8_attention_follows_the_crossover_the_router_reads(tmp_path):
     """On the H200's crossover data: a long call is predicted at our kernel's measured ratio, a short one (where
     the data measured cuDNN faster, so the router sends it there) keeps its time."""
