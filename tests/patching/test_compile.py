@@ -46,7 +46,7 @@ def test_a_compiled_patched_model_is_one_graph_served_by_the_op(op_backend):
 
 
 def test_a_processor_calling_torch_sdpa_is_served_inside_one_compiled_graph(op_backend):
-    """CogVideoX's processor calls torch's SDPA itself: the choice its module's hooks make and its file's `F`
+    """CogVideoX's processor calls torch's SDPA itself: the choice its class sets around its call and its file's `F`
     stand-in trace into one graph too, every call counted."""
     from testing import small_block
 
