@@ -177,7 +177,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
                cache_skip) -> dict[str, Any]:
     from ..planning.gpus import datasheets
     from ..planning.predict import (ASSUMPTIONS, GIB, KNOB_MODELS, fits, knob_sets, on_other_gpu, predict_block,
-                                    pass_ms_of, streamed_bytes, streamed_pass_ms, video_seconds, weights_bytes)
+                                    pass_ms_of, resident_bytes, streamed_bytes, streamed_pass_ms, video_seconds)
 
     measured = {m.knobs: m for m in baseline.measured}
     predicted = {knobs: {s.stack: predict_block(s, baseline, knobs, rates, crossover) for s in baseline.stacks}
@@ -185,7 +185,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
     knobs_rows, sets = [], {}
     for knobs, blocks in predicted.items():
         pass_ms = pass_ms_of(baseline, {stack: block.ms for stack, block in blocks.items()})
-        memory = weights_bytes(baseline, knobs) + baseline.activation_bytes
+        memory = resident_bytes(baseline, knobs)
         row = {"knobs": knobs_label(knobs), "gpu": baseline.device_name,
                "block_ms": {s: round(b.ms, 2) for s, b in blocks.items()}, "pass_ms": round(pass_ms, 1),
                "video_s": round(video_seconds(baseline, pass_ms), 1), "memory_gib": round(memory / GIB, 2),
@@ -221,7 +221,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
                 row["note"] = missing
                 gpu_rows.append(row)
                 continue
-            memory = weights_bytes(baseline, knobs) + baseline.activation_bytes
+            memory = resident_bytes(baseline, knobs)
             where = fits(baseline, knobs, target.memory_gb * 1e9)
             block_ms = {s: ms for s, (ms, _) in scaled.items()}
             pass_ms = pass_ms_of(baseline, block_ms)

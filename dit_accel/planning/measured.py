@@ -80,11 +80,6 @@ class Baseline:
         return sum(s.num_blocks * s.block_ms for s in self.stacks) + self.outside_ms
 
     @property
-    def weights_bytes(self) -> int:
-        """Every block of every stack and the transformer outside them."""
-        return sum(s.num_blocks * s.param_bytes for s in self.stacks) + self.outside_bytes
-
-    @property
     def activation_bytes(self) -> int:
         """The measured block's peak beyond its own weights: its inputs and activations."""
         return max(0, self.peak_memory_bytes - max(s.param_bytes for s in self.stacks))

@@ -232,6 +232,12 @@ def weights_bytes(baseline: Baseline, knobs: frozenset[str]) -> int:
     return baseline.outside_bytes + sum(s.num_blocks * block_bytes(s, knobs) for s in baseline.stacks)
 
 
+def resident_bytes(baseline: Baseline, knobs: frozenset[str]) -> int:
+    """What the whole transformer holds resident: every block and the outside weights, and the measured block's
+    activations."""
+    return weights_bytes(baseline, knobs) + baseline.activation_bytes
+
+
 def streamed_bytes(baseline: Baseline, knobs: frozenset[str]) -> int:
     """What a streamed pass holds: two of the largest block (the one running, the next one arriving), the outside
     weights and the measured block's activations."""
@@ -250,7 +256,7 @@ def video_seconds(baseline: Baseline, pass_ms: float) -> float:
 
 def fits(baseline: Baseline, knobs: frozenset[str], capacity_bytes: float) -> str:
     """'model' (the whole transformer resident), 'streamed' (`streamed_bytes`) or 'no'."""
-    if weights_bytes(baseline, knobs) + baseline.activation_bytes <= capacity_bytes:
+    if resident_bytes(baseline, knobs) <= capacity_bytes:
         return "model"
     if streamed_bytes(baseline, knobs) <= capacity_bytes:
         return "streamed"
