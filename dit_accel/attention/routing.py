@@ -302,6 +302,7 @@ _SDPA_STAND_INS = ModelGlobalSwap(FUNCTIONAL_GLOBAL, _make_sdpa_stand_in)
 
 
 _SDPA_CHOICE = "_dit_accel_sdpa_choice"  # a chosen processor's choice, on its instance
+_CHOOSING = "_dit_accel_chooses"  # set on the classes `_choosing_class` makes
 
 
 @functools.cache
@@ -327,13 +328,13 @@ def _choosing_class(cls: type) -> type:
             _RUNNING.choice = previous
 
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
-                                       "__qualname__": cls.__qualname__, "_dit_accel_chooses": cls})
+                                       "__qualname__": cls.__qualname__, _CHOOSING: True})
 
 
 def _choose(processor: Any, choice: RoutedBackend | SDPBackend) -> tuple[Any, type, Any]:
     """Makes `choice` the processor's for its calls (`_choosing_class`); returns what `_unchoose` puts back."""
     before = (processor, type(processor), vars(processor).get(_SDPA_CHOICE, _UNSET))
-    if "_dit_accel_chooses" not in vars(type(processor)):  # a nested swap's processor has its class already
+    if _CHOOSING not in vars(type(processor)):  # a nested swap's processor has its class already
         processor.__class__ = _choosing_class(type(processor))
     setattr(processor, _SDPA_CHOICE, choice)
     return before
