@@ -11,6 +11,12 @@ DATA = Path(__file__).parent / "data"  # public configs and index copied from th
 
 
 # ---------------------------------------------------------------- attention test doubles
+def torch_sdpa(q, k, v, scale=None):
+    """A routed backend's kernel ([B, S, H, D] in and out) answered by torch SDPA."""
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          scale=scale).transpose(1, 2)
+
+
 class RecordingSdpa:
     """A fake custom backend's kernel: records each call's shapes and answers with torch SDPA."""
 
@@ -19,8 +25,7 @@ class RecordingSdpa:
 
     def __call__(self, q, k, v, scale=None):
         self.calls.append((tuple(q.shape), tuple(k.shape)))
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
-        return out.transpose(1, 2)
+        return torch_sdpa(q, k, v, scale)
 
 
 @pytest.fixture
@@ -43,12 +48,9 @@ def routed_sdpa(monkeypatch):
     from dit_accel.attention import backends
     from dit_accel.attention.backends import AttentionBackend
 
-    def sdpa(q, k, v, scale=None):
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              scale=scale).transpose(1, 2)
-
-    monkeypatch.setitem(backends.BACKENDS, "fake", AttentionBackend("fake", "test double", sdpa, lambda device: None,
-                                                                    routed=True, serves_reason=lambda q, k, v: None))
+    monkeypatch.setitem(backends.BACKENDS, "fake", AttentionBackend("fake", "test double", torch_sdpa,
+                                                                    lambda device: None, routed=True,
+                                                                    serves_reason=lambda q, k, v: None))
 
 
 # ---------------------------------------------------------------- tiny models
