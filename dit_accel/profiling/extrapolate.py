@@ -108,7 +108,7 @@ class Validation:
     stacks, block_ms is their blocks' mean: the blocks' time over their count);
     `outside_source` says where outside_ms came from, `pass_seq_len` and `pass_layout` the rows
     that pass ran (TransformerInputs). peak_memory_bytes: the GPU's max allocated over the timed
-    passes (None on the CPU).
+    passes, less what the profiling session held beside the pass (`validate.session_bytes_used`; None on the CPU).
     """
 
     chained_blocks: int

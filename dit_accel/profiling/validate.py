@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from ..adapters import BlockAdapter, Workload
-from ..loading.block import param_bytes, synthetic_block, synthetic_outside
+from ..loading.block import param_bytes, synthetic_block, synthetic_outside, tensor_bytes
 from ..loading.offload import StreamedRun, host_to_device_gbps, pin_to_host, stream_blocks
 from ..patching.apply import apply_recipe, compile_failures_as_user_errors
 from ..patching.fp8_linear import quantize_linears
@@ -121,6 +122,19 @@ def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device
     return ValidationStack(model, stack, distinct, streamed_bytes)
 
 
+def session_bytes_used(stack: ValidationStack, first_block: nn.Module, inputs: dict[str, Any]) -> int:
+    """Bytes of what the profiling session held before the --validate pass that the pass uses: the profiled
+    block, where it is the stack's first (resident and bf16), and the block's inputs a chain runs on. The rest the
+    session holds through the pass (the profiled block beside a streamed or FP8 stack, the block's inputs beside
+    the whole model's own, its other buffers) is no part of a pass a user runs: on the H200 it was 1.5 GiB of the
+    H3 and Wan streamed passes' peaks."""
+    block = (param_bytes(first_block) + sum(tensor_bytes(b) for b in first_block.buffers())
+             if any(b is first_block for b in stack.blocks) else 0)
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)}
+    return block + sum(storages.values())
+
+
 def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: dict[str, Any], n: int, *,
                    recipe: Recipe, device: torch.device, dtype: torch.dtype, block_ms: float,
                    activation_bytes: int, offload: str = "resident", whole_model: Workload | None = None,
@@ -135,6 +149,8 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
     where that came from). Streamed, the report also compares with the resident extrapolation and
     says how much copying was hidden. On a GPU the peak memory of the timed passes is kept.
     """
+    cuda = device.type == "cuda"
+    held_before = torch.cuda.memory_allocated(device) if cuda else 0
     stack = build_stack(adapter, first_block, n, device=device, dtype=dtype, activation_bytes=activation_bytes,
                         offload=offload, whole_model=whole_model is not None, fp8_linear=recipe.fp8_linear, seed=seed,
                         progress=progress)
@@ -154,7 +170,6 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
         with torch.no_grad():
             return stack.model(**arguments)
 
-    cuda = device.type == "cuda"
     with apply_recipe(stack.blocks, dataclasses.replace(recipe, fp8_linear=False)), \
             compile_failures_as_user_errors(f"{recipe.label} on the --validate pass", "put an eager recipe first"):
         # The first streamed pass teaches diffusers the block order it prefetches in: warm up once more.
@@ -169,7 +184,10 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
             timing = time_region(counted, device=device, warmup=0, runs=runs)
-    peak = torch.cuda.max_memory_allocated(device) if cuda else None
+    peak = None
+    if cuda:  # the pass's own: not what the session holds that the pass does not use (`session_bytes_used`)
+        peak = (torch.cuda.max_memory_allocated(device) - held_before
+                + session_bytes_used(stack, first_block, inputs if whole_model is None else {}))
     extrapolated_ms = n * block_ms + outside_ms
     streamed = None
     if offload == "stream":

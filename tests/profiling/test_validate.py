@@ -19,7 +19,7 @@ from dit_accel import room
 from dit_accel.profiling import memory
 from dit_accel.profiling.extrapolate import Validation
 from dit_accel.profiling.session import ProfileSettings
-from dit_accel.profiling.validate import build_stack, validate_chain
+from dit_accel.profiling.validate import build_stack, session_bytes_used, validate_chain
 
 CPU = torch.device("cpu")
 FAST = ["--seq-len", "64", "--runs", "2", "--warmup", "1"]
@@ -88,6 +88,26 @@ def test_the_streamed_model_gives_the_resident_output():
     assert all(getattr(b, "_diffusers_hook", None) is not None for b in streamed_stack.blocks)
     for r, s in zip(resident, streamed):
         assert torch.equal(r, s)
+
+
+def test_the_pass_peak_counts_of_the_sessions_tensors_only_what_the_pass_uses():
+    """The session holds the profiled block and its inputs through --validate: a streamed stack's fresh blocks and
+    the whole model's own inputs leave them unused, a resident chain runs on both."""
+    adapter = _small("minimax-h3")
+    first = synthetic_block(adapter, 0, CPU, torch.float32).block
+    inputs = adapter.make_inputs(adapter.workload_from_seq_len(64, 1), CPU, torch.float32,
+                                 torch.Generator().manual_seed(0))
+    leaves = [t for v in inputs.values() for t in (v if isinstance(v, tuple) else (v,)) if isinstance(t, torch.Tensor)]
+    input_bytes = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in leaves}.values())
+    assert input_bytes > 0
+    resident = build_stack(adapter, first, 3, device=CPU, dtype=torch.float32, activation_bytes=0)
+    streamed = build_stack(adapter, first, 3, device=CPU, dtype=torch.float32, activation_bytes=0, offload="stream")
+    assert session_bytes_used(resident, first, inputs) == param_bytes(first) + input_bytes
+    assert session_bytes_used(resident, first, {}) == param_bytes(first)  # the whole model's pass: its own inputs
+    assert session_bytes_used(streamed, first, inputs) == input_bytes
+    model = build_stack(adapter, first, 3, device=CPU, dtype=torch.float32, activation_bytes=0, whole_model=True,
+                      offload="stream")
+    assert session_bytes_used(model, first, {}) == 0
 
 
 def test_validate_model_runs_the_backend_in_the_blocks_only(fake_backend):
