@@ -4,10 +4,10 @@ caching, and other GPUs from their datasheets.
 
 A prediction rebuilds the block from its measured kinds of work (report.json's categories), changing only what a
 knob changes, each by one stated model:
-  - FP8 attention: each attention call's measured time times our kernel's time over the baseline attention's at
-    the nearest point this GPU's crossover data measured (prep included), or its own time where the data measured
-    the baseline faster (the router sends such calls there); calls our kernel does not serve (head dims other
-    than 64 and 128) keep their time.
+  - FP8 attention: each attention call at our kernel's rate at the nearest point this GPU's crossover data
+    measured (prep included): our time there times the call's FLOPs over the point's; a call keeps its measured
+    time where the data measured the baseline faster (the router sends such calls there) and where our kernel
+    does not serve it (head dims other than 64 and 128).
   - FP8 linears: the FP8 linears' FLOPs at the FP8 GEMM ceiling, the rest at the bf16 one, both at the fraction
     of its ceiling this run's bf16 GEMMs reached; plus the activations' quantization (torchao, per row) at the
     best rate a memory-bound kind reached in this run: compiled, 5 bytes an element (inductor's amax pass reads
@@ -33,8 +33,8 @@ QUANTIZE_BYTES_PER_ELEMENT = {"compiled": 5, "eager": 25}  # see the module docs
 FUSED_BYTES_PER_ELEMENT = 2  # bf16
 ROOFLINE_FP8_ATTENTION = 0.537  # ours at B1 H56 S30272 D128 on the H200: 848 TFLOP/s of its 1579 FP8 GEMM ceiling
 KNOB_MODELS = {
-    "fp8-attention": "attention calls x our kernel's measured time over the baseline's at the nearest crossover "
-                     "point (prep included); head dims other than 64/128 unchanged",
+    "fp8-attention": "attention calls at our kernel's rate at the nearest crossover point (prep included); calls "
+                     "routed to the baseline there and head dims other than 64/128 unchanged",
     "fp8-linear": "FP8 linears' FLOPs at the FP8 GEMM ceiling x this run's GEMM efficiency, plus their inputs' "
                   "quantization (25 B/element eager, 5 compiled) at this run's best memory-bound rate",
     "compile": "memory-bound kinds fused: linear inputs and outputs and attention q/k/v once (2 B/element) at "
@@ -79,8 +79,8 @@ class BlockPrediction:
 
 def _attention_ratio(call: dict[str, Any], baseline_backend: str, crossover, fp8_ceiling: float | None,
                      call_ms: float) -> float | None:
-    """Our kernel's time over the baseline attention's for this call (None: not served, or routed to the baseline
-    by the crossover)."""
+    """Our kernel's time for this call over the call's measured `call_ms` (None: not served, or routed to the
+    baseline by the crossover)."""
     if call["head_dim"] not in SERVED_HEAD_DIMS:
         return None
     if crossover is not None and call["head_dim"] in crossover.head_dims:
@@ -88,8 +88,12 @@ def _attention_ratio(call: dict[str, Any], baseline_backend: str, crossover, fp8
         ms = crossover.ms[call["head_dim"], seq_q, seq_kv]
         base = ms.get(baseline_backend) or ms.get("cudnn")
         if base and ms.get("fp8"):
-            # where the data measured the baseline faster, the router sends the call there: it keeps its time
-            return ms["fp8"] / base if ms["fp8"] < base else None
+            if ms["fp8"] >= base:  # the data measured the baseline faster: the router sends the call there
+                return None
+            # Our kernel's rate at that point, not its speed-up over the baseline there: the block's own baseline
+            # call can run far from the data's (HunyuanVideo's masked SDPA: 383 TFLOP/s against 570 unmasked).
+            point_flops = 4.0 * crossover.batch * crossover.heads * seq_q * seq_kv * call["head_dim"]
+            return call["flops"] / point_flops * ms["fp8"] / call_ms
     if fp8_ceiling:
         return call["flops"] / (ROOFLINE_FP8_ATTENTION * fp8_ceiling * 1e9) / call_ms
     return None
