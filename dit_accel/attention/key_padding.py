@@ -12,11 +12,11 @@ default backend answers them.
 Which rows are kept is read from the mask on the host (a few syncs), so the work is a custom op,
 `torch.ops.dit_accel.key_padded_attention`: torch.compile sees one opaque node and no graph break; CUDA
 graphs cannot capture it. The reading is kept per mask (`kept_per_element`): a transformer hands every block the
-same mask, so a pass syncs once, not at each call (each sync lets the GPU drain its queue behind the host: on the
-H200, 1-3 ms a HunyuanVideo block, 11% of its FP8 pass streamed). A mask that is not key padding in value (a bias
-other than 0 or <= -1e4, rows that differ across heads, a joint mask that is not an outer product, a batch element
-with no kept key) is answered inside the op by torch's SDPA with the mask, as diffusers' default backend would
-answer it; the router counts such a call as served, since only the op sees the values.
+same mask, so a pass syncs once, not at each call; every sync let the GPU drain its queue behind the host, 1-3 ms a
+HunyuanVideo block and 9% of a streamed pass on the H200. A mask that is not key padding in value (a bias other than 0 or <= -1e4, rows
+that differ across heads, a joint mask that is not an outer product, a batch element with no kept key) is
+answered inside the op by torch's SDPA with the mask, as diffusers' default backend would answer it; the
+router counts such a call as served, since only the op sees the values.
 """
 from __future__ import annotations
 
