@@ -9,18 +9,15 @@ go to the backend unmasked, one call for the batch when every element keeps the 
 mask drops (the text padding's own rows) are answered by torch's SDPA with their mask rows, as diffusers'
 default backend answers them.
 
-Which rows are kept is read from the mask on the host (a few syncs), so the work is a custom op,
+Which rows are kept is read from the mask on the host (a few syncs per call), so the work is a custom op,
 `torch.ops.dit_accel.key_padded_attention`: torch.compile sees one opaque node and no graph break; CUDA
-graphs cannot capture it. The reading is kept per mask (`kept_per_element`): a transformer hands every block the
-same mask, so a pass syncs once, not at each call; every sync let the GPU drain its queue behind the host, 1-3 ms a
-HunyuanVideo block and 9% of a streamed pass on the H200. A mask that is not key padding in value (a bias other than 0 or <= -1e4, rows
+graphs cannot capture it. A mask that is not key padding in value (a bias other than 0 or <= -1e4, rows
 that differ across heads, a joint mask that is not an outer product, a batch element with no kept key) is
 answered inside the op by torch's SDPA with the mask, as diffusers' default backend would answer it; the
 router counts such a call as served, since only the op sees the values.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -92,31 +89,6 @@ def _kept(rows: torch.Tensor) -> _Kept | None:
     return _Kept(queries, keys) if bool(keys.any()) else None
 
 
-_KEPT_CACHE: OrderedDict[tuple, tuple[torch.Tensor, list[_Kept | None]]] = OrderedDict()
-KEPT_CACHE_SIZE = 4  # masks remembered (a pass's joint mask, its cross-attention's, the other pass's of a step)
-
-
-def kept_per_element(mask: torch.Tensor) -> list[_Kept | None]:
-    """`_kept` of each batch element's rows of `mask`, remembered for the masks seen last. A hit needs the same
-    storage, offset, shape, strides and version counter (an in-place change bumps it); the remembered mask is held,
-    so its memory cannot pass to another tensor meanwhile. Inference tensors keep no version counter: read afresh."""
-    def read() -> list[_Kept | None]:
-        return [_kept(mask[b]) for b in range(mask.shape[0])]
-
-    if mask.is_inference():
-        return read()
-    key = (mask.untyped_storage().data_ptr(), mask.storage_offset(), tuple(mask.shape), mask.stride(), mask.dtype,
-           mask.device, mask._version)
-    if key in _KEPT_CACHE:
-        _KEPT_CACHE.move_to_end(key)
-        return _KEPT_CACHE[key][1]
-    kept = read()
-    _KEPT_CACHE[key] = (mask, kept)
-    if len(_KEPT_CACHE) > KEPT_CACHE_SIZE:
-        _KEPT_CACHE.popitem(last=False)
-    return kept
-
-
 def _masked_sdpa(q, k, v, mask, scale):
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                                          scale=scale)
@@ -131,8 +103,7 @@ def key_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     from .backends import get_backend
 
     run = get_backend(backend).run
-    kept = kept_per_element(mask)
-    kept = kept * q.shape[0] if mask.shape[0] == 1 else kept  # one row for the batch
+    kept = [_kept(mask[b if mask.shape[0] > 1 else 0]) for b in range(q.shape[0])]
     if all(one is not None and one.queries is None and torch.equal(one.keys, kept[0].keys) for one in kept):
         keys = _selection(kept[0].keys)  # every element keeps the same keys, and every query: one call
         return run(q, k[:, keys], v[:, keys], scale)

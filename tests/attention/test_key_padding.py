@@ -8,7 +8,7 @@ import torch
 
 from testing import RecordingSdpa, small_block
 
-from dit_accel.attention import backends, key_padding
+from dit_accel.attention import backends
 from dit_accel.attention.backends import AttentionBackend
 from dit_accel.attention.key_padding import KEY_PADDED_ATTENTION, shape_reason
 from dit_accel.attention.routing import use_attention_backend
@@ -62,33 +62,6 @@ def test_the_op_equals_masked_sdpa_in_float64(case, fake_backend):
     expected = _sdpa(q, k, v, mask)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12, equal_nan=True)
     assert [(qs[:2], ks[:2]) for qs, ks in fake_backend.calls] == calls
-
-
-def test_a_mask_is_read_once_until_it_changes(monkeypatch, fake_backend):
-    """Every block gets the same mask: its kept rows are read on the host once (each read syncs a GPU), read again
-    after an in-place change, and a different mask of the same shape is read for itself."""
-    reads = []
-    read = key_padding._kept
-    monkeypatch.setattr(key_padding, "_kept", lambda rows: reads.append(rows) or read(rows))
-    monkeypatch.setattr(key_padding, "_KEPT_CACHE", type(key_padding._KEPT_CACHE)())
-    q, k, v = _qkv()
-    mask = _keys(PREFIX, INNER)
-    for _ in range(3):
-        torch.testing.assert_close(KEY_PADDED_ATTENTION(q, k, v, mask, None, "fake"), _sdpa(q, k, v, mask),
-                                   rtol=1e-12, atol=1e-12)
-    assert len(reads) == B
-    mask[1, 0, 0, INNER[-1]] = False  # in place: the version counter moves
-    torch.testing.assert_close(KEY_PADDED_ATTENTION(q, k, v, mask, None, "fake"), _sdpa(q, k, v, mask),
-                               rtol=1e-12, atol=1e-12)
-    other = _keys(INNER, PREFIX)
-    torch.testing.assert_close(KEY_PADDED_ATTENTION(q, k, v, other, None, "fake"), _sdpa(q, k, v, other),
-                               rtol=1e-12, atol=1e-12)
-    assert len(reads) == 3 * B
-    with torch.inference_mode():
-        inference_mask = _keys(PREFIX, PREFIX)
-    for _ in range(2):
-        KEY_PADDED_ATTENTION(q, k, v, inference_mask, None, "fake")
-    assert len(reads) == 5 * B  # no version counter to trust: read at every call
 
 
 def test_shapes_that_are_not_key_padding_are_named():
