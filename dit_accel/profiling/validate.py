@@ -6,6 +6,7 @@ onto the GPU (the parts outside them stay on it)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,7 +123,8 @@ def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device
     return ValidationStack(model, stack, distinct, streamed_bytes)
 
 
-def session_bytes_used(stack: ValidationStack, first_block: nn.Module, inputs: dict[str, Any]) -> int:
+def session_bytes_used(stack: ValidationStack, first_block: nn.Module, inputs: dict[str, Any],
+                       device: torch.device) -> int:
     """Bytes of what the profiling session held before the --validate pass that the pass uses: the profiled
     block, where it is the stack's first (resident and bf16), and the block's inputs a chain runs on. The rest the
     session holds through the pass (the profiled block beside a streamed or FP8 stack, the block's inputs beside
@@ -131,7 +133,7 @@ def session_bytes_used(stack: ValidationStack, first_block: nn.Module, inputs: d
     block = (param_bytes(first_block) + sum(tensor_bytes(b) for b in first_block.buffers())
              if any(b is first_block for b in stack.blocks) else 0)
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)}
+                for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor) and t.device.type == device.type}
     return block + sum(storages.values())
 
 
@@ -147,9 +149,11 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
     (the block profile's workload): the whole transformer's forward on that workload's pass
     (`adapter.make_transformer_inputs`), against n x block_ms + outside_ms (`outside_source` says
     where that came from). Streamed, the report also compares with the resident extrapolation and
-    says how much copying was hidden. On a GPU the peak memory of the timed passes is kept.
+    says how much copying was hidden. On a GPU the pass's own peak memory over the timed passes is kept.
     """
     cuda = device.type == "cuda"
+    if cuda:  # what the session holds now; its garbage collected first, lest the pass's peak be net of it
+        gc.collect()
     held_before = torch.cuda.memory_allocated(device) if cuda else 0
     stack = build_stack(adapter, first_block, n, device=device, dtype=dtype, activation_bytes=activation_bytes,
                         offload=offload, whole_model=whole_model is not None, fp8_linear=recipe.fp8_linear, seed=seed,
@@ -187,7 +191,7 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
     peak = None
     if cuda:  # the pass's own: not what the session holds that the pass does not use (`session_bytes_used`)
         peak = (torch.cuda.max_memory_allocated(device) - held_before
-                + session_bytes_used(stack, first_block, inputs if whole_model is None else {}))
+                + session_bytes_used(stack, first_block, inputs if whole_model is None else {}, device))
     extrapolated_ms = n * block_ms + outside_ms
     streamed = None
     if offload == "stream":

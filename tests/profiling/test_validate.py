@@ -102,12 +102,14 @@ def test_the_pass_peak_counts_of_the_sessions_tensors_only_what_the_pass_uses():
     assert input_bytes > 0
     resident = build_stack(adapter, first, 3, device=CPU, dtype=torch.float32, activation_bytes=0)
     streamed = build_stack(adapter, first, 3, device=CPU, dtype=torch.float32, activation_bytes=0, offload="stream")
-    assert session_bytes_used(resident, first, inputs) == param_bytes(first) + input_bytes
-    assert session_bytes_used(resident, first, {}) == param_bytes(first)  # the whole model's pass: its own inputs
-    assert session_bytes_used(streamed, first, inputs) == input_bytes
+    assert session_bytes_used(resident, first, inputs, CPU) == param_bytes(first) + input_bytes
+    assert session_bytes_used(resident, first, {}, CPU) == param_bytes(first)  # the whole model: its own inputs
+    assert session_bytes_used(streamed, first, inputs, CPU) == input_bytes
+    elsewhere = {**inputs, "elsewhere": torch.empty(64, device="meta")}  # not on the pass's device
+    assert session_bytes_used(streamed, first, elsewhere, CPU) == input_bytes
     model = build_stack(adapter, first, 3, device=CPU, dtype=torch.float32, activation_bytes=0, whole_model=True,
                       offload="stream")
-    assert session_bytes_used(model, first, {}) == 0
+    assert session_bytes_used(model, first, {}, CPU) == 0
 
 
 def test_validate_model_runs_the_backend_in_the_blocks_only(fake_backend):
