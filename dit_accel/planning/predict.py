@@ -77,10 +77,9 @@ class BlockPrediction:
         return sum(self.parts.values())
 
 
-def _attention_ratio(call: dict[str, Any], baseline_backend: str, crossover, fp8_ceiling: float | None,
-                     call_ms: float) -> float | None:
-    """Our kernel's time for this call over the call's measured `call_ms` (None: not served, or routed to the
-    baseline by the crossover)."""
+def _fp8_attention_ms(call: dict[str, Any], baseline_backend: str, crossover,
+                      fp8_ceiling: float | None) -> float | None:
+    """Our kernel's time for this call (None: not served, or routed to the baseline by the crossover)."""
     if call["head_dim"] not in SERVED_HEAD_DIMS:
         return None
     if crossover is not None and call["head_dim"] in crossover.head_dims:
@@ -93,9 +92,9 @@ def _attention_ratio(call: dict[str, Any], baseline_backend: str, crossover, fp8
             # Our kernel's rate at that point, not its speed-up over the baseline there: the block's own baseline
             # call can run far from the data's (HunyuanVideo's masked SDPA: 383 TFLOP/s against 570 unmasked).
             point_flops = 4.0 * crossover.batch * crossover.heads * seq_q * seq_kv * call["head_dim"]
-            return call["flops"] / point_flops * ms["fp8"] / call_ms
+            return call["flops"] / point_flops * ms["fp8"]
     if fp8_ceiling:
-        return call["flops"] / (ROOFLINE_FP8_ATTENTION * fp8_ceiling * 1e9) / call_ms
+        return call["flops"] / (ROOFLINE_FP8_ATTENTION * fp8_ceiling * 1e9)
     return None
 
 
@@ -116,12 +115,12 @@ def predict_block(stack: StackBaseline, baseline: Baseline, knobs: frozenset[str
         served = unserved = 0.0
         for call in stack.attention_calls:
             call_ms = attention["ms"] * call["flops"] / total_flops
-            ratio = (_attention_ratio(call, baseline.attention_backend, crossover, rates.fp8, call_ms)
-                     if "fp8-attention" in knobs else None)
-            if ratio is None:
+            fp8_ms = (_fp8_attention_ms(call, baseline.attention_backend, crossover, rates.fp8)
+                      if "fp8-attention" in knobs else None)
+            if fp8_ms is None:
                 unserved += call_ms
             else:
-                served += call_ms * ratio
+                served += fp8_ms
         if served:
             parts["attention (fp8)"], bound["attention (fp8)"] = served, "fp8"
         if unserved:
