@@ -152,9 +152,10 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
     says how much copying was hidden. On a GPU the pass's own peak memory over the timed passes is kept.
     """
     cuda = device.type == "cuda"
-    if cuda:  # what the session holds now; its garbage collected first, lest the pass's peak be net of it
+    held_before = 0
+    if cuda:  # what the session holds now, its garbage collected first, lest the pass's peak be net of it
         gc.collect()
-    held_before = torch.cuda.memory_allocated(device) if cuda else 0
+        held_before = torch.cuda.memory_allocated(device)
     stack = build_stack(adapter, first_block, n, device=device, dtype=dtype, activation_bytes=activation_bytes,
                         offload=offload, whole_model=whole_model is not None, fp8_linear=recipe.fp8_linear, seed=seed,
                         progress=progress)
