@@ -99,7 +99,7 @@ class Kernels:
     def run(self, packed, out, lse, variant) -> None:
         """The variant on prep's output (lse None: compiled without LSE)."""
         kernel = self.get(packed.head_dim, lse is not None, variant, packed.seqlen_kv)
-        kernel(*packed.kernel_inputs(), out, lse, packed.head_dim ** -0.5, packed.seqlen_kv)
+        kernel(*packed.kernel_inputs(), out, lse, None, packed.head_dim ** -0.5, packed.seqlen_kv)
 
 
 def sanitize(kernels: Kernels, variant) -> None:

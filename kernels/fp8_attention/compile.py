@@ -18,7 +18,7 @@ from .kernel_mma_sync import Fp8AttentionMmaSync
 from .support import KERNELS
 
 TORCH_TO_CUTLASS = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32",
-                    torch.float8_e4m3fn: "Float8E4M3FN", torch.int8: "Int8"}
+                    torch.float8_e4m3fn: "Float8E4M3FN", torch.int8: "Int8", torch.int32: "Int32"}
 
 
 def fake_tensor(dtype: torch.dtype, rank: int):
@@ -48,11 +48,12 @@ def make_kernel(kernel: str, head_dim: int, config: Sm90Config | None = None):
 
 
 def compile_fp8_attention(head_dim: int, out_dtype: torch.dtype, with_lse: bool,
-                          kernel: str = "mma_sync", config: Sm90Config | None = None):
-    """Returns the compiled callable: `compiled(q, k, v, descale, q_scale, k_scale, out, lse, softmax_scale,
-    seqlen_kv)` with prep's packed torch tensors (q_scale and k_scale None unless the config has qk_int8, lse
-    None when compiled without), launched on torch's current stream. Both kernels take the same arguments;
-    config is the sm90 kernel's (`config.Sm90Config`; None: its defaults)."""
+                          kernel: str = "mma_sync", config: Sm90Config | None = None, with_key_lengths: bool = False):
+    """Returns the compiled callable: `compiled(q, k, v, descale, q_scale, k_scale, out, lse, key_lengths,
+    softmax_scale, seqlen_kv)` with prep's packed torch tensors (q_scale and k_scale None unless the config has
+    qk_int8, lse None when compiled without, key_lengths an int32 [B] tensor when compiled with, else None),
+    launched on torch's current stream. Both kernels take the same arguments; config is the sm90 kernel's
+    (`config.Sm90Config`; None: its defaults)."""
     import cutlass.cute as cute
 
     import cutlass
@@ -67,6 +68,7 @@ def compile_fp8_attention(head_dim: int, out_dtype: torch.dtype, with_lse: bool,
         *block_scales,  # q_scale, k_scale [B*H, blocks]
         fake_tensor(out_dtype, 4),  # out [B, Sq, H, D]
         fake_tensor(torch.float32, 3) if with_lse else None,  # lse [B, H, Sq]
+        fake_tensor(torch.int32, 1) if with_key_lengths else None,  # key_lengths [B]
         cutlass.Float32(1.0), cutlass.Int32(1),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),  # torch's current stream at each call
     )

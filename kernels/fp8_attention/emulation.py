@@ -45,14 +45,16 @@ def lse_mismatch(lse: torch.Tensor, emu_lse: torch.Tensor, rounded_row_sum: bool
 
 
 def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_lse=False, rows=None,
-                          block_keys=KEYS, reverse=False, rounded_row_sum=False, qk_int8=False):
+                          block_keys=KEYS, reverse=False, rounded_row_sum=False, qk_int8=False, key_lengths=None):
     """[B, S, H, D] -> [B, Sq, H, D] in out_dtype (and LSE [B, H, Sq] float64).
 
     rows: emulate only these query rows (quantized with the scales of the whole of q); rows
     are independent, so this is exact and makes long sequences affordable.
     block_keys, reverse: the key blocks the running max is taken over and their order (v1:
     32-key strips first to last; the sm90 kernel: tile_n-key blocks last to first).
-    qk_int8: Q and K as the sm90 kernel's INT8 option takes them (`prep.quantize_int8_groups`)."""
+    qk_int8: Q and K as the sm90 kernel's INT8 option takes them (`prep.quantize_int8_groups`).
+    key_lengths: int [B], batch element b attends its first key_lengths[b] keys alone (the scales still come
+    from all of k and v, as prep's); an element with none gets zero rows and an LSE of -inf."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     b, _, h, _ = q.shape
     amax = torch.stack([head_amax(x) for x in (q, k, v)])
@@ -72,6 +74,9 @@ def emulate_fp8_attention(q, k, v, scale=None, out_dtype=torch.bfloat16, return_
         qc, kc = (quantize(x, quant[i]).double().transpose(1, 2) for i, x in enumerate((q, k)))
         qc = qc if rows is None else qc[:, :, rows]
         logits = qc @ kc.transpose(-1, -2) * (per_head(descale[0]) * per_head(descale[1]) * scale * LOG2_E)
+    if key_lengths is not None:
+        dropped = torch.arange(k.shape[1], device=k.device) >= key_lengths.to(k.device).view(b, 1, 1, 1)
+        logits = logits.masked_fill(dropped, -math.inf)
     out, lse = softmax_pv(logits, vc, per_head(descale[2]), block_keys=block_keys, reverse=reverse,
                           rounded_row_sum=rounded_row_sum, max_steps=max_steps)
     out = out.transpose(1, 2).to(out_dtype)
@@ -119,7 +124,8 @@ def softmax_pv(logits, v_codes, v_descale, block_keys=KEYS, reverse=False, round
     to e4m3 as p * 256 against the running max, P.V of the codes accumulated per block and rescaled (the
     two-level accumulation), row sums of the unrounded p (or, `rounded_row_sum`, of the rounded p). max_steps:
     [B, H, Sq, n_blocks], the running max rounded up to a multiple of each block's (`int8_kernel_scales`; 0: not
-    rounded), or None.
+    rounded), or None. A block whose logits are all -inf (keys past a key length) adds nothing, wherever it comes:
+    against a max of -inf its p are 0 (the kernels skip such blocks); a row with no finite logit comes out 0.
     Returns (out [B, H, Sq, D] float64, LSE [B, H, Sq] float64, natural log)."""
     b, h, sq, _ = logits.shape
     row_max = torch.full((b, h, sq, 1), -math.inf, dtype=torch.float64, device=logits.device)
@@ -132,12 +138,13 @@ def softmax_pv(logits, v_codes, v_descale, block_keys=KEYS, reverse=False, round
         if max_steps is not None:
             step = max_steps[..., start // block_keys, None]
             new_max = torch.where(step > 0, torch.ceil(new_max / step) * step, new_max)
-        rescale = torch.exp2(row_max - new_max)
-        p = torch.exp2(strip - new_max)
+        safe_max = torch.where(new_max == -math.inf, 0.0, new_max)  # -inf - -inf kept out of exp2
+        rescale = torch.exp2(row_max - safe_max)
+        p = torch.exp2(strip - safe_max)
         p_codes = (p.float() * P_SCALE).to(FP8).double()
         summed = p_codes / P_SCALE if rounded_row_sum else p
         row_sum = row_sum * rescale + summed.sum(-1, keepdim=True)
         acc = acc * rescale + p_codes @ v_codes[..., start:start + block_keys, :]
         row_max = new_max
-    out = acc * (v_descale / P_SCALE) / row_sum
+    out = torch.where(row_sum == 0, 0.0, acc * (v_descale / P_SCALE) / row_sum)  # NaN rows stay NaN
     return out, ((row_max + torch.log2(row_sum)) * LN_2).squeeze(-1)

@@ -86,12 +86,14 @@ class Fp8AttentionMmaSync:
         mKScale: None,
         mO: cute.Tensor,
         mLSE: cute.Tensor | None,
+        mKeyLengths: cute.Tensor | None,
         softmax_scale: Float32,
         seqlen_kv: Int32,
         stream,
     ):
         """Builds the smem layouts, copies and MMA, then launches one CTA per (128 rows, b*h). mQScale and
-        mKScale are the sm90 kernel's INT8 Q/K group scales, None here (v1 takes e4m3 Q/K alone)."""
+        mKScale are the sm90 kernel's INT8 Q/K group scales, None here (v1 takes e4m3 Q/K alone). mKeyLengths:
+        [B] int32, batch element b attends its first mKeyLengths[b] keys (clamped to 0 .. seqlen_kv), or None."""
         fp8 = mQ.element_type
         D = self.head_dim
         # The strides of every leading mode are multiples of 16 bytes (prep pads, O is ours):
@@ -120,7 +122,7 @@ class Fp8AttentionMmaSync:
         )
         grid = (cute.ceil_div(mQ.shape[1], Q_ROWS), cute.size(mQ.shape[0]), 1)
         self.kernel(
-            mQ, mK, mV, mDescale, mO, mLSE,
+            mQ, mK, mV, mDescale, mO, mLSE, mKeyLengths,
             softmax_scale * LOG2_E, seqlen_kv,
             sQ_layout, sK_layout, sV_layout,
             g2s_tiled_copy(fp8, D), g2s_tiled_copy(fp8, KEYS),
@@ -136,6 +138,7 @@ class Fp8AttentionMmaSync:
         mDescale: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor | None,
+        mKeyLengths: cute.Tensor | None,
         softmax_scale_log2: Float32,
         seqlen_kv: Int32,
         sQ_layout: cute.ComposedLayout,
@@ -153,6 +156,9 @@ class Fp8AttentionMmaSync:
         num_heads = mO.shape[2]
         batch, head = bh // num_heads, bh % num_heads
         n_tiles = mK.shape[1] // KEYS  # prep pads Skv to whole strips, so n_tiles >= 1
+        if const_expr(mKeyLengths is not None):  # this element's keys alone, in at least one strip (`strip`)
+            seqlen_kv = cutlass.max(cutlass.min(mKeyLengths[batch], seqlen_kv), Int32(0))
+            n_tiles = cutlass.max(cute.ceil_div(seqlen_kv, KEYS), Int32(1))
 
         # qk_scale_log2: raw e4m3 dot products -> log2-domain logits (descales, softmax scale
         # and log2(e) in one factor). pv_scale: undoes V's descale and P's x256.
@@ -275,7 +281,8 @@ class Fp8AttentionMmaSync:
             cute.gemm(tiled_mma, tSrS, tSrQ[None, None, kb], tSrK[None, None, kb], tSrS)
 
         if const_expr(mask_keys):
-            # Keys at or past seqlen_kv are zero padding: -inf makes their p exactly 0.
+            # Keys at or past seqlen_kv (zero padding, or an element's dropped keys): -inf makes their p exactly 0
+            # (an element with no key: every p, by `online_softmax`'s safe max, and its rows come out 0).
             for i in cutlass.range_constexpr(cute.size(tSrS)):
                 if k_tile * KEYS + tScS[i][1] >= seqlen_kv:
                     tSrS[i] = -Float32.inf

@@ -129,9 +129,17 @@ class RingStates(NamedTuple):
 
 class KeyBlocks(NamedTuple):
     """Key blocks 0 .. count-1 of tile_n keys; the last one may hold keys >= seqlen (zeros: prep's
-    padding or TMA's out-of-bounds fill), masked to -inf. Visited last to first."""
-    seqlen: Int32  # seqlen_kv
-    count: Int32  # n_blocks = ceil(seqlen_kv / tile_n)
+    padding or TMA's out-of-bounds fill; with key lengths, the element's dropped keys), masked to -inf.
+    Visited last to first."""
+    seqlen: Int32  # seqlen_kv, or the tile's batch element's key length
+    count: Int32  # n_blocks = ceil(seqlen / tile_n), at least 1
+
+
+class KeyLengths(NamedTuple):
+    """Per batch element key lengths (`fp8_attention(key_lengths=)`): element b attends its first lengths[b]
+    keys (clamped to 0 .. seqlen_kv); with lengths None every element attends all seqlen_kv (compile-time)."""
+    lengths: cute.Tensor | None  # [B] int32
+    heads: Int32  # H: a tile's b*h // H is its batch element
 
 
 class TileIO(NamedTuple):
@@ -256,13 +264,15 @@ class Fp8AttentionSm90:
         mKScale: cute.Tensor | None,
         mO: cute.Tensor,
         mLSE: cute.Tensor | None,
+        mKeyLengths: cute.Tensor | None,
         softmax_scale: Float32,
         seqlen_kv: Int32,
         stream,
     ):
         """Builds the TMA atoms, smem layouts, pipelines' storage and MMAs; launches one CTA per
         (query tile, b*h), or `persistent_ctas` CTAs that walk those tiles (`TileScheduler.grid`).
-        mQScale, mKScale: INT8 Q/K's group scales (`qk_int8`; mQ and mK int8), else None."""
+        mQScale, mKScale: INT8 Q/K's group scales (`qk_int8`; mQ and mK int8), else None. mKeyLengths: [B]
+        int32 key lengths per batch element (`KeyLengths`), or None."""
         qk_dtype = mQ.element_type  # e4m3, or int8 with qk_int8
         fp8 = mV.element_type
         cfg = self.config
@@ -306,7 +316,8 @@ class Fp8AttentionSm90:
         tiles = TileScheduler.params(mQ.shape[0], num_bh, M)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
-            TileIO(mDescale, mQScale, mKScale, mO, mLSE, softmax_scale * LOG2_E), seqlen_kv, tiles,
+            TileIO(mDescale, mQScale, mKScale, mO, mLSE, softmax_scale * LOG2_E), seqlen_kv,
+            KeyLengths(mKeyLengths, mO.shape[2]), tiles,
             SmemLayouts(sQ_layout, sK_layout, sV_layout, sOnes_layout),
             TiledMmas(tiled_mma_qk, tiled_mma_pv, tiled_mma_sum), SharedStorage,
         ).launch(grid=TileScheduler.grid(tiles, num_bh, cfg.persistent_ctas),
@@ -323,6 +334,7 @@ class Fp8AttentionSm90:
         mV: cute.Tensor,
         io: TileIO,
         seqlen_kv: Int32,
+        key_lengths: KeyLengths,
         tiles: TileSchedulerParams,
         layouts: SmemLayouts,
         mmas: TiledMmas,
@@ -354,11 +366,11 @@ class Fp8AttentionSm90:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp_idx == 0:
                 tma = TmaSources(TmaSource(tma_atom_Q, mQ), TmaSource(tma_atom_K, mK), TmaSource(tma_atom_V, mV))
-                self.load(tma, smem, pipes, scheduler, keys.count)
+                self.load(tma, smem, pipes, scheduler, keys, key_lengths)
         else:
             # -------------------------------------------------------------- consumers
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.consumer_warpgroups])
-            self.consume(smem, mmas, pipes, scheduler, keys, io)
+            self.consume(smem, mmas, pipes, scheduler, keys, key_lengths, io)
 
     @cute.jit
     def ones_tile(self, storage, sOnes_layout: cute.ComposedLayout, warp_idx: Int32) -> cute.Tensor:
@@ -398,18 +410,19 @@ class Fp8AttentionSm90:
     # ---------------------------------------------------------------------- producer
     @cute.jit
     def load(self, tma: TmaSources, smem: SharedTensors, pipes: Pipelines, scheduler: TileScheduler,
-             n_blocks: Int32):
+             keys: KeyBlocks, key_lengths: KeyLengths):
         """Producer warp: every tile of this CTA in turn (`load_tile`); the K/V rings run on across tiles."""
         states = RingStates(kv=pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.config.num_stages),
                             q=pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.config.q_stages))
-        scheduler.for_each_tile(self.load_tile, states, tma, smem, pipes, n_blocks)
+        scheduler.for_each_tile(self.load_tile, states, tma, smem, pipes, keys, key_lengths)
 
     @cute.jit
     def load_tile(self, tile: Tile, states: RingStates, tma: TmaSources, smem: SharedTensors, pipes: Pipelines,
-                  n_blocks: Int32) -> RingStates:
+                  keys: KeyBlocks, key_lengths: KeyLengths) -> RingStates:
         """One tile: Q, then K of block n with V of block n+1 (V lags one block, the order in which the
         consumers' overlapped loop needs them). Returns the ring states for the next tile."""
         D, N = self.head_dim, self.config.tile_n
+        n_blocks = self.tile_keys(keys, key_lengths, tile.bh).count
         state, q_state = states
         gQ = cute.local_tile(tma.q.gmem[None, None, tile.bh], (self.tile_m, D), (None, 0))  # (M, D, m_blocks)
         gK = cute.local_tile(tma.k.gmem[None, None, tile.bh], (N, D), (None, 0))  # (N, D, n_blocks)
@@ -446,7 +459,7 @@ class Fp8AttentionSm90:
     # ---------------------------------------------------------------------- consumers
     @cute.jit
     def consume(self, smem: SharedTensors, mmas: TiledMmas, pipes: Pipelines, scheduler: TileScheduler,
-                keys: KeyBlocks, io: TileIO):
+                keys: KeyBlocks, key_lengths: KeyLengths, io: TileIO):
         """Consumer warpgroup: for each tile of this CTA (`consume_tile`), the whole key loop for its
         64 query rows, then the epilogue."""
         cfg = self.config
@@ -458,7 +471,8 @@ class Fp8AttentionSm90:
         if const_expr(not self.persistent):
             scalars = self.tile_scalars(io, scheduler.cta_tile.bh)
         mma = self.warpgroup_mma(smem, mmas, tidx, wg)
-        softmax = OnlineSoftmax.create(cfg.fma_exp2_tiles, cfg.two_level_pv, cfg.pv_row_sum)
+        softmax = OnlineSoftmax.create(cfg.fma_exp2_tiles, cfg.two_level_pv, cfg.pv_row_sum,
+                                       key_lengths.lengths is not None)
 
         # Ping-pong: consumer warpgroup 1 lets warpgroup 0 issue first.
         if const_expr(self.ping_pong):
@@ -468,7 +482,7 @@ class Fp8AttentionSm90:
 
         states = RingStates(kv=pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.num_stages),
                             q=pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.q_stages))
-        scheduler.for_each_tile(self.consume_tile, states, mma, softmax, pipes, keys, io, scalars)
+        scheduler.for_each_tile(self.consume_tile, states, mma, softmax, pipes, keys, key_lengths, io, scalars)
 
     def warpgroup_mma(self, smem: SharedTensors, mmas: TiledMmas, tidx: Int32, wg: Int32) -> WarpgroupMma:
         """This thread's slices of the wgmmas: the warpgroup's fragments, the thread's accumulators."""
@@ -498,6 +512,16 @@ class Fp8AttentionSm90:
         return WarpgroupMma(wg, mmas.qk, mmas.pv, tSrQ, tSrK, tOrV, tOrP, acc_O, acc_PV, tScS, tOcO, row_sums)
 
     @cute.jit
+    def tile_keys(self, keys: KeyBlocks, key_lengths: KeyLengths, bh: Int32) -> KeyBlocks:
+        """A tile's key blocks: the call's (`keys`), or with key lengths its batch element's first lengths[b]
+        keys, clamped to 0 .. seqlen_kv, in at least one block (an element with none: one all-masked block,
+        `OnlineSoftmax.keyless_rows`). The producer and the consumers compute the same."""
+        if const_expr(key_lengths.lengths is None):
+            return keys
+        seqlen = cutlass.max(cutlass.min(key_lengths.lengths[bh // key_lengths.heads], keys.seqlen), Int32(0))
+        return KeyBlocks(seqlen, cutlass.max(cute.ceil_div(seqlen, self.config.tile_n), Int32(1)))
+
+    @cute.jit
     def tile_scalars(self, io: TileIO, bh: Int32) -> TileScalars:
         """The scalars of a tile's (b*h)."""
         num_heads = io.o.shape[2]
@@ -506,9 +530,11 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def consume_tile(self, tile: Tile, states: RingStates, mma: WarpgroupMma, softmax: OnlineSoftmax,
-                     pipes: Pipelines, keys: KeyBlocks, io: TileIO, scalars: TileScalars | None) -> RingStates:
+                     pipes: Pipelines, keys: KeyBlocks, key_lengths: KeyLengths, io: TileIO,
+                     scalars: TileScalars | None) -> RingStates:
         """One tile: online softmax over every key block, then O and LSE of its rows. scalars: the tile's, or
         None to read them here. Returns the ring states for the next tile."""
+        keys = self.tile_keys(keys, key_lengths, tile.bh)
         mma.acc_O.fill(0.0)
         softmax.reset()
         if const_expr(scalars is None):

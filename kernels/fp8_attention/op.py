@@ -3,11 +3,13 @@
 Python launch path (Triton launches and a compiled CuTe DSL function, which dynamo cannot trace).
 
     out = torch.ops.dit_accel.fp8_attention(q, k, v, scale, "auto")   # or FP8_ATTENTION(...)
+    out = FP8_ATTENTION(q, k, v, scale, "auto", key_lengths)   # element b: its first key_lengths[b] keys
     out = FP8_ATTENTION_PROLOGUE(q_raw, k_raw, v, wq, wk, eps, cos, sin, scale, "auto")
           # MiniMax-H3: RoPE(RMSNorm(x) * w) of q and k fused into the prep (`prep.Prologue`)
 
 q [B, Sq, H, D], k and v [B, Skv, H, D], bf16 or fp16, head dim contiguous; out is a fresh
-contiguous [B, Sq, H, Dv] tensor in q's dtype. `scale` None means 1/sqrt(D). `variant` is the kernel
+contiguous [B, Sq, H, Dv] tensor in q's dtype. `scale` None means 1/sqrt(D). `key_lengths` None, or int32 [B]
+on q's device (`fp8_attention(key_lengths=)`: read on the device, no host sync). `variant` is the kernel
 `fp8_attention(kernel=...)` takes: "auto", "mma_sync" or "sm90". (It is not named `kernel`:
 inductor's FallbackKernel.create(kernel, ...) takes the op's arguments as keywords, and an op
 argument named `kernel` fails lowering with "got multiple values for argument 'kernel'".)
@@ -40,7 +42,7 @@ import torch
 
 from .interface import fp8_attention
 from .prep import Prologue, apply_prologue, prologue_reason
-from .support import KERNEL_CHOICES, Fp8AttentionUnsupported, can_implement, tensors_reason
+from .support import KERNEL_CHOICES, Fp8AttentionUnsupported, can_implement, key_lengths_reason, tensors_reason
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant: str = "auto") -> Optional[str]:
@@ -58,8 +60,9 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varian
     return tensors_reason(q, k, v, any_head_dim=True)
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant: str) -> None:
-    reason = unsupported_reason(q, k, v, variant)
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant: str,
+           key_lengths: torch.Tensor | None = None) -> None:
+    reason = unsupported_reason(q, k, v, variant) or key_lengths_reason(key_lengths, q)
     if reason is not None:
         raise Fp8AttentionUnsupported(reason)
 
@@ -76,33 +79,34 @@ def refuse_grad(*tensors: torch.Tensor) -> None:
 
 
 SCHEMAS = {
-    "fp8_attention": "fp8_attention(Tensor q, Tensor k, Tensor v, float? scale=None, str variant='auto') -> Tensor",
+    "fp8_attention": "fp8_attention(Tensor q, Tensor k, Tensor v, float? scale=None, str variant='auto', "
+                     "Tensor? key_lengths=None) -> Tensor",
     "fp8_attention_prologue": "fp8_attention_prologue(Tensor q, Tensor k, Tensor v, Tensor norm_q_weight, "
                               "Tensor norm_k_weight, float eps, Tensor cos, Tensor sin, float? scale=None, "
                               "str variant='auto') -> Tensor",
 }
 
 
-def _fp8_attention_cuda(q, k, v, scale=None, variant="auto"):
+def _fp8_attention_cuda(q, k, v, scale=None, variant="auto", key_lengths=None):
     """CUDA: prep + kernel (the public `fp8_attention`, which checks the inputs), asynchronous,
     graph-capturable."""
     refuse_grad(q, k, v)
-    return fp8_attention(q, k, v, scale=scale, kernel=variant)
+    return fp8_attention(q, k, v, scale=scale, kernel=variant, key_lengths=key_lengths)
 
 
-def _fp8_attention_cpu(q, k, v, scale=None, variant="auto"):
+def _fp8_attention_cpu(q, k, v, scale=None, variant="auto", key_lengths=None):
     """CPU: the float64 emulation of the kernel's scheme (the kernel variant does not change it)."""
     from .emulation import emulate_fp8_attention
 
     refuse_grad(q, k, v)
-    _check(q, k, v, variant)
-    return emulate_fp8_attention(q, k, v, scale, out_dtype=q.dtype).contiguous()
+    _check(q, k, v, variant, key_lengths)
+    return emulate_fp8_attention(q, k, v, scale, out_dtype=q.dtype, key_lengths=key_lengths).contiguous()
 
 
-def _fp8_attention_fake(q, k, v, scale=None, variant="auto"):
+def _fp8_attention_fake(q, k, v, scale=None, variant="auto", key_lengths=None):
     """Shapes and dtypes only: [B, Sq, H, Dv] contiguous in q's dtype, on q's device."""
     refuse_grad(q, k, v)
-    _check(q, k, v, variant)
+    _check(q, k, v, variant, key_lengths)
     return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
 
 

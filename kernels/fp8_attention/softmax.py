@@ -162,20 +162,23 @@ class OnlineSoftmax:
     qk_scale_log2, or with INT8 Q/K each key group's);
     row_sum: this lane's share of the row's sum(p * 256) against that max (the 4 lanes of a quad are added
     in the epilogue), with pv_row_sum the lane % 4 == 0 lane's whole row sum of the e4m3-rounded p * 256.
-    fma_exp2_tiles, two_level_pv, pv_row_sum: the configuration's (`config.Sm90Config`), compile-time.
+    fma_exp2_tiles, two_level_pv, pv_row_sum: the configuration's (`config.Sm90Config`), compile-time;
+    keyless_rows: compiled for per-element key lengths (`fp8_attention(key_lengths=)`), where a batch element
+    may keep no key: its one block is all -inf, and its rows come out 0 (LSE -inf) rather than NaN.
     """
 
     fma_exp2_tiles: int
     two_level_pv: bool
     pv_row_sum: bool
+    keyless_rows: bool
     row_max: cute.Tensor
     row_sum: cute.Tensor
 
     @staticmethod
-    def create(fma_exp2_tiles: int, two_level_pv: bool, pv_row_sum: bool) -> "OnlineSoftmax":
+    def create(fma_exp2_tiles: int, two_level_pv: bool, pv_row_sum: bool, keyless_rows: bool) -> "OnlineSoftmax":
         """The state in fresh registers (`reset` before a tile's first key block)."""
-        return OnlineSoftmax(fma_exp2_tiles, two_level_pv, pv_row_sum, cute.make_rmem_tensor((2,), Float32),
-                             cute.make_rmem_tensor((2,), Float32))
+        return OnlineSoftmax(fma_exp2_tiles, two_level_pv, pv_row_sum, keyless_rows,
+                             cute.make_rmem_tensor((2,), Float32), cute.make_rmem_tensor((2,), Float32))
 
     @cute.jit
     def reset(self):
@@ -219,11 +222,14 @@ class OnlineSoftmax:
                 for g in cutlass.range_constexpr(1, len(scales)):
                     block_max = cute.arch.fmax(block_max, group_max[g])
             # Every row sees a real key in the first block it processes (the masked block holds
-            # key n_blocks-1 * N < seqlen_kv), so new_max is finite from then on.
+            # key n_blocks-1 * N < seqlen_kv), so new_max is finite from then on; but for a batch element that
+            # keeps no key (keyless_rows), whose one block is all -inf: a max of 0 makes its p 0, not NaN.
             new_max = cute.arch.fmax(row_max[r], block_max)
             if const_expr(biased is not None):  # a multiple of the block's step u, rounded up
                 if not biased.exact:
                     new_max = ceil_f32(new_max * biased.inverse_step) * biased.step
+            if const_expr(is_first and self.keyless_rows):
+                new_max = new_max if new_max != -Float32.inf else Float32(0.0)
             if const_expr(is_first):
                 row_scale[r] = Float32(0.0)
             else:

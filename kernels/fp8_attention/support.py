@@ -127,6 +127,19 @@ def can_implement(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str
     return kernel_reason(kernel, capability)
 
 
+def key_lengths_reason(key_lengths: torch.Tensor | None, q: torch.Tensor) -> str | None:
+    """Why `key_lengths` cannot be fp8_attention's per-element key lengths for q [B, Sq, H, D], or None: a
+    contiguous int32 [B] tensor on q's device (metadata only)."""
+    if key_lengths is None:
+        return None
+    if key_lengths.dtype != torch.int32 or key_lengths.shape != (q.shape[0],) or key_lengths.device != q.device \
+            or not key_lengths.is_contiguous():
+        return (f"fp8_attention: key_lengths must be contiguous int32 [{q.shape[0]}] on {q.device}, got "
+                f"{key_lengths.dtype} "
+                f"{list(key_lengths.shape)} on {key_lengths.device}")
+    return None
+
+
 def check_can_implement(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str = "auto") -> None:
     """Raises Fp8AttentionUnsupported with `can_implement`'s reason, if there is one."""
     reason = can_implement(q, k, v, kernel)

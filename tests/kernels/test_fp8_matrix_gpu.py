@@ -52,7 +52,7 @@ def check_case(b: int, sq: int, skv: int, d: int, outliers: bool, seed: int) -> 
     lse = torch.full((b, HEADS, sq), float("nan"), device="cuda")
     # What fp8_attention_packed launches, with an LSE poisoned too (it would allocate an empty one).
     compiled = interface._plan(d, q.dtype, True, q.device, skv)
-    compiled(*packed.kernel_inputs(), out, lse, d ** -0.5, packed.seqlen_kv)
+    compiled(*packed.kernel_inputs(), out, lse, None, d ** -0.5, packed.seqlen_kv)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and torch.isfinite(lse).all(), "a row left unwritten (NaN) or non-finite"
 

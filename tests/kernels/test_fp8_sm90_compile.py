@@ -162,7 +162,7 @@ def test_plans_compile_with_each_devices_default_config(monkeypatch):
         for d in (64, 128):
             for seqlen_kv in (short, 1, long, 30272):
                 interface._plan(d, torch.bfloat16, False, torch.device(device), seqlen_kv)
-    assert calls == [(d, dict(kernel="sm90", config=sm90_config(d, sms[i], s)))
+    assert calls == [(d, dict(kernel="sm90", config=sm90_config(d, sms[i], s), with_key_lengths=False))
                      for i in (0, 1) for d, s in ((64, short), (128, short), (128, long))]
     assert [kw["config"].persistent_ctas for _, kw in calls] == [132, 132, 0, 78, 78, 0]
     calls.clear()
@@ -170,6 +170,6 @@ def test_plans_compile_with_each_devices_default_config(monkeypatch):
     monkeypatch.setattr(interface, "_plans", {})
     for seqlen_kv in (short, long):
         interface._plan(128, torch.bfloat16, False, torch.device("cuda:0"), seqlen_kv)
-    assert calls == [(128, {"kernel": "mma_sync"})]
+    assert calls == [(128, {"kernel": "mma_sync", "with_key_lengths": False})]
     with pytest.raises(Fp8AttentionUnsupported, match="head"):  # not a KeyError from the plan's key
         interface._plan(96, torch.bfloat16, False, torch.device("cuda:0"), 1024)

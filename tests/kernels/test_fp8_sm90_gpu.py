@@ -110,7 +110,7 @@ def test_three_consumer_warpgroups_equal_two_bitwise(b, sq, skv, outliers):
         out = torch.full_like(q, float("nan"))
         lse = torch.full((b, 3, sq), float("nan"), device="cuda")
         kernel = compiled_with_lse(64, consumer_warpgroups=warpgroups)
-        kernel(*packed.kernel_inputs(), out, lse, 64 ** -0.5, packed.seqlen_kv)
+        kernel(*packed.kernel_inputs(), out, lse, None, 64 ** -0.5, packed.seqlen_kv)
         results[warpgroups] = out, lse
     (out, lse), (out2, lse2) = results[3], results[2]
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
@@ -140,7 +140,7 @@ def test_persistent_ctas_equal_one_tile_per_cta_bitwise(d, b, sq, skv, ctas, q_s
         lse = torch.full((b, 3, sq), float("nan"), device="cuda")
         kernel = compiled_with_lse(d, persistent_ctas=persistent_ctas, q_stages=stages, pv_row_sum=pv_row_sum,
                                    qk_int8=qk_int8)
-        kernel(*packed.kernel_inputs(), out, lse, d ** -0.5, packed.seqlen_kv)
+        kernel(*packed.kernel_inputs(), out, lse, None, d ** -0.5, packed.seqlen_kv)
         results.append((out, lse))
     (out, lse), (out_p, lse_p) = results
     assert torch.isfinite(out_p).all() and torch.isfinite(lse_p).all()
@@ -160,14 +160,14 @@ def test_row_sums_from_the_tensor_core_match_their_emulation(d, b, sq, skv, outl
     out = torch.full_like(q, float("nan"))
     lse = torch.full((b, 3, sq), float("nan"), device="cuda")
     kernel = compiled_with_lse(d, pv_row_sum=True)
-    kernel(*packed.kernel_inputs(), out, lse, d ** -0.5, packed.seqlen_kv)
+    kernel(*packed.kernel_inputs(), out, lse, None, d ** -0.5, packed.seqlen_kv)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=TILE_N, reverse=True,
                                          rounded_row_sum=True)
     assert rel_rms_err(out, emu) < 0.01
     assert_lse_close(lse, emu_lse, rounded_row_sum=True)
     plain, plain_lse = torch.full_like(q, float("nan")), torch.empty_like(lse)
-    compiled_with_lse(d, pv_row_sum=False)(*packed.kernel_inputs(), plain, plain_lse, d ** -0.5,
+    compiled_with_lse(d, pv_row_sum=False)(*packed.kernel_inputs(), plain, plain_lse, None, d ** -0.5,
                                            packed.seqlen_kv)
     ref = reference_attention(q, k, v)
     assert rel_rms_err(out, ref) < rel_rms_err(plain, ref) + 0.005
@@ -182,7 +182,7 @@ def test_exp2_on_the_fma_pipe_matches_emulation(fma_exp2_tiles):
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(2, 3, 1000, device="cuda")
     kernel = compiled_with_lse(128, fma_exp2_tiles=fma_exp2_tiles)
-    kernel(*packed.kernel_inputs(), out, lse, 128 ** -0.5, packed.seqlen_kv)
+    kernel(*packed.kernel_inputs(), out, lse, None, 128 ** -0.5, packed.seqlen_kv)
     emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=TILE_N, reverse=True)
     assert torch.isfinite(out).all()
     assert rel_rms_err(out, emu) < 0.01
@@ -202,7 +202,7 @@ def test_named_variants_match_their_emulation(d, label):
     out = torch.full_like(q, float("nan"))
     lse = torch.full((2, 3, 1000), float("nan"), device="cuda")
     kernel = compiled_with_lse(d, **dataclasses.asdict(config))
-    kernel(*packed.kernel_inputs(), out, lse, d ** -0.5, packed.seqlen_kv)
+    kernel(*packed.kernel_inputs(), out, lse, None, d ** -0.5, packed.seqlen_kv)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     emu, emu_lse = emulate_fp8_attention(q, k, v, return_lse=True, block_keys=config.tile_n, reverse=True,
                                          rounded_row_sum=config.pv_row_sum)
