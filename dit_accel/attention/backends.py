@@ -63,6 +63,9 @@ class AttentionBackend:
     # Metadata-only: why `run` cannot serve these q/k/v (None: it can). A routed backend that has it also
     # serves calls under a key-padding mask (`key_padding`), which must know before it runs.
     serves_reason: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "str | None"] | None = None
+    # run(q, k, v, scale, key_lengths): batch element b attends its first key_lengths[b] keys (int32 [B], read
+    # on the device), or None; what serves a boolean key-padding mask without reading it on the host.
+    run_key_lengths: Callable[..., torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if self.diffusers_backend is not None and self.routed:
@@ -204,15 +207,16 @@ def _fp8_serves_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ker
     return can_implement(q, k, v, kernel)
 
 
-def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, *,
-             kernel: str = "auto") -> torch.Tensor:
+def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+             key_lengths: torch.Tensor | None = None, *, kernel: str = "auto") -> torch.Tensor:
     """Prep (quantize + pack) and kernel. Traced by torch.compile, the custom op
     `torch.ops.dit_accel.fp8_attention`: one opaque node, refused at trace time from the tensors'
     metadata alone (`can_implement`: CUDA tensors only; the op's CPU emulation is for tests). Eager,
     what the op's CUDA implementation runs, called directly: the same checks and launches (CUDA graphs
     capture them as they are), without the dispatcher's ~10 us of host time per call. Either way, as in
     the op, inputs autograd could ask a gradient of are refused first (`Fp8AttentionNoGrad`; the router
-    declines such calls before they get here)."""
+    declines such calls before they get here). key_lengths: `fp8_attention`'s (element b attends its first
+    key_lengths[b] keys)."""
     if torch.compiler.is_compiling():  # imported here: dynamo warns on functools.cache functions it traces
         from ..kernels.fp8_attention.op import FP8_ATTENTION, refuse_grad
 
@@ -220,11 +224,11 @@ def _fp8_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | N
         reason = _fp8_serves_reason(q, k, v, kernel=kernel)
         if reason is not None:
             raise BackendCannotServe(reason)
-        return FP8_ATTENTION(q, k, v, scale, kernel)
+        return FP8_ATTENTION(q, k, v, scale, kernel, key_lengths)
     op = _fp8_op()
     op.refuse_grad(q, k, v)
     with _FP8_CANNOT_SERVE:
-        return op.fp8_attention(q, k, v, scale=scale, kernel=kernel)
+        return op.fp8_attention(q, k, v, scale=scale, kernel=kernel, key_lengths=key_lengths)
 
 
 @dataclass(frozen=True)
@@ -255,14 +259,15 @@ def _fp8_kernel(prepared: Fp8Prepared) -> torch.Tensor:
 
 def _fp8_backend(name: str, kernel: str, description: str) -> "AttentionBackend":
     """Our FP8 kernel as a backend; `kernel` as fp8_attention takes it ("auto", "mma_sync", "sm90")."""
+    run = functools.partial(_fp8_run, kernel=kernel)
     return AttentionBackend(
-        name, description, functools.partial(_fp8_run, kernel=kernel),
+        name, description, run,
         _requirements(_needs_cuda((8, 9), "the FP8 kernel"),
                       _needs_module("dit_accel.kernels.fp8_attention", "pip install -e .[kernels]"),
                       _needs_module("cutlass.cute", "pip install nvidia-cutlass-dsl")),
         routed=True,
         phases=TwoPhases(prepare=functools.partial(_fp8_prepare, kernel=kernel), kernel=_fp8_kernel),
-        serves_reason=functools.partial(_fp8_serves_reason, kernel=kernel))
+        serves_reason=functools.partial(_fp8_serves_reason, kernel=kernel), run_key_lengths=run)
 
 
 # --- FlashAttention-3 (the fa3-fwd package, sm_90a): bf16, and FP8 with its own quantization --------

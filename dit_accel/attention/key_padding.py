@@ -9,12 +9,23 @@ go to the backend unmasked, one call for the batch when every element keeps the 
 mask drops (the text padding's own rows) are answered by torch's SDPA with their mask rows, as diffusers'
 default backend answers them.
 
-Which rows are kept is read from the mask on the host (a few syncs per call), so the work is a custom op,
-`torch.ops.dit_accel.key_padded_attention`: torch.compile sees one opaque node and no graph break; CUDA
-graphs cannot capture it. A mask that is not key padding in value (a bias other than 0 or <= -1e4, rows
-that differ across heads, a joint mask that is not an outer product, a batch element with no kept key) is
-answered inside the op by torch's SDPA with the mask, as diffusers' default backend would answer it; the
-router counts such a call as served, since only the op sees the values.
+Two ways to find the kept keys:
+
+- On the device (`attend_kept_keys`), for a boolean mask with one row for every query ([B or 1, 1, 1, S]:
+  HunyuanVideo's, Motif-Video's) and a backend that takes per-element key lengths (`run_key_lengths`: our FP8
+  kernel): each element's kept keys move to the front in their order, the dropped ones behind them zeroed
+  (so they add nothing to the FP8 scales either), and the kernel reads each element's count on the device.
+  No host sync: torch.compile traces it as ordinary ops (inductor fuses the gather), CUDA graphs can capture
+  it, and a streamed or compiled pass keeps the GPU fed (reading the mask on the host at every call left
+  1-3 ms of GPU idle per HunyuanVideo block). Any boolean key mask is key padding in value; an element that
+  keeps no key gets zero rows, as torch's SDPA gives it.
+- On the host (`key_padded_attention`, everything else: bias masks, joint masks, backends without key
+  lengths): which rows are kept is read from the mask (a few syncs per call), so the work is a custom op,
+  `torch.ops.dit_accel.key_padded_attention`: torch.compile sees one opaque node and no graph break; CUDA
+  graphs cannot capture it. A mask that is not key padding in value (a bias other than 0 or <= -1e4, rows
+  that differ across heads, a joint mask that is not an outer product, a batch element with no kept key) is
+  answered inside the op by torch's SDPA with the mask, as diffusers' default backend would answer it; the
+  router counts such a call as served, since only the op sees the values.
 """
 from __future__ import annotations
 
@@ -39,6 +50,29 @@ def shape_reason(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> 
             or mask.shape[1] not in (1, heads) or mask.shape[3] != key.shape[1]:
         return f"{list(mask.shape)}, not key padding"
     return None
+
+
+def device_lengths_reason(mask: torch.Tensor) -> str | None:
+    """Why a key-padding mask (`shape_reason` passed) is not one `attend_kept_keys` serves, or None: a boolean
+    mask with one row for every query and head ([B or 1, 1, 1, S_kv]). Metadata only."""
+    if mask.dtype != torch.bool or mask.shape[1] != 1 or mask.shape[2] != 1:
+        return f"{mask.dtype} {list(mask.shape)} mask: its kept keys are read on the host"
+    return None
+
+
+def attend_kept_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
+                     run_key_lengths) -> torch.Tensor:
+    """softmax(q k^T * scale) v over the keys a boolean mask [B or 1, 1, 1, S_kv] keeps (`device_lengths_reason`),
+    [B, S, H, D] in and out, without a host sync: each element's kept keys to the front in their order (a stable
+    sort of the mask), the rest zeroed, and `run_key_lengths(q, k, v, scale, key_lengths)` told how many each
+    element keeps."""
+    kept = mask[:, 0, 0, :]  # [B or 1, S_kv]
+    order = torch.argsort(kept.logical_not().to(torch.uint8), dim=1, stable=True)  # kept keys first, in order
+    lengths = kept.sum(dim=1, dtype=torch.int32)
+    front = torch.arange(kept.shape[1], device=kept.device) < lengths[:, None]
+    index, front = order[:, :, None, None], front[:, :, None, None]
+    k, v = (torch.where(front, torch.take_along_dim(x, index, dim=1), 0) for x in (k, v))
+    return run_key_lengths(q, k, v, scale, lengths.expand(q.shape[0]).contiguous())
 
 
 Selection = slice | torch.Tensor

@@ -185,12 +185,15 @@ def _unservable_reason(arguments: dict[str, Any], key_padding_served: bool) -> s
 
 def _key_padded_attention(backend: AttentionBackend, arguments: dict[str, Any]) -> torch.Tensor:
     """A call under a key-padding mask: the backend's metadata check first (a refusal inside the op would be too
-    late to fall back), then the op that runs the backend on the kept keys."""
-    q, k, v = arguments["query"], arguments["key"], arguments["value"]
+    late to fall back), then the backend on the kept keys: found on the device where the backend takes key
+    lengths and the mask is boolean key padding, else by the op that reads them on the host (`key_padding`)."""
+    q, k, v, mask = arguments["query"], arguments["key"], arguments["value"], arguments["attn_mask"]
     reason = backend.serves_reason(q, k, v)
     if reason is not None:
         raise BackendCannotServe(reason)
-    return key_padding.KEY_PADDED_ATTENTION(q, k, v, arguments["attn_mask"], arguments["scale"], backend.name)
+    if backend.run_key_lengths is not None and key_padding.device_lengths_reason(mask) is None:
+        return key_padding.attend_kept_keys(q, k, v, mask, arguments["scale"], backend.run_key_lengths)
+    return key_padding.KEY_PADDED_ATTENTION(q, k, v, mask, arguments["scale"], backend.name)
 
 
 def _ulysses_attention(backend: AttentionBackend, arguments: dict[str, Any]) -> torch.Tensor:

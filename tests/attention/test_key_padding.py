@@ -1,6 +1,7 @@
 """Key-padding masks (`attention.key_padding`): the op against torch's masked SDPA in float64 for every mask
 kind it takes or hands back, the router serving the padded text of each family that masks it (the backend sees
-only the kept keys), calls it must not serve falling back by reason, and one graph under torch.compile."""
+only the kept keys), calls it must not serve falling back by reason, and one graph under torch.compile; boolean
+key masks found on the device for a backend that takes key lengths (no host read, no op)."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,8 @@ from testing import RecordingSdpa, small_block
 
 from dit_accel.attention import backends
 from dit_accel.attention.backends import AttentionBackend
-from dit_accel.attention.key_padding import KEY_PADDED_ATTENTION, shape_reason
+from dit_accel.attention import key_padding
+from dit_accel.attention.key_padding import KEY_PADDED_ATTENTION, attend_kept_keys, device_lengths_reason, shape_reason
 from dit_accel.attention.routing import use_attention_backend
 
 B, S, H, D = 2, 24, 3, 8
@@ -148,9 +150,9 @@ def test_one_graph_under_torch_compile(fake_backend):
 @pytest.mark.gpu
 @torch.no_grad()
 def test_the_fp8_kernel_serves_key_padding_as_it_serves_the_kept_keys():
-    """On the GPU with our kernel: the op's answer is the kernel's own on the kept keys, bit for bit, and the
-    padded keys change nothing (poisoned with huge values); under a joint mask the dropped queries get SDPA's
-    answer."""
+    """On the GPU with our kernel: the op's answer, and the answer with the kept keys found on the device, is the
+    kernel's own on the kept keys, bit for bit, and the padded keys change nothing (poisoned with huge values);
+    under a joint mask the dropped queries get SDPA's answer."""
     backend = backends.get_backend("fp8")
     device = torch.device("cuda")
     if (reason := backend.unavailable_reason(device)) is not None:
@@ -164,10 +166,100 @@ def test_the_fp8_kernel_serves_key_padding_as_it_serves_the_kept_keys():
     mask = keys.view(1, 1, 1, seq)
     assert torch.equal(KEY_PADDED_ATTENTION(q, k, v, mask, None, "fp8"),
                        backend.run(q, k[:, :kept], v[:, :kept]))
+    # found on the device: the same answer, bit for bit (both lengths take the same kernel plan)
+    assert torch.equal(attend_kept_keys(q, k, v, mask, None, backend.run_key_lengths),
+                       backend.run(q, k[:, :kept], v[:, :kept]))
     joint_mask = (keys[:, None] & keys[None, :]).view(1, 1, seq, seq)
     joint = KEY_PADDED_ATTENTION(q, k, v, joint_mask, None, "fp8")
     assert torch.equal(joint[:, :kept], backend.run(q[:, :kept], k[:, :kept], v[:, :kept]))
     torch.testing.assert_close(joint[:, kept:], _sdpa(q[:, kept:], k, v, joint_mask[:, :, kept:]))
+
+
+# --- boolean key masks, found on the device ---------------------------------------------------------------------
+
+class LengthsSdpa:
+    """A backend's `run_key_lengths` by the contract: SDPA over each element's first key_lengths[b] keys; records the
+    k and key lengths each call got."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, q, k, v, scale, key_lengths):
+        self.calls.append((k, key_lengths))
+        kept = torch.arange(k.shape[1])[None, :] < key_lengths[:, None]
+        return _sdpa(q, k, v, kept[:, None, None, :])
+
+
+@pytest.fixture
+def lengths_backend(monkeypatch):
+    """A routed backend named `fake` that takes key lengths (`LengthsSdpa`); its plain `run` must not be called."""
+    def refuse(*args):
+        raise AssertionError("a boolean key mask went to the plain run")
+
+    run_key_lengths = LengthsSdpa()
+    monkeypatch.setitem(backends.BACKENDS, "fake", AttentionBackend(
+        "fake", "test double", refuse, lambda device: None, routed=True, serves_reason=lambda q, k, v: None,
+        run_key_lengths=run_key_lengths))
+    monkeypatch.setattr(key_padding, "KEY_PADDED_ATTENTION", refuse)  # no host read of the mask either
+    return run_key_lengths
+
+
+BOOL_CASES = ["one prefix for the batch", "a prefix and gathered keys", "an element with no kept key"]
+
+
+@pytest.mark.parametrize("case", BOOL_CASES + ["one mask for the batch"])
+def test_kept_keys_found_on_the_device_are_the_kept_keys(case):
+    """Each element's kept keys first in their order, the dropped ones zeroed behind them, their count per element:
+    torch's masked SDPA in float64 (an element with none: zeros), with the dropped keys poisoned."""
+    mask = _keys(INNER)[:1] if case == "one mask for the batch" else CASES[case][0]
+    q, k, v = _qkv()
+    k, v = (x.masked_fill(~mask[:, 0, 0, :, None, None], 1e4) for x in (k, v))
+    backend = LengthsSdpa()
+    got = attend_kept_keys(q, k, v, mask, None, backend)
+    torch.testing.assert_close(got, _sdpa(q, k, v, mask), rtol=1e-12, atol=1e-12)
+    (given_k, lengths), = backend.calls
+    counts = mask[:, 0, 0].sum(dim=1).expand(B)
+    assert lengths.dtype == torch.int32 and lengths.tolist() == counts.tolist() and lengths.is_contiguous()
+    for b, count in enumerate(counts.tolist()):
+        kept = mask[b if mask.shape[0] > 1 else 0, 0, 0]
+        assert torch.equal(given_k[b, :count], k[b, kept]) and bool((given_k[b, count:] == 0).all())
+
+
+def test_the_fp8_emulation_on_kept_keys_found_on_the_device_is_itself_on_the_kept_keys():
+    """The FP8 op (its CPU emulation) given the kept keys and their counts answers bit for bit as on each element's
+    kept keys alone: the poisoned dropped keys reach neither the scores nor the FP8 scales."""
+    from dit_accel.kernels.fp8_attention.op import FP8_ATTENTION
+
+    mask = _keys(PREFIX, INNER)
+    q, k, v = (x.to(torch.bfloat16) for x in _qkv())
+    k, v = (x.masked_fill(~mask[:, 0, 0, :, None, None], 1e4) for x in (k, v))
+    got = attend_kept_keys(q, k, v, mask, None, lambda *args: FP8_ATTENTION(*args[:4], "auto", args[4]))
+    for b in range(B):
+        kept = mask[b, 0, 0]
+        assert torch.equal(got[b:b + 1], FP8_ATTENTION(q[b:b + 1], k[b:b + 1, kept], v[b:b + 1, kept], None, "auto"))
+
+
+def test_only_boolean_masks_of_one_row_are_found_on_the_device():
+    assert device_lengths_reason(_keys(PREFIX, PREFIX)) is None
+    assert device_lengths_reason(BIAS) is not None and device_lengths_reason(_joint(18, 24)) is not None
+    assert device_lengths_reason(torch.ones(B, H, 1, S, dtype=torch.bool)) is not None
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_router_serves_hunyuan_videos_text_padding_on_the_device(lengths_backend, compiled):
+    """HunyuanVideo's block under the router: every attention call served through key lengths (the host op and the
+    plain run refuse), the block's answer as without the router; compiled, one graph (fullgraph)."""
+    block, _, padded = _padded_block("hunyuan-video")
+    expected = block(**padded)
+    with use_attention_backend(block, "fake") as routed:
+        run = torch.compile(block, fullgraph=True, backend="aot_eager") if compiled else block
+        got = run(**padded)
+    torch._dynamo.reset()
+    assert routed.served_calls == 1 and routed.fallback_total == 0, routed.fallback_calls
+    kept = int(padded["attention_mask"].sum())
+    assert [lengths.tolist() for _, lengths in lengths_backend.calls][-1:] == [[kept]]
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-5)
 
 
 def test_the_op_is_tagged_cudagraph_unsafe():
