@@ -106,7 +106,8 @@ class Ceilings:
     device-to-device copy, counting bytes read plus bytes written, GB/s.  fp8_gemm_tflops: the
     same GEMM on e4m3 operands with per-row scales, as torchao's FP8 linears run it (`_fp8_gemm`),
     TFLOP/s; None where it was not measured, and `fp8_gemm_unavailable` says why (no CUDA GPU, no
-    FP8 tensor cores, or `torch._scaled_mm` refused).
+    FP8 tensor cores, or `torch._scaled_mm` refused). host_link_gbps: a copy from pinned host memory onto the
+    GPU, bytes copied, GB/s (what streaming blocks from the host moves at; None on the CPU).
     """
 
     dtype: str
@@ -116,6 +117,7 @@ class Ceilings:
     copy_bytes: int
     fp8_gemm_tflops: float | None = None
     fp8_gemm_unavailable: str | None = None
+    host_link_gbps: float | None = None
 
     def gemm_ceiling(self, precision: str) -> tuple[str, float | None]:
         """(name, TFLOP/s) of the ceiling matmul work in `precision` is rated against: `FP8` work against
@@ -134,11 +136,12 @@ def _cache_path() -> Path:
 
 
 # Bumped whenever the measurement changes, so values measured the old way are not reused.
-_CEILINGS_METHOD = 3  # 2: fastest of the runs, 2048^3 GEMM on the CPU; 3: the FP8 GEMM on sm_89+
+_CEILINGS_METHOD = 4  # 2: fastest of the runs, 2048^3 GEMM on the CPU; 3: the FP8 GEMM on sm_89+; 4: the host link
 
 # Per device type: (the GEMMs' n of n x n x n, elements copied). On a GPU: 2^29 elements (1 GiB in bf16)
 # copied, far past any L2; on a CPU: a few seconds' worth.
 CEILING_SIZES = {"cuda": (8192, 2**30), "cpu": (2048, 2**26)}
+HOST_LINK_BYTES = 2**28  # pinned host memory copied onto the GPU per timed run: a block's worth, ~5 ms over PCIe 5
 
 
 def _cache_key(info: DeviceInfo, dtype: torch.dtype) -> str:
@@ -223,7 +226,16 @@ def measure_ceilings(device: torch.device, dtype: torch.dtype) -> Ceilings:
         copy_bytes=copy_bytes,
         fp8_gemm_tflops=fp8_tflops,
         fp8_gemm_unavailable=fp8_unavailable,
+        host_link_gbps=_host_link_gbps(device) if device.type == "cuda" else None,
     )
+
+
+def _host_link_gbps(device: torch.device) -> float:
+    """GB/s of the fastest of a few copies of HOST_LINK_BYTES from pinned host memory onto `device`."""
+    host = torch.empty(HOST_LINK_BYTES, dtype=torch.uint8, pin_memory=True)
+    on_device = torch.empty(HOST_LINK_BYTES, dtype=torch.uint8, device=device)
+    copy = time_region(lambda: on_device.copy_(host, non_blocking=True), device=device, warmup=2, runs=5)
+    return HOST_LINK_BYTES / (copy.min_ms * 1e-3) / 1e9
 
 
 def device_ceilings(device: torch.device, dtype: torch.dtype, *, refresh: bool = False) -> tuple[Ceilings, bool]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dit_accel import device
-from dit_accel.device import device_ceilings, parse_bytes
+from dit_accel.device import device_ceilings, measure_ceilings, parse_bytes
 from dit_accel.errors import UserError
 
 
@@ -43,6 +43,15 @@ def test_the_cpu_has_no_fp8_ceiling_and_says_why():
     assert ceilings.fp8_gemm_unavailable == "no CUDA GPU: FP8 GEMMs need a CUDA GPU of compute capability 8.9+"
     assert ceilings.gemm_ceiling("fp8") == ("FP8 GEMM", None)
     assert ceilings.gemm_ceiling("float32") == ("float32 GEMM", ceilings.gemm_tflops)
+    assert ceilings.host_link_gbps is None  # no host link to a GPU
+
+
+@pytest.mark.gpu
+def test_a_gpu_measures_its_host_link():
+    """The pinned copy onto the GPU, at most what a PCIe 5.0 x16 link carries (64 GB/s a direction) plus NVLink-C2C's
+    450 on a Grace host; at least 1 GB/s."""
+    ceilings = measure_ceilings(torch.device("cuda"), torch.bfloat16)
+    assert 1 < ceilings.host_link_gbps < 500
 
 
 @pytest.mark.parametrize("capability, reason", [((8, 0), "NVIDIA A100 is sm_80: FP8 GEMMs need a CUDA GPU of "

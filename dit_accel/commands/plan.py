@@ -44,7 +44,8 @@ class SkipRatio(FiniteFloat):
 @click.option("--memory-budget", type=MemorySize(), default=None,
               help="Predict streaming the blocks from host memory under this budget (e.g. 16GiB).")
 @click.option("--host-link-gbps", type=FiniteFloat(1), default=None,
-              help="Host-to-GPU GB/s for streaming (default: the GPU's datasheet host link, per direction).")
+              help="Host-to-GPU GB/s for streaming (default: the pinned copy the run measured with its ceilings, "
+                   "else the GPU's datasheet host link, per direction).")
 @click.option("--gpus", type=AtLeast(1), default=1, show_default=True,
               help="Predict Ulysses context parallelism over this many GPUs.")
 @click.option("--link-gbps", type=FiniteFloat(1), default=None,
@@ -68,7 +69,9 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     baseline = read_baseline(run)
     here = gpu_of_device(baseline.device_name)
     targets = [gpu_named(key.strip()) for key in gpu_keys.split(",")] if gpu_keys else list(datasheets()[1].values())
-    if here is None and ((memory_budget and host_link_gbps is None) or (gpus > 1 and link_gbps is None)):
+    rates = Rates.of(baseline)
+    if here is None and ((memory_budget and host_link_gbps is None and rates.host_link is None)
+                         or (gpus > 1 and link_gbps is None)):
         raise UserError(f"{baseline.device_name} is not in the datasheet table: pass --host-link-gbps (with "
                         "--memory-budget) and --link-gbps (with --gpus)")
     if gpus > 1 and link_gbps is None and here is not None and here.nvlink_gbps is None:
@@ -92,7 +95,7 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
                 verified.streamed += streamed_passes(read_run(stream_run), stream_run)
                 verified_in.append(str(stream_run))
         baseline = verified
-    rates = Rates.of(baseline)
+        rates = Rates.of(baseline)
     crossover = packaged_for_gpu(baseline.device_name)
     plan_data = build_plan(baseline, rates, crossover, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,
                            cache_skip)
@@ -202,7 +205,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
         knobs_rows.append(row)
         sets[knobs] = ({stack: block.ms for stack, block in blocks.items()}, pass_ms)
     full = max(sets, key=len)
-    knobs_rows += _scaling_rows(baseline, here, sets, full, memory_budget, host_link_gbps, gpus, link_gbps,
+    knobs_rows += _scaling_rows(baseline, here, rates, sets, full, memory_budget, host_link_gbps, gpus, link_gbps,
                                 cache_skip)
 
     gpu_rows = []
@@ -225,22 +228,23 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
             where = fits(baseline, knobs, target.memory_gb * 1e9)
             block_ms = {s: ms for s, (ms, _) in scaled.items()}
             pass_ms = pass_ms_of(baseline, block_ms)
+            link = rates.host_link_there(here, target)
             if where == "streamed":
-                pass_ms = streamed_pass_ms(baseline, knobs, block_ms, target.host_link_gbps)
+                pass_ms = streamed_pass_ms(baseline, knobs, block_ms, link)
                 memory = streamed_bytes(baseline, knobs)
             row.update({"block_ms": {s: round(v, 2) for s, v in block_ms.items()}, "pass_ms": round(pass_ms, 1),
                         "video_s": round(video_seconds(baseline, pass_ms), 1) if where != "no" else None,
                         "memory_gib": round(memory / GIB, 2), "fits": where,
                         "note": {"model": "", "no": "neither the model nor two blocks fit",
-                                 "streamed": f"blocks streamed over {target.host_link} "
-                                             f"({target.host_link_gbps:g} GB/s)"}[where]})
+                                 "streamed": f"blocks streamed over {target.host_link} ({link:.3g} GB/s)"}[where]})
             gpu_rows.append(row)
     ranking = sorted((row for row in knobs_rows if row["knobs"] in ("fp8-attention", "fp8-linear", "compile")),
                      key=lambda row: row["video_s"])
     return {
         "run": str(baseline.run_dir), "device": baseline.device_name, "baseline_recipe": baseline.recipe,
         "rates_here": {"bf16_gemm_tflops": rates.bf16, "fp8_gemm_tflops": rates.fp8, "copy_gbps": rates.copy,
-                       "gemm_efficiency": rates.gemm_efficiency, "memory_efficiency": rates.memory_efficiency},
+                       "gemm_efficiency": rates.gemm_efficiency, "memory_efficiency": rates.memory_efficiency,
+                       "host_link_gbps": rates.host_link},
         "crossover": crossover.source if crossover else None,
         "video": {"steps": baseline.steps, "passes_per_step": baseline.passes, "outside_ms": baseline.outside_ms,
                   "outside_source": baseline.outside_source},
@@ -280,7 +284,7 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], pass_ms:
     name = knobs_label(knobs)
     where = fits(baseline, knobs, budget.nbytes)
     predicted = streamed_pass_ms(baseline, knobs, block_ms, link)
-    model = f"each block the longer of its compute and its copy at {link:g} GB/s, the first copy not hidden"
+    model = f"each block the longer of its compute and its copy at {link:.3g} GB/s, the first copy not hidden"
     if where == "model":
         model += f"; the model also fits resident ({pass_ms:.0f} ms a pass, its knob row)"
     row = {"knobs": f"{name} + stream under {budget.text}", "gpu": baseline.device_name,
@@ -298,7 +302,7 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], pass_ms:
     return row
 
 
-def _scaling_rows(baseline, here, sets, full, memory_budget, host_link_gbps, gpus, link_gbps,
+def _scaling_rows(baseline, here, rates, sets, full, memory_budget, host_link_gbps, gpus, link_gbps,
                   cache_skip) -> list[dict]:
     """Streaming of the baseline, of our FP8 attention alone and of the full recipe (what --verify streams too);
     context parallelism and step caching on top of the full recipe. sets: knob set -> (block ms by stack, pass
@@ -309,7 +313,7 @@ def _scaling_rows(baseline, here, sets, full, memory_budget, host_link_gbps, gpu
     name = knobs_label(full)
     rows = []
     if memory_budget is not None:
-        link = host_link_gbps or here.host_link_gbps
+        link = host_link_gbps or rates.host_link or here.host_link_gbps  # the flag, what was measured, the datasheet
         for streamed in streamed_knob_sets():
             streamed_blocks, streamed_pass = sets[streamed]
             rows.append(_stream_row(baseline, streamed, streamed_blocks, streamed_pass, memory_budget, link))

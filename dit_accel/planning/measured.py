@@ -60,7 +60,7 @@ class Baseline:
     attention_backend: str
     device_name: str
     device_memory_gib: float
-    ceilings: dict[str, float]  # bf16 and fp8 GEMM TFLOP/s, copy GB/s, measured at the start of the run
+    ceilings: dict[str, float | None]  # bf16 and fp8 GEMM TFLOP/s, copy and host link GB/s, measured at the run's start
     stacks: list[StackBaseline]
     outside_ms: float
     outside_source: str
@@ -120,7 +120,8 @@ def read_baseline(folder: Path) -> Baseline:
     ceilings = report["ceilings"]
     baseline = Baseline(
         folder, first, parse_recipe(first).backend, report["device"]["name"], report["device"]["total_memory_gib"],
-        {"bf16": ceilings["gemm_tflops"], "fp8": ceilings.get("fp8_gemm_tflops"), "copy": ceilings["copy_gbps"]},
+        {"bf16": ceilings["gemm_tflops"], "fp8": ceilings.get("fp8_gemm_tflops"), "copy": ceilings["copy_gbps"],
+         "host_link": ceilings.get("host_link_gbps")},
         stacks, extrapolation["outside_ms"], extrapolation["outside_source"], extrapolation["steps"],
         extrapolation["guidance_passes"], max(r["peak_memory_bytes"] or 0 for r in base_runs),
         (report.get("memory_estimate") or {}).get("outside_bytes", 0), report["dtype"])

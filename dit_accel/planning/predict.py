@@ -9,10 +9,14 @@ knob changes, each by one stated model:
     time where the data measured the baseline faster (the router sends such calls there) and where our kernel
     does not serve it (head dims other than 64 and 128).
   - FP8 linears: the FP8 linears' FLOPs at the FP8 GEMM ceiling, the rest at the bf16 one, both at the fraction
-    of its ceiling this run's bf16 GEMMs reached; plus the activations' quantization (torchao, per row) at the
-    best rate a memory-bound kind reached in this run: compiled, 5 bytes an element (inductor's amax pass reads
-    2, its quantize pass reads 2 and writes 1); eager, 25 (torchao's own ops, one pass each: abs 2 + 2, amax 2,
-    the fp32 divide 2 + 4, clamp 4 + 4, the e4m3 cast 4 + 1).
+    of its ceiling this run's linears' GEMMs reached (the GEMM time nn.Linear launched, `linear_ms`; a report from
+    before it was measured: all GEMM time), other matmuls as measured; plus the activations' quantization (torchao,
+    per row) at the best rate a memory-bound kind reached in this run: compiled, 5 bytes an element (inductor's
+    amax pass reads 2, its quantize pass reads 2 and writes 1); eager, 25, an effective figure: torchao's own ops
+    move 33 bytes an element as the H200 profiled them (abs 2 + 2, amax 2, to float32 2 + 4, the scale's multiply
+    4 + 4, clamp 4 + 4, the e4m3 cast 4 + 1), but with 33 the FP8-linear rows of H3, Wan, HunyuanVideo and
+    SkyReels-V2 missed by up to +6.8% (their verify runs on the H200, 2026-12-03) where 25 misses every family
+    checked by at most 4.8%, LTX-Video (-8.5%) and SANA-Video (its convolutions) aside.
   - torch.compile: the memory-bound kinds (norms, RoPE, modulation, copies) as fused chains, which read what the
     compute-bound ops wrote and write what they read: the distinct linear inputs, the linear outputs and the
     attention's q, k, v, 2 bytes an element, at that same best memory-bound rate.
@@ -35,8 +39,9 @@ ROOFLINE_FP8_ATTENTION = 0.537  # ours at B1 H56 S30272 D128 on the H200: 848 TF
 KNOB_MODELS = {
     "fp8-attention": "attention calls at our kernel's rate at the nearest crossover point (prep included); calls "
                      "routed to the baseline there and head dims other than 64/128 unchanged",
-    "fp8-linear": "FP8 linears' FLOPs at the FP8 GEMM ceiling x this run's GEMM efficiency, plus their inputs' "
-                  "quantization (25 B/element eager, 5 compiled) at this run's best memory-bound rate",
+    "fp8-linear": "FP8 linears' FLOPs at the FP8 GEMM ceiling x this run's linear GEMM efficiency, other matmuls "
+                  "as measured, plus their inputs' quantization (25 B/element eager, 5 compiled) at this run's best "
+                  "memory-bound rate",
     "compile": "memory-bound kinds fused: linear inputs and outputs and attention q/k/v once (2 B/element) at "
                "this run's best memory-bound rate",
 }
@@ -51,6 +56,7 @@ class Rates:
     copy: float  # GB/s
     gemm_efficiency: float
     memory_efficiency: float
+    host_link: float | None = None  # GB/s from pinned host memory, measured (None: a report from before it was)
 
     @classmethod
     def of(cls, baseline: Baseline) -> "Rates":
@@ -58,11 +64,20 @@ class Rates:
         for stack in baseline.stacks:
             for kind, c in stack.categories.items():
                 if kind == "gemm" and c.get("flops") and c["ms"]:
-                    gemm_rates.append(c["flops"] / (c["ms"] * 1e9) / baseline.ceilings["bf16"])
+                    gemm_rates.append(c["flops"] / (_linear_ms(c) * 1e9) / baseline.ceilings["bf16"])
                 elif c.get("bytes_est") and c["ms"]:
                     memory_rates.append(c["bytes_est"] / (c["ms"] * 1e6) / baseline.ceilings["copy"])
         return cls(baseline.ceilings["bf16"], baseline.ceilings["fp8"], baseline.ceilings["copy"],
-                   min(1.0, max(gemm_rates, default=1.0)), min(1.0, max(memory_rates, default=1.0)))
+                   min(1.0, max(gemm_rates, default=1.0)), min(1.0, max(memory_rates, default=1.0)),
+                   baseline.ceilings.get("host_link"))
+
+    def host_link_there(self, here: Gpu | None, there: Gpu) -> float:
+        """GB/s a streamed block moves at from host memory on `there`: the datasheet's link times the fraction of
+        this GPU's datasheet link measured here (the datasheet's alone without a measurement or a datasheet here);
+        on this GPU itself, the measurement."""
+        if self.host_link is None or here is None:
+            return there.host_link_gbps
+        return there.host_link_gbps * self.host_link / here.host_link_gbps
 
 
 @dataclass
@@ -96,6 +111,12 @@ def _fp8_attention_ms(call: dict[str, Any], baseline_backend: str, crossover,
     if fp8_ceiling:
         return call["flops"] / (ROOFLINE_FP8_ATTENTION * fp8_ceiling * 1e9)
     return None
+
+
+def _linear_ms(gemm: dict[str, Any]) -> float:
+    """The GEMM time the block's nn.Linear layers launched (what the linears' FLOPs ran in); all of it in a report
+    from before that was measured."""
+    return gemm.get("linear_ms") or gemm["ms"]
 
 
 def _distinct_linear_inputs(linears: list[dict[str, Any]]) -> int:
@@ -132,7 +153,7 @@ def predict_block(stack: StackBaseline, baseline: Baseline, knobs: frozenset[str
                             for lin in stack.linears if lin["fp8"])
             rest = max(0.0, gemm["flops"] - fp8_flops)
             parts["gemm (fp8)"] = fp8_flops / (rates.fp8 * rates.gemm_efficiency * 1e9)
-            parts["gemm"] = rest / (rates.bf16 * rates.gemm_efficiency * 1e9)
+            parts["gemm"] = rest / (rates.bf16 * rates.gemm_efficiency * 1e9) + gemm["ms"] - _linear_ms(gemm)
             bound.update({"gemm (fp8)": "fp8", "gemm": "bf16"})
             elements = sum(lin["rows"] * lin["in_features"] for lin in stack.linears if lin["fp8"])
             per_element = QUANTIZE_BYTES_PER_ELEMENT["compiled" if "compile" in knobs else "eager"]
@@ -163,6 +184,8 @@ ASSUMPTIONS = (
     "datasheet's dense tensor rate, memory-bound work by its bandwidth); kernel gaps and host time unchanged",
     "FP8 attention elsewhere: our sm_90 kernel's efficiency carried over; on sm_89 and sm_120 (RTX 4090, 5080, "
     "5090, PRO 6000, L40S) the package runs its mma.sync kernel instead, not measured there",
+    "streaming: the host link measured here (a pinned copy onto the GPU), elsewhere the datasheet's link at the "
+    "fraction of this GPU's datasheet link measured here",
     "memory: every block's weights, the transformer outside them and the measured block's activations; FP8 linears "
     "keep one byte a weight; 'streamed' when two blocks, the rest and the activations fit",
     "video time: the run's steps x passes per step x the pass (blocks x block time + outside the blocks)",

@@ -92,6 +92,23 @@ def test_predictions_reproduce_the_models_by_hand_and_exactly_twice(tmp_path):
     assert "compile + fp8-linear" in first.output and "b200" in first.output
 
 
+def test_fp8_linears_change_only_the_gemm_time_the_linears_launched(tmp_path):
+    """A report whose GEMM time is 20 ms from the linears and 10 from other matmuls (linear_ms): the linears' FLOPs
+    ran at 15e12 / 20 ms = 750 TFLOP/s, 0.75 of the bf16 ceiling, the efficiency the FP8 ones get; the other
+    matmuls keep their 10 ms."""
+    run = _report(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    report["runs"][0]["categories"]["gemm"]["linear_ms"] = 20.0
+    (run / "report.json").write_text(json.dumps(report))
+    result = _plan(run, "--gpu", "h200", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert plan["rates_here"]["gemm_efficiency"] == 0.75
+    parts = next(r for r in plan["knobs"] if r["knobs"] == "fp8-linear")["parts_ms"]["blocks"]
+    assert parts["gemm (fp8)"] == round(1e10 / (2000 * 0.75 * 1e9), 2)
+    assert parts["gemm"] == round((15e12 - 1e10) / (1000 * 0.75 * 1e9) + 10.0, 2)
+
+
 def test_another_gpu_that_holds_two_blocks_but_not_the_model_streams_them(tmp_path):
     run = _report(tmp_path)
     report = json.loads((run / "report.json").read_text())
@@ -111,6 +128,31 @@ def test_another_gpu_that_holds_two_blocks_but_not_the_model_streams_them(tmp_pa
     for row, block_bytes in ((base, 2 * GB), (full, fp8_block)):
         copy_ms = block_bytes / link
         assert row["pass_ms"] == pytest.approx(10 * max(row["block_ms"]["blocks"], copy_ms) + copy_ms, abs=0.1)
+
+
+def test_the_host_link_the_run_measured_streams_here_and_scales_the_datasheets_elsewhere(tmp_path):
+    """A report whose ceilings hold a measured host link (half the H200's 64 GB/s datasheet figure): this GPU's
+    streamed rows copy at it, another GPU's at its datasheet link times the same half; --host-link-gbps still wins."""
+    run = _report(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    report["ceilings"]["host_link_gbps"] = 32.0
+    report["blocks"]["blocks"]["param_bytes"] = 2 * GB  # streamed on the RTX 5080 (see the test above)
+    (run / "report.json").write_text(json.dumps(report))
+    result = _plan(run, "--gpu", "rtx-5080", "--memory-budget", "8GiB", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert plan["rates_here"]["host_link_gbps"] == 32.0
+    stream = next(r for r in plan["knobs"] if r["knobs"] == "baseline + stream under 8GiB")
+    assert stream["pass_ms"] == 10 * 100.0 + 2 * GB / 32e6 and "at 32 GB/s" in stream["model"]  # 62.5 ms copies
+    there = datasheets()[1]["rtx-5080"].host_link_gbps * 32.0 / datasheets()[1]["h200"].host_link_gbps
+    base = next(r for r in plan["gpus"] if r["knobs"] == "baseline")
+    assert base["fits"] == "streamed" and f"({there:.3g} GB/s)" in base["note"]
+    copy_ms = 2 * GB / (there * 1e6)
+    assert base["pass_ms"] == pytest.approx(10 * max(base["block_ms"]["blocks"], copy_ms) + copy_ms, abs=0.1)
+    flagged = _plan(run, "--memory-budget", "8GiB", "--host-link-gbps", "10", "--out", tmp_path / "q")
+    rows = json.loads((tmp_path / "q" / "plan.json").read_text())["knobs"]
+    assert flagged.exit_code == 0 and next(r for r in rows if r["knobs"] == "baseline + stream under 8GiB")[
+        "pass_ms"] == round(11 * 2 * GB / 10e6, 1)
 
 
 def test_fp8_attention_follows_the_crossover_the_router_reads(tmp_path):
