@@ -104,6 +104,8 @@ def category_rows(profile: BlockProfile, timed_ms: float, work_flops: dict[str, 
         kernel_ms = scale * sums["time_us"] / 1e3
         row: dict[str, Any] = {"ms": kernel_ms, "share_pct": 100 * kernel_ms / timed_ms if timed_ms else 0.0}
         if category in MATMUL_CATEGORIES:
+            if category == "gemm":  # what FP8 linears change (`planning.predict`); the rest: other matmuls
+                row["linear_ms"] = scale * sums["linear_time_us"] / 1e3
             flops = work_flops.get(category)
             if flops:
                 row.update(_matmul_rows(kernel_ms, scale * sums["fp8_time_us"] / 1e3, flops,

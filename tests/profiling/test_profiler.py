@@ -156,6 +156,41 @@ def test_gpu_work_is_attributed_through_the_runtime_call_that_launched_it():
     assert sum(r.time_us for r in records.values()) == 520.0  # each piece of work counted once
 
 
+def test_gemm_kernels_are_told_apart_by_the_op_that_launched_them():
+    """One GEMM kernel name, three launchers in one range: under an nn.Linear (aten::linear) its time is the linears'
+    (`linear_time_us`, what FP8 linears change), under a 1x1 convolution it is conv work, under a bare matmul it is
+    a GEMM no linear launched."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from dit_accel.profiling.profiler import _collect
+
+    def cpu(name, parent, id=0):
+        return SimpleNamespace(name=name, device_type=DeviceType.CPU, cpu_parent=parent, id=id,
+                               self_cpu_time_total=1.0)
+
+    def gpu(name, id, us):
+        return SimpleNamespace(name=name, device_type=DeviceType.CUDA, id=id, is_user_annotation=False,
+                               time_range=SimpleNamespace(start=0.0, end=us))
+
+    ffn = cpu("dit-accel/ffn", None)
+    linear = cpu("aten::linear", ffn)
+    addmm = cpu("aten::addmm", linear)
+    conv = cpu("aten::convolution", ffn)
+    cudnn = cpu("aten::cudnn_convolution", cpu("aten::_convolution", conv))
+    bmm = cpu("aten::bmm", cpu("aten::matmul", ffn))
+    events = [ffn, linear, addmm, conv, cudnn, bmm,
+              cpu("cudaLaunchKernel", addmm, id=1), gpu("nvjet_sm90_tst", 1, 100.0),
+              cpu("cudaLaunchKernel", cudnn, id=2), gpu("nvjet_sm90_tst", 2, 30.0),
+              cpu("cudaLaunchKernel", bmm, id=3), gpu("nvjet_sm90_tst", 3, 7.0)]
+    records = _collect(SimpleNamespace(events=lambda: events), 1, "cuda", "body", {})
+    by_category = {r.category: r for r in records}
+    assert set(by_category) == {"gemm", "conv"} and len(records) == 2
+    assert by_category["gemm"].time_us == 107.0 and by_category["gemm"].linear_time_us == 100.0
+    assert by_category["conv"].time_us == 30.0 and by_category["conv"].linear_time_us == 0.0
+
+
 def test_validate_runs_every_chained_block_on_the_chosen_backend(small_h3, fake_backend):
     from dit_accel.patching.recipe import parse_recipe
     from dit_accel.profiling.validate import validate_chain
