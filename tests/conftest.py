@@ -6,8 +6,18 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
-import torch
+import sys
+
+# `python -m pytest` (and `python -c` in the tests' subprocesses) put the working directory on sys.path: in the
+# repository's root its kernels/ folder would shadow Hugging Face's `kernels` package, which transformers imports
+# (`dit_accel/__main__.py` says more). Nothing here imports from the working directory: drop it, and keep it off
+# the subprocesses' paths (PYTHONSAFEPATH, Python 3.11+).
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+os.environ["PYTHONSAFEPATH"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     # Without a GPU, Triton kernels run only in Triton's interpreter (the FP8 prep's tests), and `triton.jit`
