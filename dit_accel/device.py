@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -145,7 +146,9 @@ HOST_LINK_BYTES = 2**28  # pinned host memory copied onto the GPU per timed run:
 
 
 def _cache_key(info: DeviceInfo, dtype: torch.dtype) -> str:
-    return f"{info.name}|{info.capability}|torch {info.torch_version}|{dtype}|method {_CEILINGS_METHOD}"
+    """Per GPU model, torch version, dtype and method, and per host: the host link is the machine's, not the GPU's."""
+    return (f"{info.name}|{info.capability}|torch {info.torch_version}|{dtype}|method {_CEILINGS_METHOD}"
+            f"|host {socket.gethostname()}")
 
 
 def fp8_gemm_unavailable_reason(device: torch.device) -> str | None:

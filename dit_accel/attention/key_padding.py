@@ -52,11 +52,11 @@ def shape_reason(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> 
     return None
 
 
-def device_lengths_reason(mask: torch.Tensor) -> str | None:
+def device_lengths_reason(mask: torch.Tensor, query: torch.Tensor) -> str | None:
     """Why a key-padding mask (`shape_reason` passed) is not one `attend_kept_keys` serves, or None: a boolean
-    mask with one row for every query and head ([B or 1, 1, 1, S_kv]). Metadata only."""
-    if mask.dtype != torch.bool or mask.shape[1] != 1 or mask.shape[2] != 1:
-        return f"{mask.dtype} {list(mask.shape)} mask: its kept keys are read on the host"
+    mask with one row for every query and head ([B or 1, 1, 1, S_kv]) on the query's device. Metadata only."""
+    if mask.dtype != torch.bool or mask.shape[1] != 1 or mask.shape[2] != 1 or mask.device != query.device:
+        return f"{mask.dtype} {list(mask.shape)} mask on {mask.device}: its kept keys are read on the host"
     return None
 
 

@@ -191,7 +191,7 @@ def _key_padded_attention(backend: AttentionBackend, arguments: dict[str, Any]) 
     reason = backend.serves_reason(q, k, v)
     if reason is not None:
         raise BackendCannotServe(reason)
-    if backend.run_key_lengths is not None and key_padding.device_lengths_reason(mask) is None:
+    if backend.run_key_lengths is not None and key_padding.device_lengths_reason(mask, q) is None:
         return key_padding.attend_kept_keys(q, k, v, mask, arguments["scale"], backend.run_key_lengths)
     return key_padding.KEY_PADDED_ATTENTION(q, k, v, mask, arguments["scale"], backend.name)
 

@@ -84,6 +84,9 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     if verify:  # runs of their own (profile-block's folders, names and messages), the plan made from them
         verify_run = _verify_run(run, baseline, DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify"))
         verified, verified_in = read_baseline(verify_run), [str(verify_run)]
+        for label, why in read_run(verify_run).get("recipes_left_out", {}).items():
+            not_verified.append(f"{label}: {why}")
+            console.print(f"[yellow]note:[/yellow] --verify left {label} out: {why}")
         for recipe in _streamed_recipes(verified) if memory_budget is not None else ():
             try:
                 stream_run = _verify_streaming(run, verified, recipe, memory_budget,
@@ -128,8 +131,10 @@ def _verify_run(run: Path, baseline, out: Path) -> Path:
     options = _rerun_options(run, baseline)
     recipes = [name for name in (_recipe_of(knobs, baseline) for knobs in knob_sets())
                if _runs_here(name, baseline, f"--verify leaves {name} out")]
-    console.print(f"[dim]--verify: profile-block {' '.join(options)} --compare-attn {','.join(recipes)}[/dim]")
-    profile_block.main([*options, "--compare-attn", ",".join(recipes), "--out", str(out)], standalone_mode=False)
+    console.print(f"[dim]--verify: profile-block {' '.join(options)} --compare-attn {','.join(recipes)} "
+                  f"--keep-going[/dim]")
+    profile_block.main([*options, "--compare-attn", ",".join(recipes), "--keep-going", "--out", str(out)],
+                       standalone_mode=False)
     return out
 
 
@@ -236,7 +241,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
                         "video_s": round(video_seconds(baseline, pass_ms), 1) if where != "no" else None,
                         "memory_gib": round(memory / GIB, 2), "fits": where,
                         "note": {"model": "", "no": "neither the model nor two blocks fit",
-                                 "streamed": f"blocks streamed over {target.host_link} ({link:.3g} GB/s)"}[where]})
+                                 "streamed": f"blocks streamed over {target.host_link} ({link:.4g} GB/s)"}[where]})
             gpu_rows.append(row)
     ranking = sorted((row for row in knobs_rows if row["knobs"] in ("fp8-attention", "fp8-linear", "compile")),
                      key=lambda row: row["video_s"])
@@ -284,7 +289,7 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], pass_ms:
     name = knobs_label(knobs)
     where = fits(baseline, knobs, budget.nbytes)
     predicted = streamed_pass_ms(baseline, knobs, block_ms, link)
-    model = f"each block the longer of its compute and its copy at {link:.3g} GB/s, the first copy not hidden"
+    model = f"each block the longer of its compute and its copy at {link:.4g} GB/s, the first copy not hidden"
     if where == "model":
         model += f"; the model also fits resident ({pass_ms:.0f} ms a pass, its knob row)"
     row = {"knobs": f"{name} + stream under {budget.text}", "gpu": baseline.device_name,

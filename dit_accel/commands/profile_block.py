@@ -136,6 +136,9 @@ class _TerminalProgress(SessionProgress):
               help="Comma-separated attention names to run side by side, e.g. cudnn,fa4,fp8,fp8+rope.")
 @linear_option()
 @compile_option()
+@click.option("--keep-going", is_flag=True,
+              help="Leave out, with a note, a recipe torch cannot compile on this block, instead of stopping "
+                   "(the first recipe still has to run).")
 @click.option("--warmup", type=AtLeast(0), default=3, show_default=True)
 @click.option("--runs", type=AtLeast(1), default=10, show_default=True, help="Timed runs; the median is reported.")
 @click.option("--steps", type=AtLeast(1), default=None,
@@ -181,9 +184,9 @@ class _TerminalProgress(SessionProgress):
 @click.option("--json", "as_json", is_flag=True,
               help="Print report.json's content to stdout and nothing else there (progress and warnings go to stderr).")
 def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height, width, batch, dtype, attn,
-                  compare_attn, linear, compile_mode, warmup, runs, steps, guidance_passes, outside_ms, outside_mode,
-                  stages, text_encoder_config, validate_blocks, offload, memory_budget, trace, device_name, seed,
-                  refresh_ceilings, out, quiet, as_json):
+                  compare_attn, linear, compile_mode, keep_going, warmup, runs, steps, guidance_passes, outside_ms,
+                  outside_mode, stages, text_encoder_config, validate_blocks, offload, memory_budget, trace,
+                  device_name, seed, refresh_ceilings, out, quiet, as_json):
     """Profile ONE transformer block: per-op and per-module time, memory, and the whole-model extrapolation.
 
     With no options: the MiniMax-H3 block at S=30272 in bf16 on the GPU, synthetic weights. Without a GPU:
@@ -262,7 +265,7 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
         measure_outside=outside_mode == "measure" or bool((stages or validate_model) and outside_ms is None),
         validate_blocks=validate_blocks, validate_model=validate_model,
         offload=offload, memory_budget=memory_budget.text if memory_budget else None, trace=trace, seed=seed,
-        scaled_down=scaled_down, stages=stage_specs)
+        scaled_down=scaled_down, stages=stage_specs, keep_going=keep_going)
 
     staged = StagedRun(out or DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", adapter.family),
                        numbered=out is None)
@@ -276,8 +279,8 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
     try:
         with progress as shown, staged as run_dir:
             # Measured (once per device) before the budget applies: the measurement itself takes ~4 GiB.
-            with shown.stage("device ceilings (GEMM, FP8 GEMM where the GPU has one, and copy; measured once per "
-                             "device, then cached)"):
+            with shown.stage("device ceilings (GEMM, FP8 GEMM where the GPU has one, copy and host link; measured "
+                             "once per device, then cached)"):
                 ceilings, ceilings_cached = device_ceilings(device, dtype, refresh=refresh_ceilings)
             if memory_budget:
                 apply_memory_budget(device, memory_budget.nbytes)

@@ -174,8 +174,8 @@ def predict_block(stack: StackBaseline, baseline: Baseline, knobs: frozenset[str
         for kind, c in memory_kinds.items():
             parts[kind], bound[kind] = c["ms"], "memory"
     for kind, c in stack.categories.items():
-        if kind not in COMPUTE_KINDS and kind not in memory_kinds and c.get("ms"):
-            parts[kind], bound[kind] = c["ms"], "host"
+        if kind not in COMPUTE_KINDS and kind not in memory_kinds and c.get("ms"):  # convolutions: tensor-core work
+            parts[kind], bound[kind] = c["ms"], "bf16" if kind == "conv" else "host"
     return BlockPrediction(parts, bound)
 
 

@@ -83,6 +83,7 @@ def build_report(settings: ProfileSettings, result: SessionResult, ceilings: Cei
         "dtype": dtype, "memory_budget": s.memory_budget, "offload": s.offload,
         "attention_reference": result.attention_reference,
         "runs": [r.as_dict(ceilings) for r in runs],
+        "recipes_left_out": result.skipped,  # --keep-going: recipe label -> why torch could not compile it
         "validation": validation.as_dict() if validation else None,
         "outside": result.outside.as_dict() if result.outside else None,
         "stages": [m.as_dict(ceilings) for m in result.stages],

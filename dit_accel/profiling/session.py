@@ -15,6 +15,7 @@ import torch
 
 from ..adapters import BlockAdapter, Workload
 from ..adapters.stages import StageSkip, StageSpec
+from ..errors import UserError
 from ..loading.block import LoadedBlock, load_block_from_checkpoint, synthetic_block
 from ..patching.apply import apply_recipe, compile_failures_as_user_errors
 from ..patching.recipe import Recipe
@@ -56,6 +57,7 @@ class ProfileSettings:
     stages: tuple[StageSpec | StageSkip, ...] = ()  # --stages: those to measure and those skipped, in pipeline order
     stacks: tuple[str, ...] = ()  # the block stacks profiled (a block of each); empty: every stack of the model
     rerun_options: tuple[str, ...] = ()  # the command's options that rebuild this block and its inputs
+    keep_going: bool = False  # a recipe torch cannot compile on a block is left out (`SessionResult.skipped`)
 
     def stack_names(self) -> tuple[str, ...]:
         return self.stacks or tuple(name for name, _ in self.adapter.stacks)
@@ -86,6 +88,7 @@ class SessionResult:
     notes: list[str] = field(default_factory=list)  # things the user should know (fallbacks)
     outside: OutsideMeasurement | None = None  # --outside measure
     stages: list[StageMeasurement] = field(default_factory=list)  # --stages, measured
+    skipped: dict[str, str] = field(default_factory=dict)  # keep_going: recipe label -> why torch could not compile it
 
 
 def _dynamo_counts() -> tuple[int, int]:
@@ -124,16 +127,18 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
         outside_ms, outside_source = 0.0, "not measured: pass --outside measure or --outside-ms to add it"
 
     stacks = [_profile_stack(s, s.adapter.for_stack(name), run_dir, progress) for name in s.stack_names()]
+    skipped = {label: why for stack in stacks for label, why in stack.skipped.items()}
+    recipes = [recipe for recipe in s.recipes if recipe.label not in skipped]  # a recipe left out of one stack: of all
     (steps, steps_source), (passes, passes_source) = s.denoising_steps(), s.passes_per_step()
     runs: list[BackendRun] = []
-    for recipe in s.recipes:  # one extrapolation per recipe, over every stack's block
+    for recipe in recipes:  # one extrapolation per recipe, over every stack's block
         times = tuple(StackTime(stack.adapter.stack, stack.adapter.num_blocks, stack.measured[recipe.label]["profile"]
                                 .timing.median_ms) for stack in stacks)
         extrapolation = Extrapolation(times, outside_ms, outside_source, steps, passes, passes_source, steps_source)
         runs += [BackendRun(extrapolation=extrapolation, **stack.measured[recipe.label]) for stack in stacks]
     runs.sort(key=lambda run: [stack.adapter.stack for stack in stacks].index(run.stack))  # stack by stack
 
-    backends = list(dict.fromkeys(recipe.backend for recipe in s.recipes))
+    backends = list(dict.fromkeys(recipe.backend for recipe in recipes))
     stage_results = [measure_stage(spec, backends, device=s.device, dtype=s.dtype, warmup=s.warmup, runs=s.runs,
                                    seed=s.seed, progress=progress)
                      for spec in s.stages if isinstance(spec, StageSpec)]
@@ -152,8 +157,10 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
                                     outside_ms=outside_ms if s.validate_model else 0.0,
                                     outside_source=outside_source if s.validate_model else None,
                                     seed=s.seed, progress=progress)
-    return SessionResult([stack.loaded for stack in stacks], runs, stacks[0].attention_reference, validation,
-                         [note for stack in stacks for note in stack.notes], outside=outside, stages=stage_results)
+    notes = [note for stack in stacks for note in stack.notes]
+    notes += [f"{label} left out (--keep-going): {why}" for label, why in skipped.items()]
+    return SessionResult([stack.loaded for stack in stacks], runs, stacks[0].attention_reference, validation, notes,
+                         outside=outside, stages=stage_results, skipped=skipped)
 
 
 @dataclass
@@ -166,6 +173,7 @@ class _StackProfile:
     measured: dict[str, dict[str, Any]]
     attention_reference: str
     notes: list[str]
+    skipped: dict[str, str]  # recipe label -> why torch could not compile it on this block (keep_going)
 
 
 def _attention_calls(applied) -> dict[str, Any] | None:
@@ -207,6 +215,7 @@ def _profile_stack(s: ProfileSettings, adapter: BlockAdapter, run_dir: Path,
     linear_flops = sum(flops_per_linear.values())
     measured: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
+    skipped: dict[str, str] = {}
     reference_output = None
     for recipe in s.recipes:
         label = recipe.label + where
@@ -217,7 +226,14 @@ def _profile_stack(s: ProfileSettings, adapter: BlockAdapter, run_dir: Path,
             compile_stats = None
             if recipe.compile_mode is not None:
                 with progress.stage(f"{label}: torch.compile and its first call"):
-                    compile_stats = _first_compiled_call(block, inputs, recipe.compile_mode, s.device, label)
+                    try:
+                        compile_stats = _first_compiled_call(block, inputs, recipe.compile_mode, s.device, label)
+                    except UserError as exc:
+                        if not s.keep_going or reference_output is None:  # the first recipe is the reference
+                            raise
+                        skipped[recipe.label] = str(exc)
+                if recipe.label in skipped:
+                    continue
                 graphs_after_compile = _dynamo_counts()[1]  # dynamo's counters are process-wide
             profile = profile_block(block, inputs, adapter, device=s.device, warmup=s.warmup, runs=s.runs,
                                     trace_path=run_dir / s.trace_name(recipe, adapter.stack) if s.trace else None,
@@ -247,11 +263,12 @@ def _profile_stack(s: ProfileSettings, adapter: BlockAdapter, run_dir: Path,
             fp8_linears=linear_summary, fp8_linear_flops=sum(flops_per_linear[name] for name in fp8_names),
             attention_calls=attention_calls)
 
-    backends = list(dict.fromkeys(recipe.backend for recipe in s.recipes))
+    backends = list(dict.fromkeys(recipe.backend for recipe in s.recipes if recipe.label in measured))
     with progress.stage(f"attention error on the block's own q/k/v{where} ({len(backends)} backend(s))"):
         attention_inputs = capture_attention_inputs(loaded.block, inputs, adapter)
         attention_rel_err, attention_reference = attention_errors(*attention_inputs, backends)
         del attention_inputs
     for recipe in s.recipes:
-        measured[recipe.label]["attention_rel_err"] = attention_rel_err[recipe.backend]
-    return _StackProfile(adapter, loaded, inputs, measured, attention_reference, notes)
+        if recipe.label in measured:
+            measured[recipe.label]["attention_rel_err"] = attention_rel_err[recipe.backend]
+    return _StackProfile(adapter, loaded, inputs, measured, attention_reference, notes, skipped)

@@ -99,6 +99,8 @@ def fp8_attention_packed(packed: PackedQKV, *, out_dtype: torch.dtype = torch.bf
     lse = torch.empty(b, h, sq, dtype=torch.float32, device=device) if return_lse else None
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     reason = key_lengths_reason(key_lengths, out)
+    if reason is None and key_lengths is not None and key_lengths.data_ptr() % 16:  # the compiled kernels assume it
+        reason = "fp8_attention: key_lengths must start 16-byte aligned (a fresh tensor does; a view at an offset not)"
     if reason is None and key_lengths is not None and packed.qk_int8:
         reason = "fp8_attention: key_lengths take e4m3 Q/K; pass qk_int8=False"  # (its per-block max step, unmodelled)
     if reason is not None:

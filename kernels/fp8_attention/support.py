@@ -129,14 +129,14 @@ def can_implement(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str
 
 def key_lengths_reason(key_lengths: torch.Tensor | None, q: torch.Tensor) -> str | None:
     """Why `key_lengths` cannot be fp8_attention's per-element key lengths for q [B, Sq, H, D], or None: a
-    contiguous int32 [B] tensor on q's device (metadata only)."""
+    contiguous int32 [B] tensor on q's device (metadata only; the kernels also assume its address 16-byte aligned,
+    which `interface` checks on real tensors)."""
     if key_lengths is None:
         return None
     if key_lengths.dtype != torch.int32 or key_lengths.shape != (q.shape[0],) or key_lengths.device != q.device \
             or not key_lengths.is_contiguous():
         return (f"fp8_attention: key_lengths must be contiguous int32 [{q.shape[0]}] on {q.device}, got "
-                f"{key_lengths.dtype} "
-                f"{list(key_lengths.shape)} on {key_lengths.device}")
+                f"{key_lengths.dtype} {list(key_lengths.shape)} on {key_lengths.device}")
     return None
 
 

@@ -239,10 +239,12 @@ def test_the_fp8_emulation_on_kept_keys_found_on_the_device_is_itself_on_the_kep
         assert torch.equal(got[b:b + 1], FP8_ATTENTION(q[b:b + 1], k[b:b + 1, kept], v[b:b + 1, kept], None, "auto"))
 
 
-def test_only_boolean_masks_of_one_row_are_found_on_the_device():
-    assert device_lengths_reason(_keys(PREFIX, PREFIX)) is None
-    assert device_lengths_reason(BIAS) is not None and device_lengths_reason(_joint(18, 24)) is not None
-    assert device_lengths_reason(torch.ones(B, H, 1, S, dtype=torch.bool)) is not None
+def test_only_boolean_masks_of_one_row_on_the_querys_device_are_found_on_the_device():
+    q = _qkv()[0]
+    assert device_lengths_reason(_keys(PREFIX, PREFIX), q) is None
+    assert device_lengths_reason(BIAS, q) is not None and device_lengths_reason(_joint(18, 24), q) is not None
+    assert device_lengths_reason(torch.ones(B, H, 1, S, dtype=torch.bool), q) is not None
+    assert device_lengths_reason(_keys(PREFIX, PREFIX), q.to("meta")) is not None  # another device: the host op
 
 
 @torch.no_grad()

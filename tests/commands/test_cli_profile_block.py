@@ -254,3 +254,31 @@ def test_rope_option_also_applies_to_the_validate_chain(tmp_path):
     assert result.exit_code == 0, result.output
     assert "2 blocks chained" in result.output
     assert "RoPE call(s) of native+rope ran diffusers' own function" in result.output  # CPU tensors fall back
+
+
+@pytest.mark.parametrize("keep_going", [True, False])
+def test_a_recipe_torch_cannot_compile_is_left_out_with_keep_going(tmp_path, monkeypatch, keep_going):
+    """A compile that fails on the block (as torchao's FP8 linears on Mochi's under torch 2.11): with --keep-going
+    the recipe is left out, named with the reason in the report and the notes, and the others run; without it the
+    run ends in that one line, exit 2, and writes nothing."""
+    from dit_accel.errors import UserError
+    from dit_accel.profiling import session
+
+    def refuse(block, inputs, mode, device, label):
+        raise UserError(f"{label} on this block: torch could not compile it (a test's refusal)")
+
+    monkeypatch.setattr(session, "_first_compiled_call", refuse)
+    out = tmp_path / "run"
+    args = ["profile-block", *FAST, "--device", "cpu", "--compare-attn", "native,native+compile,math",
+            *(["--keep-going"] if keep_going else []), "--out", out]
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    if not keep_going:
+        assert result.exit_code == 2 and "native+compile on this block: torch could not compile it" in result.output
+        assert not out.exists()
+        return
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert [r["backend"] for r in report["runs"]] == ["native", "math"]
+    assert report["recipes_left_out"] == {"native+compile": "native+compile on this block: torch could not "
+                                                            "compile it (a test's refusal)"}
+    assert "native+compile left out (--keep-going)" in result.output

@@ -109,6 +109,25 @@ def test_fp8_linears_change_only_the_gemm_time_the_linears_launched(tmp_path):
     assert parts["gemm"] == round((15e12 - 1e10) / (1000 * 0.75 * 1e9) + 10.0, 2)
 
 
+def test_convolutions_scale_with_the_tensor_rate_on_another_gpu(tmp_path):
+    """Convolution time (no FLOPs counted) is tensor-core work: on the B200 it scales by the dense bf16 rates' ratio,
+    like the GEMMs; kernel gaps stay as measured."""
+    run = _report(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    report["runs"][0]["categories"]["conv"] = {"ms": 4.0}
+    (run / "report.json").write_text(json.dumps(report))
+    result = _plan(run, "--gpu", "b200", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    here, there = datasheets()[1]["h200"], datasheets()[1]["b200"]
+    base = next(r for r in plan["gpus"] if r["knobs"] == "baseline")
+    (tmp_path / "w").mkdir()
+    assert _plan(_report(tmp_path / "w"), "--gpu", "b200", "--out", tmp_path / "q").exit_code == 0  # no conv
+    plain = next(r for r in json.loads((tmp_path / "q" / "plan.json").read_text())["gpus"] if r["knobs"] == "baseline")
+    added = base["block_ms"]["blocks"] - plain["block_ms"]["blocks"]
+    assert added == pytest.approx(4.0 * here.tflops("bf16") / there.tflops("bf16"), abs=0.011)
+
+
 def test_another_gpu_that_holds_two_blocks_but_not_the_model_streams_them(tmp_path):
     run = _report(tmp_path)
     report = json.loads((run / "report.json").read_text())
@@ -146,7 +165,7 @@ def test_the_host_link_the_run_measured_streams_here_and_scales_the_datasheets_e
     assert stream["pass_ms"] == 10 * 100.0 + 2 * GB / 32e6 and "at 32 GB/s" in stream["model"]  # 62.5 ms copies
     there = datasheets()[1]["rtx-5080"].host_link_gbps * 32.0 / datasheets()[1]["h200"].host_link_gbps
     base = next(r for r in plan["gpus"] if r["knobs"] == "baseline")
-    assert base["fits"] == "streamed" and f"({there:.3g} GB/s)" in base["note"]
+    assert base["fits"] == "streamed" and f"({there:.4g} GB/s)" in base["note"]
     copy_ms = 2 * GB / (there * 1e6)
     assert base["pass_ms"] == pytest.approx(10 * max(base["block_ms"]["blocks"], copy_ms) + copy_ms, abs=0.1)
     flagged = _plan(run, "--memory-budget", "8GiB", "--host-link-gbps", "10", "--out", tmp_path / "q")
@@ -374,6 +393,26 @@ def test_verify_streams_the_baseline_our_attention_and_the_full_recipe_and_says_
     full = rows["compile + fp8-attention + fp8-linear + stream under 16GiB"]
     assert full["measured"]["recipe"] == "fp8+fp8-linear+compile, --validate model --offload stream"
     assert full["measured"]["difference_pct"]["pass"] == pytest.approx(100 * (full["pass_ms"] / 800.0 - 1), abs=0.06)
+
+
+def test_verify_names_the_recipes_its_run_left_out(tmp_path, monkeypatch):
+    """The verify's profile-block runs with --keep-going: a recipe torch could not compile on the block is left out
+    of it, and the plan says so (a note, plan.json's not_verified) and is written, that row without a measurement."""
+    from dit_accel.commands import plan as plan_command
+
+    run = _report(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    report["recipes_left_out"] = {"cudnn+fp8-linear+compile": "cudnn+fp8-linear+compile on this block: torch 2.11 "
+                                                              "could not compile it (...)"}
+    (run / "report.json").write_text(json.dumps(report))
+    monkeypatch.setattr(plan_command, "_verify_run", lambda run, baseline, out: run)
+    result = _plan(run, "--verify", "--out", tmp_path / "plan")
+    assert result.exit_code == 0, result.output
+    assert "--verify left cudnn+fp8-linear+compile out: cudnn+fp8-linear+compile on this block" in result.output
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert plan["not_verified"] == ["cudnn+fp8-linear+compile: cudnn+fp8-linear+compile on this block: torch 2.11 "
+                                    "could not compile it (...)"]
+    assert "measured" not in next(r for r in plan["knobs"] if r["knobs"] == "compile + fp8-linear")
 
 
 def test_a_folder_that_is_not_a_run_is_refused_before_torch_loads():
