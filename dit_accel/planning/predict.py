@@ -19,7 +19,9 @@ knob changes, each by one stated model:
     checked by at most 4.8%, LTX-Video (-8.5%) and SANA-Video (its convolutions) aside.
   - torch.compile: the memory-bound kinds (norms, RoPE, modulation, copies) as fused chains, which read what the
     compute-bound ops wrote and write what they read: the distinct linear inputs, the linear outputs and the
-    attention's q, k, v, 2 bytes an element, at that same best memory-bound rate.
+    attention's q, k, v, 2 bytes an element, and the tensors of the matmul work no nn.Linear launched
+    (convolutions, bare matmuls: their ops' bytes, `not_linear_bytes_est`; none in a report from before they were
+    counted), at that same best memory-bound rate.
 Kernel gaps and unclassified time are kept as measured.
 """
 from __future__ import annotations
@@ -42,8 +44,8 @@ KNOB_MODELS = {
     "fp8-linear": "FP8 linears' FLOPs at the FP8 GEMM ceiling x this run's linear GEMM efficiency, other matmuls "
                   "as measured, plus their inputs' quantization (25 B/element eager, 5 compiled) at this run's best "
                   "memory-bound rate",
-    "compile": "memory-bound kinds fused: linear inputs and outputs and attention q/k/v once (2 B/element) at "
-               "this run's best memory-bound rate",
+    "compile": "memory-bound kinds fused: linear inputs and outputs and attention q/k/v once (2 B/element), and "
+               "the tensors of convolutions and other matmuls, at this run's best memory-bound rate",
 }
 
 
@@ -168,7 +170,10 @@ def predict_block(stack: StackBaseline, baseline: Baseline, knobs: frozenset[str
                     + sum(lin["rows"] * lin["out_features"] for lin in stack.linears)
                     + sum(c["batch"] * c["heads"] * c["head_dim"] * (c["q_len"] + 2 * c["kv_len"])
                           for c in stack.attention_calls))
-        parts["fused elementwise"] = elements * FUSED_BYTES_PER_ELEMENT / (rates.copy * rates.memory_efficiency * 1e6)
+        other_matmuls = sum(stack.categories.get(kind, {}).get("not_linear_bytes_est", 0.0)
+                            for kind in ("gemm", "conv"))  # bytes
+        parts["fused elementwise"] = (elements * FUSED_BYTES_PER_ELEMENT + other_matmuls) / (
+            rates.copy * rates.memory_efficiency * 1e6)
         bound["fused elementwise"] = "memory"
     else:
         for kind, c in memory_kinds.items():

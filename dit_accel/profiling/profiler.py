@@ -81,12 +81,13 @@ class KernelRecord:
     time_us: float
     bytes_est: float  # bytes its launching ops read and wrote (their tensors), per block run
     fp8: bool = False  # computes on FP8 operands (`classify.is_fp8`)
-    linear_time_us: float = 0.0  # of time_us, launched by an nn.Linear (aten::linear): what FP8 linears change
+    launched_by: str | None = None  # "linear" (an nn.Linear: what FP8 linears change), "conv", or None
+    # (`_launching_op`)
 
     def as_row(self) -> dict[str, Any]:
         return {"category": self.category, "range": self.range, "kernel": self.name, "calls_per_block": self.calls,
                 "time_us_per_block": self.time_us, "bytes_est_per_block": self.bytes_est, "fp8": self.fp8,
-                "linear_time_us_per_block": self.linear_time_us}
+                "launched_by": self.launched_by}
 
 
 @dataclass
@@ -104,14 +105,16 @@ class BlockProfile:
         return sum(k.time_us for k in self.kernels)
 
     def by(self, key: Callable[[KernelRecord], str]) -> dict[str, dict[str, float]]:
-        """Sum time (all of it, and that of FP8 kernels), bytes and calls over records grouped by `key`
-        (category or range)."""
+        """Sum time (all of it, that of FP8 kernels, that nn.Linear launched), bytes (all, and those of work no
+        nn.Linear launched) and calls over records grouped by `key` (category or range)."""
         out: dict[str, dict[str, float]] = defaultdict(
-            lambda: {"time_us": 0.0, "fp8_time_us": 0.0, "linear_time_us": 0.0, "bytes_est": 0.0, "calls": 0.0})
+            lambda: {"time_us": 0.0, "fp8_time_us": 0.0, "linear_time_us": 0.0, "bytes_est": 0.0,
+                     "not_linear_bytes_est": 0.0, "calls": 0.0})
         for k in self.kernels:
             row = out[key(k)]
             row["time_us"] += k.time_us
-            row["linear_time_us"] += k.linear_time_us
+            row["linear_time_us"] += k.time_us if k.launched_by == "linear" else 0.0
+            row["not_linear_bytes_est"] += k.bytes_est if k.launched_by != "linear" else 0.0
             row["fp8_time_us"] += k.time_us if k.fp8 else 0.0
             row["bytes_est"] += k.bytes_est
             row["calls"] += k.calls
@@ -203,33 +206,31 @@ def _collect(prof, runs: float, device_kind: str, body_label: str,
     `count_op_bytes`, one run, keyed by range and aten op) are shared among the kernels it launched by
     duration.
     """
-    # (kernel, range, launched under a convolution) -> calls, µs, µs launched by an nn.Linear
-    acc: dict[tuple[str, str, bool], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    # (kernel, range, what launched it: `_launching_op`) -> calls, µs
+    acc: dict[tuple[str, str, str | None], list[float]] = defaultdict(lambda: [0.0, 0.0])
     owner_us: dict[tuple[str, str], float] = defaultdict(float)  # (range, owner op) -> µs
-    launched: dict[tuple[str, str], dict[tuple[str, str, bool], float]] = defaultdict(lambda: defaultdict(float))
+    launched: dict[tuple[str, str], dict[tuple[str, str, str | None], float]] = defaultdict(lambda: defaultdict(float))
     for name, us, owner in _timed_work(prof.events(), device_kind):
         label = _innermost_range(owner) or body_label
         owner_key = _bytes_key(owner, label, op_bytes)
-        op = _launching_op(owner)
-        key = (name, label, op == "conv")
+        key = (name, label, _launching_op(owner))
         slot = acc[key]
         slot[0] += 1
         slot[1] += us
-        slot[2] += us if op == "linear" else 0.0
         owner_us[owner_key] += us
         launched[owner_key][key] += us
-    kernel_bytes: dict[tuple[str, str, bool], float] = defaultdict(float)
+    kernel_bytes: dict[tuple[str, str, str | None], float] = defaultdict(float)
     for owner_key, kernels in launched.items():
         for kernel_key, us in kernels.items():
             if owner_us[owner_key] > 0:
                 kernel_bytes[kernel_key] += op_bytes.get(owner_key, 0.0) * us / owner_us[owner_key]
     records = []
-    for (name, label, under_conv), (calls, us, linear_us) in acc.items():
+    for (name, label, launcher), (calls, us) in acc.items():
         category = classify(name, label)
-        if under_conv and category == "gemm":
+        if launcher == "conv" and category == "gemm":
             category = "conv"
         records.append(KernelRecord(name, category, range_of_kind(label, category), calls / runs, us / runs,
-                                    kernel_bytes[(name, label, under_conv)], is_fp8(name), linear_us / runs))
+                                    kernel_bytes[(name, label, launcher)], is_fp8(name), launcher))
     return sorted(records, key=lambda k: -k.time_us)
 
 

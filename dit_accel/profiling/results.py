@@ -104,8 +104,12 @@ def category_rows(profile: BlockProfile, timed_ms: float, work_flops: dict[str, 
         kernel_ms = scale * sums["time_us"] / 1e3
         row: dict[str, Any] = {"ms": kernel_ms, "share_pct": 100 * kernel_ms / timed_ms if timed_ms else 0.0}
         if category in MATMUL_CATEGORIES:
-            if category == "gemm":  # what FP8 linears change (`planning.predict`); the rest: other matmuls
+            # What `planning.predict` reads: the GEMM time nn.Linear launched (what FP8 linears change) and the
+            # tensors of the matmul work no nn.Linear launched (convolutions, bare matmuls), which a fused chain
+            # of memory-bound work reads or writes as it does the linears' inputs and outputs.
+            if category == "gemm":
                 row["linear_ms"] = scale * sums["linear_time_us"] / 1e3
+            row["not_linear_bytes_est"] = sums["not_linear_bytes_est"]
             flops = work_flops.get(category)
             if flops:
                 row.update(_matmul_rows(kernel_ms, scale * sums["fp8_time_us"] / 1e3, flops,

@@ -109,6 +109,23 @@ def test_fp8_linears_change_only_the_gemm_time_the_linears_launched(tmp_path):
     assert parts["gemm"] == round((15e12 - 1e10) / (1000 * 0.75 * 1e9) + 10.0, 2)
 
 
+def test_compile_fuses_around_the_convolutions_and_bare_matmuls_too(tmp_path):
+    """The tensors of matmul work no nn.Linear launched (a convolution's 3 GB, a bare matmul's 1 GB) join the fused
+    chains' traffic: 4 GB more at the best memory-bound rate, 2000 GB/s, is 2 ms more than without them."""
+    run = _report(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    categories = report["runs"][0]["categories"]
+    categories["gemm"]["not_linear_bytes_est"] = 1 * GB
+    categories["conv"] = {"ms": 4.0, "not_linear_bytes_est": 3 * GB}
+    (run / "report.json").write_text(json.dumps(report))
+    result = _plan(run, "--gpu", "h200", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    parts = next(r for r in json.loads((tmp_path / "p" / "plan.json").read_text())["knobs"]
+                 if r["knobs"] == "compile")["parts_ms"]["blocks"]
+    assert parts["fused elementwise"] == round((1e6 + 10 + 5e6 + 10 + 2.304e6) * 2 / 2000e6 + 4 * GB / 2000e6, 2)
+    assert parts["conv"] == 4.0
+
+
 def test_convolutions_scale_with_the_tensor_rate_on_another_gpu(tmp_path):
     """Convolution time (no FLOPs counted) is tensor-core work: on the B200 it scales by the dense bf16 rates' ratio,
     like the GEMMs; kernel gaps stay as measured."""

@@ -157,14 +157,14 @@ def test_gpu_work_is_attributed_through_the_runtime_call_that_launched_it():
 
 
 def test_gemm_kernels_are_told_apart_by_the_op_that_launched_them():
-    """One GEMM kernel name, three launchers in one range: under an nn.Linear (aten::linear) its time is the linears'
-    (`linear_time_us`, what FP8 linears change), under a 1x1 convolution it is conv work, under a bare matmul it is
-    a GEMM no linear launched."""
+    """One GEMM kernel name, three launchers in one range: under an nn.Linear (aten::linear) it is the linears' work
+    (what FP8 linears change), under a 1x1 convolution it is conv work, under a bare matmul it is a GEMM no linear
+    launched; the profile's sums tell the linears' time and the bytes of the rest."""
     from types import SimpleNamespace
 
     from torch.autograd import DeviceType
 
-    from dit_accel.profiling.profiler import _collect
+    from dit_accel.profiling.profiler import BlockProfile, _collect
 
     def cpu(name, parent, id=0):
         return SimpleNamespace(name=name, device_type=DeviceType.CPU, cpu_parent=parent, id=id,
@@ -184,11 +184,13 @@ def test_gemm_kernels_are_told_apart_by_the_op_that_launched_them():
               cpu("cudaLaunchKernel", addmm, id=1), gpu("nvjet_sm90_tst", 1, 100.0),
               cpu("cudaLaunchKernel", cudnn, id=2), gpu("nvjet_sm90_tst", 2, 30.0),
               cpu("cudaLaunchKernel", bmm, id=3), gpu("nvjet_sm90_tst", 3, 7.0)]
-    records = _collect(SimpleNamespace(events=lambda: events), 1, "cuda", "body", {})
-    by_category = {r.category: r for r in records}
-    assert set(by_category) == {"gemm", "conv"} and len(records) == 2
-    assert by_category["gemm"].time_us == 107.0 and by_category["gemm"].linear_time_us == 100.0
-    assert by_category["conv"].time_us == 30.0 and by_category["conv"].linear_time_us == 0.0
+    op_bytes = {("ffn", "aten::addmm"): 5e6, ("ffn", "aten::convolution"): 3e6, ("ffn", "aten::bmm"): 2e6}
+    records = _collect(SimpleNamespace(events=lambda: events), 1, "cuda", "body", op_bytes)
+    assert sorted((r.category, r.launched_by or "", r.time_us, r.bytes_est) for r in records) == [
+        ("conv", "conv", 30.0, 3e6), ("gemm", "", 7.0, 2e6), ("gemm", "linear", 100.0, 5e6)]
+    sums = BlockProfile(None, records, None, 0, 1, "cuda").by_category()
+    assert sums["gemm"]["linear_time_us"] == 100.0 and sums["gemm"]["not_linear_bytes_est"] == 2e6
+    assert sums["conv"]["linear_time_us"] == 0.0 and sums["conv"]["not_linear_bytes_est"] == 3e6
 
 
 def test_validate_runs_every_chained_block_on_the_chosen_backend(small_h3, fake_backend):
