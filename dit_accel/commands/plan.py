@@ -69,8 +69,8 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     baseline = read_baseline(run)
     here = gpu_of_device(baseline.device_name)
     targets = [gpu_named(key.strip()) for key in gpu_keys.split(",")] if gpu_keys else list(datasheets()[1].values())
-    rates = Rates.of(baseline)
-    if here is None and ((memory_budget and host_link_gbps is None and rates.host_link is None)
+    measured_link = baseline.ceilings["host_link"]
+    if here is None and ((memory_budget and host_link_gbps is None and measured_link is None)
                          or (gpus > 1 and link_gbps is None)):
         raise UserError(f"{baseline.device_name} is not in the datasheet table: pass --host-link-gbps (with "
                         "--memory-budget) and --link-gbps (with --gpus)")
@@ -98,7 +98,7 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
                 verified.streamed += streamed_passes(read_run(stream_run), stream_run)
                 verified_in.append(str(stream_run))
         baseline = verified
-        rates = Rates.of(baseline)
+    rates = Rates.of(baseline)
     crossover = packaged_for_gpu(baseline.device_name)
     plan_data = build_plan(baseline, rates, crossover, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,
                            cache_skip)

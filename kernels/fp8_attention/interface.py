@@ -123,9 +123,8 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
     b attends its first key_lengths[b] keys alone (clamped to 0 .. Skv; read on the device, so no host sync;
     prep's FP8 scales still come from all of k and v, so a caller dropping keys should zero them), an element
     with none gets zero rows and an LSE of -inf, as torch's SDPA gives a row every key of which is masked.
-    Raises Fp8AttentionUnsupported for
-    inputs it cannot take; a (batch, head) whose q, k or v holds inf or NaN comes out NaN, as in
-    torch's attention.
+    Raises Fp8AttentionUnsupported for inputs it cannot take; a (batch, head) whose q, k or v holds inf or NaN
+    comes out NaN, as in torch's attention.
     """
     spec = launch_spec(q, k, v, prologue)
     if (spec, kernel, qk_int8) not in _passed_checks:  # the checks read only what the spec holds
