@@ -11,12 +11,13 @@ knob changes, each by one stated model:
   - FP8 linears: the FP8 linears' FLOPs at the FP8 GEMM ceiling, the rest at the bf16 one, both at the fraction
     of its ceiling this run's linears' GEMMs reached (the GEMM time nn.Linear launched, `linear_ms`; a report from
     before it was measured: all GEMM time), other matmuls as measured; plus the activations' quantization (torchao,
-    per row) at the best rate a memory-bound kind reached in this run: compiled, 5 bytes an element (inductor's
+    per row) at the best rate a memory-bound kind reached in this run (of the kinds holding at least 5% of their
+    stack's memory-bound time, `MEMORY_RATE_MIN_SHARE`): compiled, 5 bytes an element (inductor's
     amax pass reads 2, its quantize pass reads 2 and writes 1); eager, 25, an effective figure: torchao's own ops
     move 33 bytes an element as the H200 profiled them (abs 2 + 2, amax 2, to float32 2 + 4, the scale's multiply
     4 + 4, clamp 4 + 4, the e4m3 cast 4 + 1), but with 33 the FP8-linear rows of H3, Wan, HunyuanVideo and
     SkyReels-V2 missed by up to +6.8% (their verify runs on the H200, 2026-12-03) where 25 misses every family
-    checked by at most 4.8%, LTX-Video (-8.5%) and SANA-Video (its convolutions) aside.
+    checked by at most 4.8%, LTX-Video (-8.5%) aside.
   - torch.compile: the memory-bound kinds (norms, RoPE, modulation, copies) as fused chains, which read what the
     compute-bound ops wrote and write what they read: the distinct linear inputs, the linear outputs and the
     attention's q, k, v, 2 bytes an element, and the tensors of the matmul work no nn.Linear launched
@@ -37,6 +38,10 @@ GIB = 2**30
 SERVED_HEAD_DIMS = (64, 128)
 QUANTIZE_BYTES_PER_ELEMENT = {"compiled": 5, "eager": 25}  # see the module docstring
 FUSED_BYTES_PER_ELEMENT = 2  # bf16
+# The memory-bound rate carried over: the best of the kinds holding at least this share of their stack's
+# memory-bound time (a kind of one small kernel, SANA-Video's 0.09 ms "other" at 80% of the copy ceiling against
+# its 14 ms of memory-bound work at 31-47%, is no rate the block's fused chains reach).
+MEMORY_RATE_MIN_SHARE = 0.05
 ROOFLINE_FP8_ATTENTION = 0.537  # ours at B1 H56 S30272 D128 on the H200: 848 TFLOP/s of its 1579 FP8 GEMM ceiling
 KNOB_MODELS = {
     "fp8-attention": "attention calls at our kernel's rate at the nearest crossover point (prep included); calls "
@@ -64,10 +69,11 @@ class Rates:
     def of(cls, baseline: Baseline) -> "Rates":
         gemm_rates, memory_rates = [], []
         for stack in baseline.stacks:
+            memory_ms = sum(c["ms"] for c in stack.categories.values() if c.get("bytes_est") and c["ms"])
             for kind, c in stack.categories.items():
                 if kind == "gemm" and c.get("flops") and c["ms"]:
                     gemm_rates.append(c["flops"] / (_linear_ms(c) * 1e9) / baseline.ceilings["bf16"])
-                elif c.get("bytes_est") and c["ms"]:
+                elif c.get("bytes_est") and c["ms"] >= MEMORY_RATE_MIN_SHARE * memory_ms:
                     memory_rates.append(c["bytes_est"] / (c["ms"] * 1e6) / baseline.ceilings["copy"])
         return cls(baseline.ceilings["bf16"], baseline.ceilings["fp8"], baseline.ceilings["copy"],
                    min(1.0, max(gemm_rates, default=1.0)), min(1.0, max(memory_rates, default=1.0)),

@@ -109,6 +109,22 @@ def test_fp8_linears_change_only_the_gemm_time_the_linears_launched(tmp_path):
     assert parts["gemm"] == round((15e12 - 1e10) / (1000 * 0.75 * 1e9) + 10.0, 2)
 
 
+def test_the_memory_bound_rate_carried_over_ignores_a_kind_too_small_to_hold_one(tmp_path):
+    """A kind of 0.5 ms at 3600 GB/s beside 15 ms of memory-bound work (3% of it, as SANA-Video's one small
+    "other" kernel) sets no rate: the best stays modulation's 2000 GB/s, 0.5 of the copy ceiling; at 1 ms (6%) it
+    sets 0.9."""
+    for ms, expected in ((0.5, 0.5), (1.0, 0.9)):
+        (tmp_path / str(ms)).mkdir()
+        run = _report(tmp_path / str(ms))
+        report = json.loads((run / "report.json").read_text())
+        report["runs"][0]["categories"]["other"] = {"ms": ms, "bytes_est": ms * 3.6 * GB}
+        (run / "report.json").write_text(json.dumps(report))
+        result = _plan(run, "--gpu", "h200", "--out", tmp_path / str(ms) / "p")
+        assert result.exit_code == 0, result.output
+        plan = json.loads((tmp_path / str(ms) / "p" / "plan.json").read_text())
+        assert plan["rates_here"]["memory_efficiency"] == pytest.approx(expected)
+
+
 def test_compile_fuses_around_the_convolutions_and_bare_matmuls_too(tmp_path):
     """The tensors of matmul work no nn.Linear launched (a convolution's 3 GB, a bare matmul's 1 GB) join the fused
     chains' traffic: 4 GB more at the best memory-bound rate, 2000 GB/s, is 2 ms more than without them."""
