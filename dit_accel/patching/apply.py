@@ -132,8 +132,7 @@ def apply_recipe(target: Any, recipe: Recipe, *, adapter: BlockAdapter | None = 
 @contextlib.contextmanager
 def compile_failures_as_user_errors(what: str, hint: str) -> Iterator[None]:
     """torch.compile failing in the body (dynamo or inductor: e.g. a library's tensor subclass this torch cannot
-    trace, as torchao's FP8 linears on Mochi's block under torch 2.11) as one UserError line: what failed, the
-    error's first line, and `hint`."""
+    trace) as one UserError line: what failed, the error's first line, and `hint`."""
     from torch._dynamo.exc import TorchDynamoException
 
     from ..errors import UserError
@@ -181,10 +180,18 @@ def _compile(models: list[nn.Module], mode: str) -> tuple[list[nn.Module], list]
         elif target._compiled_call_impl is None:
             whole.append(target)
     for module in whole:
-        module.compile(mode=mode)
+        module._compiled_call_impl = _compiled(module._call_impl, mode)  # what nn.Module.compile sets
     for forward in own:
-        forward.call = torch.compile(forward.eager, mode=mode)
+        forward.call = _compiled(forward.eager, mode)
     return whole, own
+
+
+def _compiled(fn, mode: str):
+    """torch.compile(fn), traced with data-dependent output shapes in the graph. Mochi's processor finds each
+    sample's text rows with torch.nonzero in a loop: a graph break there makes dynamo run the processor eager and
+    trace its linears as frames of their own, where torch 2.11 cannot trace torchao's FP8 weights
+    (`InternalTorchDynamoError: Polyfill handler ... __eq__`; 2.13 can), and leaves its norms and RoPE uncompiled."""
+    return torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)(torch.compile(fn, mode=mode))
 
 
 def _uncompile(modules: list[nn.Module], own: list) -> None:

@@ -295,3 +295,30 @@ def test_a_block_stack_compiles_block_by_block_sharing_its_graphs_and_is_uncompi
             graphs.append(counters["stats"]["unique_graphs"])
         assert graphs[0] >= 1 and graphs[1] == graphs[2] == graphs[0]
     assert all(block._compiled_call_impl is None for block in blocks)
+
+
+def test_mochis_block_compiles_as_one_graph_past_its_per_sample_text_rows(monkeypatch):
+    """Mochi's processor finds each sample's text rows with torch.nonzero in a loop: the recipe's compile traces it
+    into the block's one graph (a graph break there ran the processor eager and left its linears to frames of
+    their own, where torch 2.11 cannot trace torchao's FP8 weights)."""
+    from testing import small_block
+
+    from dit_accel.patching.apply import apply_recipe
+    from dit_accel.patching.recipe import parse_recipe
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    adapter, block = small_block("mochi", torch.float32)
+    inputs = adapter.make_inputs(adapter.default_workload(1, scaled_down=True), torch.device("cpu"), torch.float32,
+                                 torch.Generator().manual_seed(0))
+    counter = CompileCounterWithBackend("eager")
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None: compile_(fn, backend=counter))
+    with torch.no_grad():
+        eager = block(**inputs)
+        with apply_recipe(block, parse_recipe("native+compile"), adapter=adapter):
+            outputs = [block(**inputs) for _ in range(2)]
+    torch._dynamo.reset()
+    assert counter.frame_count == 1 and not torch._dynamo.utils.counters["graph_break"]
+    for out in outputs:
+        torch.testing.assert_close(out, eager)
