@@ -378,16 +378,32 @@ class BlockAdapter:
         """This stack's block in the family's default pass, shapes only: on the meta device where the model's
         forward runs there, else (a data-dependent step) a real run of the scaled-down config on the CPU, whose
         block has the same linears under the same names."""
+        return self.shape_captures(1)[0]
+
+    def shape_captures(self, *video_scales: int) -> list[StackCapture]:
+        """`shape_capture` of the default pass with its video rows times each of `video_scales` (`more_video`;
+        text, audio and timestep inputs as they are), all on the meta device or all, scaled down, on the CPU."""
         try:
-            return self.stack_capture(self.default_workload(1), torch.device("meta"), torch.float32)
+            workload = self.default_workload(1)
+            return [self.stack_capture(self.more_video(workload, scale), torch.device("meta"), torch.float32)
+                    for scale in video_scales]
         except Exception:  # noqa: BLE001 (see above)
             small = self.scaled_down()
             workload = small.default_workload(1, scaled_down=True)
-            # As few text rows as in a full-size pass relative to the video's, so that the sequence is the
-            # block's widest rows here too.
-            rows = {**workload.rows, "text": min(workload.rows.get("text", 0), max(1, workload.seq_len // 8))}
-            workload = dataclasses.replace(workload, rows=rows)
-            return small.stack_capture(workload, torch.device("cpu"), torch.float32)
+            return [small.stack_capture(small.more_video(workload, scale), torch.device("cpu"), torch.float32)
+                    for scale in video_scales]
+
+    def more_video(self, workload: Workload, scale: int) -> Workload:
+        """`workload` with `scale` times its video rows (`scale` times the frames of its patch grid, where it has
+        one) and its other rows (text, audio) unchanged: the pass whose linears' rows say which run on the
+        video."""
+        if scale == 1:
+            return workload
+        video = workload.rows["video"]
+        grid = workload.video_grid and (workload.video_grid[0] * scale, *workload.video_grid[1:])
+        return self._checked(dataclasses.replace(
+            workload, seq_len=workload.seq_len + (scale - 1) * video, rows={**workload.rows, "video": scale * video},
+            source=f"{workload.source}, with {scale}x the video rows", video_grid=grid))
 
     # --- derived from the block --------------------------------------------------------------------------
     @cached_property
@@ -398,8 +414,9 @@ class BlockAdapter:
     @cached_property
     def fp8_linears(self) -> Fp8Policy:
         """Which of the block's linears go FP8 and why each other one stays, by the rule `linears.RULE`, on the
-        rows each saw in the family's default pass (`shape_capture`)."""
-        return fp8_policy(self.shape_capture())
+        rows each saw in the family's default pass and in that pass with twice the video rows (`shape_captures`):
+        those whose rows grow with the video run on the block's sequence."""
+        return fp8_policy(*self.shape_captures(1, 2))
 
     @property
     def fp8_linear_modules(self) -> tuple[str, ...]:

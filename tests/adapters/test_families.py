@@ -117,10 +117,43 @@ def test_hunyuan_video_has_two_stacks_and_joint_attention_over_video_and_text():
 
 
 def test_the_rule_is_stated_and_keeps_text_and_timestep_linears():
-    assert "sequence rows" in RULE and "multiples of 16" in RULE
+    assert "sequence rows" in RULE and "grow with the video" in RULE and "multiples of 16" in RULE
     policy = adapter_for_preset("hunyuan-video").fp8_linears
     assert "ff.net.0.proj" in policy.fp8 and "ff_context.net.0.proj" in policy.kept  # video FFN / text FFN
     assert "norm1.linear" in policy.kept  # the AdaLN modulation runs on the timestep row
+
+
+def test_the_sequence_is_the_rows_that_grow_with_the_video_not_the_widest():
+    """HunyuanVideo 1.5's forward cannot run on meta: its policy comes from the scaled-down CPU pass, where the
+    text side (the prompt's rows, byT5 glyph and image tokens) outnumbers the video's rows. Its video linears
+    still go FP8, their rows growing with the video; the text side's, the same at every video size, stay."""
+    adapter = adapter_for_preset("hunyuan-video-1.5")
+    video = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
+    text = ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out", "ff_context.net.0.proj",
+            "ff_context.net.2")
+    policy = adapter.fp8_linears
+    assert policy.fp8 == video
+    assert "runs on 1 row, not the block's" in policy.kept["norm1.linear"]
+    default, doubled = adapter.shape_captures(1, 2)
+    assert all(default.linear_rows[name] > default.linear_rows["attn.to_q"] for name in text)  # text is widest
+    assert all(doubled.linear_rows[name] == 2 * default.linear_rows[name] for name in video)
+    assert all(doubled.linear_rows[name] == default.linear_rows[name] for name in text + ("norm1.linear",))
+    rows, sequence = default.linear_rows["attn.add_q_proj"], default.linear_rows["attn.to_q"]
+    for name in text:
+        assert policy.kept[name].startswith(f"runs on {rows} rows, not the block's {sequence} sequence rows: "
+                                            f"{rows} at every video size (text, timestep or pooled rows)")
+
+
+def test_more_video_scales_the_video_rows_alone():
+    adapter = adapter_for_preset("wan")
+    workload = adapter.default_workload(1)  # 81 frames of 720x1280: 21 x 45 x 80 patches
+    doubled = adapter.more_video(workload, 2)
+    assert doubled.video_grid == (42, 45, 80) and doubled.rows == {**workload.rows, "video": 2 * 21 * 45 * 80}
+    assert doubled.seq_len == 2 * workload.seq_len and adapter.more_video(workload, 1) is workload
+    packed = adapter_for_preset("minimax-h3").default_workload(1)  # video, audio and text rows in one sequence
+    doubled = adapter_for_preset("minimax-h3").more_video(packed, 2)
+    assert doubled.rows == {**packed.rows, "video": 2 * packed.rows["video"]}
+    assert doubled.seq_len == packed.seq_len + packed.rows["video"]
 
 
 def test_an_unknown_class_and_a_forward_it_cannot_feed_are_one_line_each(monkeypatch):
