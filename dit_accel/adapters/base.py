@@ -416,7 +416,9 @@ class BlockAdapter:
         """Which of the block's linears go FP8 and why each other one stays, by the rule `linears.RULE`, on the
         rows each saw in the family's default pass and in that pass with twice the video rows (`shape_captures`):
         those whose rows grow with the video run on the block's sequence."""
-        return fp8_policy(*self.shape_captures(1, 2))
+        shapes = {name: (m.in_features, m.out_features) for name, m in self.build_block().named_modules()
+                  if isinstance(m, nn.Linear)}  # the full-size block's, where the captures ran scaled down
+        return fp8_policy(*self.shape_captures(1, 2), shapes)
 
     @property
     def fp8_linear_modules(self) -> tuple[str, ...]:

@@ -32,18 +32,22 @@ class Fp8Policy:
     kept: dict[str, str]
 
 
-def fp8_policy(capture: StackCapture, more_video: StackCapture) -> Fp8Policy:
+def fp8_policy(capture: StackCapture, more_video: StackCapture,
+               shapes: dict[str, tuple[int, int]] | None = None) -> Fp8Policy:
     """The rule (`RULE`) applied to the linears of a stack's block, on the rows each saw in the captured pass
-    (`capture`) and in the same pass with more video rows (`more_video`)."""
+    (`capture`) and in the same pass with more video rows (`more_video`), and on the block's (in, out) features
+    (`shapes`; default the capture's: a capture of the scaled-down config has its smaller features)."""
+    shapes = capture.linear_shapes if shapes is None else shapes
+
     def rows(name: str) -> int:
         return capture.linear_rows.get(name, 0)
 
-    on_sequence = {name for name in capture.linear_shapes
+    on_sequence = {name for name in shapes
                    if rows(name) and more_video.linear_rows.get(name, 0) > rows(name)}
     block_rows = max((rows(name) for name in on_sequence), default=0)
-    largest = max((k * n for k, n in capture.linear_shapes.values()), default=0)
+    largest = max((k * n for k, n in shapes.values()), default=0)
     fp8, kept = [], {}
-    for name, (in_features, out_features) in capture.linear_shapes.items():
+    for name, (in_features, out_features) in shapes.items():
         n = rows(name)
         if n == 0:
             kept[name] = "does not run in the pass"

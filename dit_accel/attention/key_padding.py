@@ -24,10 +24,11 @@ Two ways to find the kept keys:
   `torch.ops.dit_accel.key_padded_attention`; a joint mask of the kept rows by themselves (its diagonal d, the
   mask d x d: HunyuanVideo 1.5's) with a backend that takes key lengths is checked in one pass and one sync,
   then served as the device path serves d, the dropped rows' outputs zero as torch's SDPA gives them. The op:
-  torch.compile sees one opaque node and no graph break; CUDA graphs cannot capture it. A mask that is not key padding in value (a bias other than 0 or <= -1e4, rows
-  that differ across heads, a joint mask that is not an outer product, a batch element with no kept key) is
-  answered inside the op by torch's SDPA with the mask, as diffusers' default backend would answer it; the
-  router counts such a call as served, since only the op sees the values.
+  torch.compile sees one opaque node and no graph break; CUDA graphs cannot capture it. A mask that is not key
+  padding in value (a bias other than 0 or <= -1e4, rows that differ across heads, a joint mask that is not an
+  outer product, a batch element with no kept key) is answered inside the op by torch's SDPA with the mask, as
+  diffusers' default backend would answer it; the router counts such a call as served, since only the op sees
+  the values.
 """
 from __future__ import annotations
 

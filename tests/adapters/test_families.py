@@ -144,6 +144,13 @@ def test_the_sequence_is_the_rows_that_grow_with_the_video_not_the_widest():
                                             f"{rows} at every video size (text, timestep or pooled rows)")
 
 
+def test_the_features_the_rule_reads_are_the_full_size_blocks():
+    """Mochi's policy too comes from the scaled-down CPU pass, whose FFN ([256 -> 1364]) is no multiple of 16; the
+    block it quantizes is full size ([3072 -> 16384]), whose FFN goes FP8."""
+    policy = adapter_for_preset("mochi").fp8_linears
+    assert {"ff.net.0.proj", "ff.net.2"} <= set(policy.fp8)
+
+
 def test_more_video_scales_the_video_rows_alone():
     adapter = adapter_for_preset("wan")
     workload = adapter.default_workload(1)  # 81 frames of 720x1280: 21 x 45 x 80 patches
