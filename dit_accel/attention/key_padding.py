@@ -21,18 +21,14 @@ Two ways to find the kept keys:
   keeps no key gets zero rows, as torch's SDPA gives it.
 - On the host (`key_padded_attention`, everything else: bias masks, joint masks, backends without key
   lengths): which rows are kept is read from the mask (a few syncs per call), so the work is a custom op,
-  `torch.ops.dit_accel.key_padded_attention`; a joint mask of the kept rows by themselves (its diagonal d, the
-  mask d x d: HunyuanVideo 1.5's) with a backend that takes key lengths is checked in one pass and one sync,
-  then served as the device path serves d, the dropped rows' outputs zero as torch's SDPA gives them. The op:
-  torch.compile sees one opaque node and no graph break; CUDA graphs cannot capture it. A mask that is not key
-  padding in value (a bias other than 0 or <= -1e4, rows that differ across heads, a joint mask that is not an
-  outer product, a batch element with no kept key) is answered inside the op by torch's SDPA with the mask, as
-  diffusers' default backend would answer it; the router counts such a call as served, since only the op sees
-  the values.
+  `torch.ops.dit_accel.key_padded_attention`: torch.compile sees one opaque node and no graph break; CUDA
+  graphs cannot capture it. A mask that is not key padding in value (a bias other than 0 or <= -1e4, rows
+  that differ across heads, a joint mask that is not an outer product, a batch element with no kept key) is
+  answered inside the op by torch's SDPA with the mask, as diffusers' default backend would answer it; the
+  router counts such a call as served, since only the op sees the values.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -127,28 +123,6 @@ def _kept(rows: torch.Tensor) -> _Kept | None:
     return _Kept(queries, keys) if bool(keys.any()) else None
 
 
-def _joint_diagonal(mask: torch.Tensor) -> torch.Tensor | None:
-    """The diagonal d [B or 1, S] of a boolean joint mask [B or 1, H or 1, S, S] that is d x d in every head (the
-    kept rows by themselves: HunyuanVideo 1.5's), else None. One pass over the mask on the device (inductor fuses
-    the comparison into one reduction) and one host sync for the answer, where the general check (`_kept`) reads
-    the mask four times and syncs per row block: 7.6 ms of an HunyuanVideo 1.5 block's 42 at 544x960 on the
-    H200."""
-    if mask.dtype != torch.bool or mask.shape[2] != mask.shape[3] or mask.shape[2] == 1:
-        return None
-    diagonal = torch.diagonal(mask[:, 0], dim1=-2, dim2=-1)
-    mismatch = _joint_mismatch_compiled() if mask.is_cuda else _joint_mismatch
-    return None if bool(mismatch(mask, diagonal)) else diagonal
-
-
-def _joint_mismatch(mask: torch.Tensor, diagonal: torch.Tensor) -> torch.Tensor:
-    return (mask != (diagonal[:, None, :, None] & diagonal[:, None, None, :])).any()
-
-
-@functools.cache
-def _joint_mismatch_compiled():
-    return torch.compile(_joint_mismatch, dynamic=True)
-
-
 def _masked_sdpa(q, k, v, mask, scale):
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                                          scale=scale)
@@ -162,12 +136,7 @@ def key_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     mask is not key padding); what the op's CPU and CUDA implementations run."""
     from .backends import get_backend
 
-    chosen = get_backend(backend)
-    diagonal = _joint_diagonal(mask) if chosen.run_key_lengths is not None else None
-    if diagonal is not None:  # the kept rows by themselves: their keys found on the device, the rest zero rows
-        out = attend_kept_keys(q, k, v, diagonal[:, None, None, :], scale, chosen.run_key_lengths)
-        return torch.where(diagonal[:, :, None, None], out, 0)
-    run = chosen.run
+    run = get_backend(backend).run
     kept = [_kept(mask[b if mask.shape[0] > 1 else 0]) for b in range(q.shape[0])]
     if all(one is not None and one.queries is None and torch.equal(one.keys, kept[0].keys) for one in kept):
         keys = _selection(kept[0].keys)  # every element keeps the same keys, and every query: one call

@@ -152,7 +152,7 @@ def test_one_graph_under_torch_compile(fake_backend):
 def test_the_fp8_kernel_serves_key_padding_as_it_serves_the_kept_keys():
     """On the GPU with our kernel: the op's answer, and the answer with the kept keys found on the device, is the
     kernel's own on the kept keys, bit for bit, and the padded keys change nothing (poisoned with huge values);
-    under a joint mask the kept queries get the same and the dropped ones SDPA's answer (zeros)."""
+    under a joint mask the dropped queries get SDPA's answer."""
     backend = backends.get_backend("fp8")
     device = torch.device("cuda")
     if (reason := backend.unavailable_reason(device)) is not None:
@@ -170,9 +170,9 @@ def test_the_fp8_kernel_serves_key_padding_as_it_serves_the_kept_keys():
     assert torch.equal(attend_kept_keys(q, k, v, mask, None, backend.run_key_lengths),
                        backend.run(q, k[:, :kept], v[:, :kept]))
     joint_mask = (keys[:, None] & keys[None, :]).view(1, 1, seq, seq)
-    joint = KEY_PADDED_ATTENTION(q, k, v, joint_mask, None, "fp8")  # every query on the kept keys, found on the device
-    assert torch.equal(joint[:, :kept], backend.run(q, k[:, :kept], v[:, :kept])[:, :kept])
-    torch.testing.assert_close(joint[:, kept:], _sdpa(q[:, kept:], k, v, joint_mask[:, :, kept:]))  # zeros
+    joint = KEY_PADDED_ATTENTION(q, k, v, joint_mask, None, "fp8")
+    assert torch.equal(joint[:, :kept], backend.run(q[:, :kept], k[:, :kept], v[:, :kept]))
+    torch.testing.assert_close(joint[:, kept:], _sdpa(q[:, kept:], k, v, joint_mask[:, :, kept:]))
 
 
 # --- boolean key masks, found on the device ---------------------------------------------------------------------
@@ -237,33 +237,6 @@ def test_the_fp8_emulation_on_kept_keys_found_on_the_device_is_itself_on_the_kep
     for b in range(B):
         kept = mask[b, 0, 0]
         assert torch.equal(got[b:b + 1], FP8_ATTENTION(q[b:b + 1], k[b:b + 1, kept], v[b:b + 1, kept], None, "auto"))
-
-
-@pytest.mark.parametrize("counts", [(18, 24), (18, 0)])
-def test_a_joint_mask_of_the_kept_rows_by_themselves_is_served_with_key_lengths(counts, lengths_backend):
-    """HunyuanVideo 1.5's joint mask (the kept rows by the kept rows): the op checks it once and hands the backend
-    every query with each element's kept keys first and their count; the kept rows answer as torch's masked SDPA
-    in float64, the dropped rows (and an element that keeps nothing) are zero, as that SDPA gives them."""
-    mask = _joint(*counts)
-    q, k, v = _qkv()
-    k, v = (x.masked_fill(~mask[:, 0].diagonal(dim1=-2, dim2=-1)[:, :, None, None], 1e4) for x in (k, v))
-    got = key_padding.key_padded_attention(q, k, v, mask, None, "fake")
-    torch.testing.assert_close(got, _sdpa(q, k, v, mask), rtol=1e-12, atol=1e-12)
-    (_, lengths), = lengths_backend.calls
-    assert lengths.tolist() == list(counts)
-
-
-def test_only_a_joint_mask_that_is_its_diagonal_by_itself_takes_the_one_pass_check():
-    """The diagonal of a joint mask d x d in every head; None for kept queries that are not the kept keys, for one
-    head that differs, for a bias and for one row per query (key padding, not a joint mask)."""
-    mask = _joint(18, 24)
-    assert torch.equal(key_padding._joint_diagonal(mask), mask[:, 0].diagonal(dim1=-2, dim2=-1))
-    queries, keys = torch.arange(S) < 20, torch.arange(S) < 18
-    assert key_padding._joint_diagonal((queries[:, None] & keys[None, :]).expand(B, 1, S, S)) is None
-    heads = mask.expand(B, H, S, S).clone()
-    heads[0, 2, 0, 20] = True  # element 0 keeps 18 rows
-    assert key_padding._joint_diagonal(heads) is None
-    assert key_padding._joint_diagonal(BIAS) is None and key_padding._joint_diagonal(_keys(PREFIX, PREFIX)) is None
 
 
 def test_only_boolean_masks_of_one_row_on_the_querys_device_are_found_on_the_device():
