@@ -16,3 +16,8 @@ class Terminated(BaseException):
     every `finally` runs and a staged run folder is removed (`run_dir.StagedRun`). A BaseException,
     as KeyboardInterrupt is, so an `except Exception` on the way does not swallow it.
     """
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first non-empty line, at most 200 characters: what a one-line report quotes of a library's error."""
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:200]

@@ -135,15 +135,14 @@ def compile_failures_as_user_errors(what: str, hint: str) -> Iterator[None]:
     trace) as one UserError line: what failed, the error's first line, and `hint`."""
     from torch._dynamo.exc import TorchDynamoException
 
-    from ..errors import UserError
+    from ..errors import UserError, first_line
 
     try:
         yield
     except TorchDynamoException as exc:
         cause = getattr(exc, "inner_exception", None) or exc  # a backend's failure: what the backend raised
-        first_line = next((line.strip() for line in str(cause).splitlines() if line.strip()), "")[:200]
         raise UserError(f"{what}: torch {torch.__version__} could not compile it ({type(cause).__name__}: "
-                        f"{first_line}); {hint}") from exc
+                        f"{first_line(cause)}); {hint}") from exc
 
 
 def _quantize(model: nn.Module, adapter: BlockAdapter | None) -> list[Fp8LinearSwap]:
