@@ -73,7 +73,7 @@ class Rates:
             for kind, c in stack.categories.items():
                 if kind == "gemm" and c.get("flops") and c["ms"]:
                     gemm_rates.append(c["flops"] / (_linear_ms(c) * 1e9) / baseline.ceilings["bf16"])
-                elif c.get("bytes_est") and c["ms"] >= MEMORY_RATE_MIN_SHARE * memory_ms:
+                elif c.get("bytes_est") and c["ms"] and c["ms"] >= MEMORY_RATE_MIN_SHARE * memory_ms:
                     memory_rates.append(c["bytes_est"] / (c["ms"] * 1e6) / baseline.ceilings["copy"])
         return cls(baseline.ceilings["bf16"], baseline.ceilings["fp8"], baseline.ceilings["copy"],
                    min(1.0, max(gemm_rates, default=1.0)), min(1.0, max(memory_rates, default=1.0)),
