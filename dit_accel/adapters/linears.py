@@ -32,12 +32,10 @@ class Fp8Policy:
     kept: dict[str, str]
 
 
-def fp8_policy(capture: StackCapture, more_video: StackCapture,
-               shapes: dict[str, tuple[int, int]] | None = None) -> Fp8Policy:
+def fp8_policy(capture: StackCapture, more_video: StackCapture, shapes: dict[str, tuple[int, int]]) -> Fp8Policy:
     """The rule (`RULE`) applied to the linears of a stack's block, on the rows each saw in the captured pass
-    (`capture`) and in the same pass with more video rows (`more_video`), and on the block's (in, out) features
-    (`shapes`; default the capture's: a capture of the scaled-down config has its smaller features)."""
-    shapes = capture.linear_shapes if shapes is None else shapes
+    (`capture`) and in the same pass with more video rows (`more_video`), and on the full-size block's (in, out)
+    features (`shapes`: a capture of the scaled-down config has its smaller ones)."""
 
     def rows(name: str) -> int:
         return capture.linear_rows.get(name, 0)
