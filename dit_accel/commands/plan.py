@@ -322,7 +322,7 @@ def _scaling_rows(baseline, here, rates, sets, full, memory_budget, host_link_gb
     name = knobs_label(full)
     rows = []
     if memory_budget is not None:
-        link = host_link_gbps or rates.host_link or here.host_link_gbps  # the flag, what was measured, the datasheet
+        link = host_link_gbps or rates.host_link_there(here)  # the flag, else what was measured, else the datasheet
         for streamed in streamed_knob_sets():
             streamed_blocks, streamed_pass = sets[streamed]
             rows.append(_stream_row(baseline, streamed, streamed_blocks, streamed_pass, memory_budget, link))

@@ -79,10 +79,12 @@ class Rates:
                    min(1.0, max(gemm_rates, default=1.0)), min(1.0, max(memory_rates, default=1.0)),
                    baseline.ceilings.get("host_link"))
 
-    def host_link_there(self, here: Gpu | None, there: Gpu) -> float:
+    def host_link_there(self, here: Gpu | None, there: Gpu | None = None) -> float:
         """GB/s a streamed block moves at from host memory on `there`: the datasheet's link times the fraction of
-        this GPU's datasheet link measured here (the datasheet's alone without a measurement or a datasheet here);
-        on this GPU itself, the measurement."""
+        this GPU's datasheet link measured here (the datasheet's alone without a measurement or a datasheet here).
+        On this GPU itself (`there` None, or `here`): the measurement, else its datasheet's link."""
+        if there is None:
+            return self.host_link if self.host_link is not None else here.host_link_gbps
         if self.host_link is None or here is None:
             return there.host_link_gbps
         return there.host_link_gbps * self.host_link / here.host_link_gbps
