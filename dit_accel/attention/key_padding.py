@@ -7,7 +7,8 @@ kept queries x kept keys). A masked key adds nothing to softmax(q k^T) v, so att
 alone gives the same attention: each batch element's kept keys (a prefix is sliced, anything else gathered)
 go to the backend unmasked, one call for the batch when every element keeps the same keys. Queries a joint
 mask drops (the text padding's own rows) are answered by torch's SDPA with their mask rows, as diffusers'
-default backend answers them.
+default backend answers them (a fully masked row has no answer of its own: SDPA's math and efficient kernels
+give zeros, its cuDNN kernel, torch's choice on the H200, attends as if the row were unmasked).
 
 Two ways to find the kept keys:
 
@@ -95,7 +96,33 @@ class _Kept:
     keys: torch.Tensor  # bool [S_kv] on the CPU
 
 
-JOINT_CHECK_ROWS = 4096  # rows of a joint mask compared at a time (bounds the check's temporary)
+JOINT_CHECK_ROWS = 4096  # rows of a joint mask compared at a time off the fast path (bounds the temporary)
+
+
+def _joint_kept(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A joint mask [S_q, S_kv] as (kept queries, kept keys), bool vectors on the CPU, when it is their outer
+    product, else None. A mask that keeps its first element holds them as its first column and first row (one
+    small read); otherwise rows and columns are reduced. Then one pass checks the values: row-wise reductions over
+    views of the mask when both are prefixes (HunyuanVideo 1.5's, its text padding last: one read of the mask,
+    one sync; a reduction of a view to one value ran at half the rate on the H200), a compare by blocks of rows
+    otherwise."""
+    edges = torch.cat([rows[:, 0], rows[0]]).cpu()
+    if bool(edges[0]):
+        queries, keys = edges[:rows.shape[0]], edges[rows.shape[0]:]
+    else:
+        queries, keys = rows.any(dim=1).cpu(), rows.any(dim=0).cpu()
+    served, seen = _selection(queries), _selection(keys)
+    if isinstance(served, slice) and isinstance(seen, slice):
+        m, n = served.stop, seen.stop
+        outer = rows[:m, :n].all(dim=1).all() & ~rows[:m, n:].any(dim=1).any() & ~rows[m:].any(dim=1).any()
+    else:
+        on_device = queries.to(rows.device), keys.to(rows.device)
+        differs = torch.zeros((), dtype=torch.bool, device=rows.device)
+        for start in range(0, rows.shape[0], JOINT_CHECK_ROWS):
+            part = rows[start:start + JOINT_CHECK_ROWS]
+            differs |= (part != (on_device[0][start:start + JOINT_CHECK_ROWS, None] & on_device[1][None, :])).any()
+        outer = ~differs
+    return (queries, keys) if bool(outer) else None
 
 
 def _kept(rows: torch.Tensor) -> _Kept | None:
@@ -112,12 +139,9 @@ def _kept(rows: torch.Tensor) -> _Kept | None:
     if rows.shape[0] == 1:
         keys, queries = rows[0].cpu(), None
     else:
-        keys, queries = rows.any(dim=0), rows.any(dim=1)
-        for start in range(0, rows.shape[0], JOINT_CHECK_ROWS):
-            part = rows[start:start + JOINT_CHECK_ROWS]
-            if not torch.equal(part, queries[start:start + JOINT_CHECK_ROWS, None] & keys[None, :]):
-                return None
-        keys, queries = keys.cpu(), queries.cpu()
+        if (joint := _joint_kept(rows)) is None:
+            return None
+        queries, keys = joint
         if bool(queries.all()):
             queries = None
     return _Kept(queries, keys) if bool(keys.any()) else None

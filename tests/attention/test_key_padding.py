@@ -43,6 +43,20 @@ def _joint(*counts: int) -> torch.Tensor:
     return (kept[:, None, :, None] & kept[:, None, None, :])
 
 
+def _joint_of(*kept: list[int]) -> torch.Tensor:
+    """A bool [B, 1, S, S] joint mask: each element's given rows by the same keys."""
+    rows = _keys(*kept)[:, 0, 0]
+    return (rows[:, None, :, None] & rows[:, None, None, :])
+
+
+def _with(mask: torch.Tensor, *flips: tuple[int, int, int]) -> torch.Tensor:
+    """`mask` with the values at (element, query, key) flipped."""
+    mask = mask.clone()
+    for b, i, j in flips:
+        mask[b, 0, i, j] = ~mask[b, 0, i, j]
+    return mask
+
+
 PREFIX, INNER = list(range(18)), [0, 1, 2, 5, 6, 7, 20, 23]
 BIAS = torch.where(torch.arange(S) < 18, 0.0, -10000.0).to(torch.float64).expand(B, H, 1, S)
 CASES = {  # mask, (query rows, key rows) of each call the backend gets
@@ -50,6 +64,12 @@ CASES = {  # mask, (query rows, key rows) of each call the backend gets
     "a prefix and gathered keys": (_keys(PREFIX, INNER), [((1, S), (1, 18)), ((1, S), (1, 8))]),
     "an additive bias per head": (BIAS, [((B, S), (B, 18))]),
     "a joint mask": (_joint(18, 24), [((1, 18), (1, 18)), ((1, S), (1, S))]),
+    "a joint mask of gathered rows": (_joint_of(INNER, PREFIX), [((1, 8), (1, 8)), ((1, 18), (1, 18))]),
+    "a joint mask that drops its first row": (_joint_of(INNER[1:], PREFIX), [((1, 7), (1, 7)), ((1, 18), (1, 18))]),
+    # off by one value: a key past the kept ones, a dropped query's key, a hole among the kept (each path)
+    "a joint mask that is not an outer product": (_with(_joint(18, 24), (0, 3, 20), (1, 5, 7)), []),
+    "a joint mask with a dropped query's key": (_with(_joint(18, 18), (0, 20, 3)), [((1, 18), (1, 18))]),
+    "gathered rows that are not an outer product": (_with(_joint_of(INNER, INNER[1:]), (0, 1, 0), (1, 2, 5)), []),
     "a bias that is not key padding": (torch.full((B, 1, 1, S), -0.5, dtype=torch.float64), []),
     "heads that differ": (torch.cat([_keys(PREFIX, PREFIX), _keys(INNER, INNER), _keys(PREFIX, PREFIX)], dim=1), []),
     "an element with no kept key": (_keys(PREFIX, []), [((1, S), (1, 18))]),
