@@ -89,22 +89,56 @@ def _selection(kept: torch.Tensor) -> Selection:
 
 
 @dataclass
+class _Check:
+    """A check's flag on its way to the host: on a CUDA device, computed on a side stream and copied into pinned
+    memory there, so reading it waits for the check alone, not for the work queued on the current stream."""
+
+    flag: torch.Tensor  # bool scalar on the host
+    done: torch.cuda.Event | None = None
+
+    def passed(self) -> bool:
+        if self.done is not None:
+            self.done.synchronize()
+        return bool(self.flag)
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _check_beside(device: torch.device, check) -> _Check:
+    """`check()` (a bool scalar on `device`) as a `_Check`: beside the current stream's work on a CUDA device (which
+    it follows), at once elsewhere."""
+    if device.type != "cuda":
+        return _Check(check().cpu())
+    side = _SIDE_STREAMS.setdefault(device, torch.cuda.Stream(device))
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+        flag.copy_(check(), non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(side)
+    return _Check(flag, done)
+
+
+@dataclass
 class _Kept:
-    """What one batch element's mask keeps: the queries it lets attend (None: all) and the keys they see."""
+    """What one batch element's mask keeps: the queries it lets attend (None: all) and the keys they see, and for a
+    joint mask the check that it is their outer product, read once the backend's work is queued (`_confirmed`)."""
 
     queries: torch.Tensor | None  # bool [S_q] on the CPU
     keys: torch.Tensor  # bool [S_kv] on the CPU
+    outer: _Check | None = None
 
 
 JOINT_CHECK_ROWS = 4096  # rows of a joint mask compared at a time off the fast path (bounds the temporary)
 
 
-def _joint_kept(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """A joint mask [S_q, S_kv] as (kept queries, kept keys), bool vectors on the CPU, when it is their outer
-    product, else None. A mask that keeps its first element holds them as its first column and first row (one
-    small read); otherwise rows and columns are reduced. Then one pass checks the values: row-wise reductions over
-    views of the mask when both are prefixes (HunyuanVideo 1.5's, its text padding last: one read of the mask,
-    one sync; a reduction of a view to one value ran at half the rate on the H200), a compare by blocks of rows
+def _joint_kept(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _Check]:
+    """A joint mask [S_q, S_kv] as the queries and keys it would keep were it their outer product (bool vectors on
+    the CPU) and the check that it is, under way. A mask that keeps its first element holds them as its first
+    column and first row (one small read); otherwise rows and columns are reduced. The check: row-wise reductions
+    over views of the mask when both are prefixes (HunyuanVideo 1.5's, its text padding last: one read of the
+    mask; a reduction of a view to one value ran at half the rate on the H200), a compare by blocks of rows
     otherwise."""
     edges = torch.cat([rows[:, 0], rows[0]]).cpu()
     if bool(edges[0]):
@@ -112,22 +146,24 @@ def _joint_kept(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     else:
         queries, keys = rows.any(dim=1).cpu(), rows.any(dim=0).cpu()
     served, seen = _selection(queries), _selection(keys)
-    if isinstance(served, slice) and isinstance(seen, slice):
-        m, n = served.stop, seen.stop
-        outer = rows[:m, :n].all(dim=1).all() & ~rows[:m, n:].any(dim=1).any() & ~rows[m:].any(dim=1).any()
-    else:
+
+    def outer() -> torch.Tensor:
+        if isinstance(served, slice) and isinstance(seen, slice):
+            m, n = served.stop, seen.stop
+            return rows[:m, :n].all(dim=1).all() & ~rows[:m, n:].any(dim=1).any() & ~rows[m:].any(dim=1).any()
         on_device = queries.to(rows.device), keys.to(rows.device)
         differs = torch.zeros((), dtype=torch.bool, device=rows.device)
         for start in range(0, rows.shape[0], JOINT_CHECK_ROWS):
             part = rows[start:start + JOINT_CHECK_ROWS]
             differs |= (part != (on_device[0][start:start + JOINT_CHECK_ROWS, None] & on_device[1][None, :])).any()
-        outer = ~differs
-    return (queries, keys) if bool(outer) else None
+        return ~differs
+
+    return queries, keys, _check_beside(rows.device, outer)
 
 
 def _kept(rows: torch.Tensor) -> _Kept | None:
     """What one batch element's mask ([H or 1, S_q or 1, S_kv]) keeps, or None when it is not key padding in value
-    (see the module docstring): a joint mask must be kept queries x kept keys, every head alike."""
+    (see the module docstring): a joint mask must be kept queries x kept keys (its `outer` flag), every head alike."""
     if rows.dtype != torch.bool:
         kept = rows == 0
         if not bool((kept | (rows <= DROPPED_BIAS)).all()):
@@ -136,15 +172,19 @@ def _kept(rows: torch.Tensor) -> _Kept | None:
     if rows.shape[0] > 1 and not bool((rows == rows[:1]).all()):
         return None
     rows = rows[0]
+    outer = None
     if rows.shape[0] == 1:
         keys, queries = rows[0].cpu(), None
     else:
-        if (joint := _joint_kept(rows)) is None:
-            return None
-        queries, keys = joint
+        queries, keys, outer = _joint_kept(rows)
         if bool(queries.all()):
             queries = None
-    return _Kept(queries, keys) if bool(keys.any()) else None
+    return _Kept(queries, keys, outer) if bool(keys.any()) else None
+
+
+def _confirmed(kept: list[_Kept | None]) -> list[bool]:
+    """Whether each element's mask is what its `_Kept` says (its joint check read)."""
+    return [one is not None and (one.outer is None or one.outer.passed()) for one in kept]
 
 
 def _masked_sdpa(q, k, v, mask, scale):
@@ -157,27 +197,36 @@ def key_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
                          scale: float | None, backend: str) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v, [B, S, H, D] in and out: the backend called `backend` on the kept keys of
     the kept queries, torch's SDPA with the mask on the rest (the queries a joint mask drops, a batch element whose
-    mask is not key padding); what the op's CPU and CUDA implementations run."""
+    mask is not key padding); what the op's CPU and CUDA implementations run. A joint mask's check runs beside the
+    backend's work and is read once that work is queued: the host waits for the check alone, and the GPU has the
+    kernel to run meanwhile (read before it, the sync left the GPU idle while the host launched the kernel; read
+    after the kernel on its stream, the host lost the kernel's time to get ahead). An element whose mask fails the
+    check is answered again, by SDPA with its mask."""
     from .backends import get_backend
 
     run = get_backend(backend).run
     kept = [_kept(mask[b if mask.shape[0] > 1 else 0]) for b in range(q.shape[0])]
     if all(one is not None and one.queries is None and torch.equal(one.keys, kept[0].keys) for one in kept):
         keys = _selection(kept[0].keys)  # every element keeps the same keys, and every query: one call
-        return run(q, k[:, keys], v[:, keys], scale)
-    out = q.new_empty((*q.shape[:3], v.shape[3]))
-    for b, one in enumerate(kept):
-        rows = mask[b:b + 1] if mask.shape[0] > 1 else mask
-        if one is None:
+        out = run(q, k[:, keys], v[:, keys], scale)
+    else:
+        out = q.new_empty((*q.shape[:3], v.shape[3]))
+        for b, one in enumerate(kept):
+            rows = mask[b:b + 1] if mask.shape[0] > 1 else mask
+            if one is None:
+                out[b:b + 1] = _masked_sdpa(q[b:b + 1], k[b:b + 1], v[b:b + 1], rows, scale)
+                continue
+            keys = _selection(one.keys)
+            served = slice(None) if one.queries is None else _selection(one.queries)
+            out[b:b + 1, served] = run(q[b:b + 1, served], k[b:b + 1, keys], v[b:b + 1, keys], scale)
+            if one.queries is not None:
+                dropped = _selection(~one.queries)
+                out[b:b + 1, dropped] = _masked_sdpa(q[b:b + 1, dropped], k[b:b + 1], v[b:b + 1],
+                                                     rows[:, :, dropped], scale)
+    for b, (one, confirmed) in enumerate(zip(kept, _confirmed(kept))):
+        if one is not None and not confirmed:
+            rows = mask[b:b + 1] if mask.shape[0] > 1 else mask
             out[b:b + 1] = _masked_sdpa(q[b:b + 1], k[b:b + 1], v[b:b + 1], rows, scale)
-            continue
-        keys = _selection(one.keys)
-        served = slice(None) if one.queries is None else _selection(one.queries)
-        out[b:b + 1, served] = run(q[b:b + 1, served], k[b:b + 1, keys], v[b:b + 1, keys], scale)
-        if one.queries is not None:
-            dropped = _selection(~one.queries)
-            out[b:b + 1, dropped] = _masked_sdpa(q[b:b + 1, dropped], k[b:b + 1], v[b:b + 1], rows[:, :, dropped],
-                                                 scale)
     return out
 
 

@@ -66,10 +66,14 @@ CASES = {  # mask, (query rows, key rows) of each call the backend gets
     "a joint mask": (_joint(18, 24), [((1, 18), (1, 18)), ((1, S), (1, S))]),
     "a joint mask of gathered rows": (_joint_of(INNER, PREFIX), [((1, 8), (1, 8)), ((1, 18), (1, 18))]),
     "a joint mask that drops its first row": (_joint_of(INNER[1:], PREFIX), [((1, 7), (1, 7)), ((1, 18), (1, 18))]),
-    # off by one value: a key past the kept ones, a dropped query's key, a hole among the kept (each path)
-    "a joint mask that is not an outer product": (_with(_joint(18, 24), (0, 3, 20), (1, 5, 7)), []),
-    "a joint mask with a dropped query's key": (_with(_joint(18, 18), (0, 20, 3)), [((1, 18), (1, 18))]),
-    "gathered rows that are not an outer product": (_with(_joint_of(INNER, INNER[1:]), (0, 1, 0), (1, 2, 5)), []),
+    # off by one value: a key past the kept ones, a dropped query's key, a hole among the kept (each path); the
+    # backend answers as the mask's edges say, and the check, read after, has SDPA answer the element again
+    "a joint mask that is not an outer product": (_with(_joint(18, 24), (0, 3, 20), (1, 5, 7)),
+                                                  [((1, 18), (1, 18)), ((1, S), (1, S))]),
+    "a joint mask with a dropped query's key": (_with(_joint(18, 18), (0, 20, 3)),
+                                                [((1, 18), (1, 18)), ((1, 18), (1, 18))]),
+    "gathered rows that are not an outer product": (_with(_joint_of(INNER, INNER[1:]), (0, 1, 0), (1, 2, 5)),
+                                                    [((1, 7), (1, 8)), ((1, 7), (1, 7))]),
     "a bias that is not key padding": (torch.full((B, 1, 1, S), -0.5, dtype=torch.float64), []),
     "heads that differ": (torch.cat([_keys(PREFIX, PREFIX), _keys(INNER, INNER), _keys(PREFIX, PREFIX)], dim=1), []),
     "an element with no kept key": (_keys(PREFIX, []), [((1, S), (1, 18))]),
@@ -83,6 +87,18 @@ def test_the_op_equals_masked_sdpa_in_float64(case, fake_backend):
     got = KEY_PADDED_ATTENTION(q, k, v, mask, None, "fake")
     expected = _sdpa(q, k, v, mask)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12, equal_nan=True)
+    assert [(qs[:2], ks[:2]) for qs, ks in fake_backend.calls] == calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [case for case in CASES if "joint" in case or "gathered rows" in case])
+def test_on_the_gpu_a_joint_mask_is_checked_beside_the_backend(case, fake_backend):
+    """On a CUDA device the joint check runs on a side stream: the same answers and calls as on the CPU."""
+    mask, calls = CASES[case]
+    q, k, v = (t.cuda() for t in _qkv())
+    mask = mask.cuda()
+    got = KEY_PADDED_ATTENTION(q, k, v, mask, None, "fake")
+    torch.testing.assert_close(got, _sdpa(q, k, v, mask), rtol=1e-12, atol=1e-12, equal_nan=True)
     assert [(qs[:2], ks[:2]) for qs, ks in fake_backend.calls] == calls
 
 
@@ -290,3 +306,4 @@ def test_the_op_is_tagged_cudagraph_unsafe():
     if not hasattr(torch.Tag, "cudagraph_unsafe"):
         pytest.skip("this torch has no cudagraph_unsafe tag")
     assert torch.Tag.cudagraph_unsafe in KEY_PADDED_ATTENTION.tags
+
