@@ -362,7 +362,9 @@ class BlockAdapter:
         return {
             "attention_calls": [{"module": c.module, "kind": c.kind, "batch": c.batch, "heads": c.heads,
                                  "q_len": c.q_len, "kv_len": c.kv_len, "head_dim": c.head_dim, "masked": c.masked,
-                                 "key_padding": c.key_padding, "flops": c.flops} for c in capture.attention_calls],
+                                 "key_padding": c.key_padding, "mask_bytes": c.mask_bytes,
+                                 "kept": [list(pair) for pair in c.kept] if c.kept else None, "flops": c.flops}
+                                for c in capture.attention_calls],
             "linears": [{"name": name, "rows": capture.linear_rows.get(name, 0), "in_features": shape[0],
                          "out_features": shape[1], "fp8": name in fp8}
                         for name, shape in capture.linear_shapes.items()],

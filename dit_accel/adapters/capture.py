@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..attention.key_padding import shape_reason
+from ..attention.key_padding import kept_lengths, shape_reason
 
 SDPA_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 
@@ -37,8 +37,9 @@ class AttentionCall:
     """One attention call of a block: [batch, heads, q_len, kv_len, head_dim], made by attention module
     `module` (its path in the block); `kind` is self (queries and keys are the block's rows), joint (the
     block's rows with other rows joined, e.g. text) or cross (keys from other rows); `masked` whether a mask
-    went with it, `key_padding` whether it is one the router serves on the kept keys (`attention.key_padding`,
-    by its shape)."""
+    went with it and `mask_bytes` its tensor's, `key_padding` whether it is one the router serves on the kept
+    keys (`attention.key_padding`, by its shape), and `kept` each batch element's (kept queries, kept keys) where
+    the capture ran on data and the mask's values are key padding."""
 
     module: str
     kind: str
@@ -49,6 +50,8 @@ class AttentionCall:
     head_dim: int
     masked: bool = False
     key_padding: bool = False
+    mask_bytes: int = 0
+    kept: tuple[tuple[int, int], ...] | None = None
 
     @property
     def flops(self) -> float:
@@ -121,8 +124,10 @@ class _SdpaRecorder(TorchFunctionMode):
             kind = ("cross" if kv_len != q_len else "self" if q_len == stack.rows else "joint")
             mask = call.get("attn_mask")
             key_padding = mask is not None and shape_reason(mask, q.transpose(-3, -2), k.transpose(-3, -2)) is None
-            stack.attention_calls.append(AttentionCall(module, kind, batch, heads, q_len, kv_len, head_dim,
-                                                       mask is not None, key_padding))
+            kept = kept_lengths(mask, batch, q_len) if key_padding and mask.device.type != "meta" else None
+            stack.attention_calls.append(AttentionCall(
+                module, kind, batch, heads, q_len, kv_len, head_dim, mask is not None, key_padding,
+                mask.untyped_storage().nbytes() if mask is not None else 0, tuple(kept) if kept else None))
         return func(*args, **kwargs)
 
 

@@ -187,6 +187,15 @@ def _confirmed(kept: list[_Kept | None]) -> list[bool]:
     return [one is not None and (one.outer is None or one.outer.passed()) for one in kept]
 
 
+def kept_lengths(mask: torch.Tensor, batch: int, seq_q: int) -> list[tuple[int, int]] | None:
+    """(kept queries, kept keys) of each of `batch` elements under a key-padding mask (`shape_reason` passed) for
+    `seq_q` queries, or None where its values are not key padding: the rows the backend attends with."""
+    kept = [_kept(mask[b if mask.shape[0] > 1 else 0]) for b in range(batch)]
+    if not all(_confirmed(kept)):
+        return None
+    return [(seq_q if one.queries is None else int(one.queries.sum()), int(one.keys.sum())) for one in kept]
+
+
 def _masked_sdpa(q, k, v, mask, scale):
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                                          scale=scale)

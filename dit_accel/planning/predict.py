@@ -7,7 +7,9 @@ knob changes, each by one stated model:
   - FP8 attention: each attention call at our kernel's rate at the nearest point this GPU's crossover data
     measured (prep included): our time there times the call's FLOPs over the point's; a call keeps its measured
     time where the data measured the baseline faster (the router sends such calls there) and where our kernel
-    does not serve it (head dims other than 64 and 128).
+    does not serve it (head dims other than 64 and 128). A key-padding call whose kept rows the capture read
+    (`kept`) runs our kernel on those rows alone, the queries a joint mask drops at the call's measured rate (SDPA
+    answers them, as in the baseline), and reads its mask once (the op's check) at the best memory-bound rate.
   - FP8 linears: the FP8 linears' FLOPs at the FP8 GEMM ceiling, the rest at the bf16 one, both at the fraction
     of its ceiling this run's linears' GEMMs reached (the GEMM time nn.Linear launched, `linear_ms`; a report from
     before it was measured: all GEMM time), other matmuls as measured; plus the activations' quantization (torchao,
@@ -22,8 +24,10 @@ knob changes, each by one stated model:
     compute-bound ops wrote and write what they read: the distinct linear inputs, the linear outputs and the
     attention's q, k, v, 2 bytes an element, and the tensors of the matmul work no nn.Linear launched
     (convolutions, bare matmuls: their ops' bytes, `not_linear_bytes_est`; none in a report from before they were
-    counted), at that same best memory-bound rate.
-Kernel gaps and unclassified time are kept as measured.
+    counted), and the masks the attention calls take (a mask built in the block is written once: HunyuanVideo
+    1.5's joint mask, S^2 bytes), at that same best memory-bound rate.
+Kernel gaps and unclassified time are kept as measured (the host syncs of our key-padding op included: none in the
+baseline).
 """
 from __future__ import annotations
 
@@ -44,13 +48,15 @@ FUSED_BYTES_PER_ELEMENT = 2  # bf16
 MEMORY_RATE_MIN_SHARE = 0.05
 ROOFLINE_FP8_ATTENTION = 0.537  # ours at B1 H56 S30272 D128 on the H200: 848 TFLOP/s of its 1579 FP8 GEMM ceiling
 KNOB_MODELS = {
-    "fp8-attention": "attention calls at our kernel's rate at the nearest crossover point (prep included); calls "
-                     "routed to the baseline there and head dims other than 64/128 unchanged",
+    "fp8-attention": "attention calls at our kernel's rate at the nearest crossover point (prep included), a "
+                     "key-padding call on its kept rows (plus its dropped queries at the measured rate and one read "
+                     "of its mask); calls routed to the baseline there and head dims other than 64/128 unchanged",
     "fp8-linear": "FP8 linears' FLOPs at the FP8 GEMM ceiling x this run's linear GEMM efficiency, other matmuls "
                   "as measured, plus their inputs' quantization (25 B/element eager, 5 compiled) at this run's best "
                   "memory-bound rate",
-    "compile": "memory-bound kinds fused: linear inputs and outputs and attention q/k/v once (2 B/element), and "
-               "the tensors of convolutions and other matmuls, at this run's best memory-bound rate",
+    "compile": "memory-bound kinds fused: linear inputs and outputs and attention q/k/v once (2 B/element), the "
+               "tensors of convolutions and other matmuls, and the attention masks once, at this run's best "
+               "memory-bound rate",
 }
 
 
@@ -102,6 +108,19 @@ class BlockPrediction:
         return sum(self.parts.values())
 
 
+def _kept_call(call: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """The call as our kernel runs it, and the fraction of its queries a joint mask drops (SDPA answers those): a
+    key-padding call whose kept rows the capture read runs on them alone (its FLOPs theirs, its lengths their mean
+    over the batch); any other call as it is."""
+    kept = call.get("kept")
+    if not kept:
+        return call, 0.0
+    per_pair = 4.0 * call["heads"] * call["head_dim"]
+    served = {**call, "q_len": round(sum(q for q, _ in kept) / len(kept)),
+              "kv_len": round(sum(k for _, k in kept) / len(kept)), "flops": sum(per_pair * q * k for q, k in kept)}
+    return served, sum(call["q_len"] - q for q, _ in kept) / (call["q_len"] * len(kept))
+
+
 def _fp8_attention_ms(call: dict[str, Any], baseline_backend: str, crossover,
                       fp8_ceiling: float | None) -> float | None:
     """Our kernel's time for this call (None: not served, or routed to the baseline by the crossover)."""
@@ -121,6 +140,11 @@ def _fp8_attention_ms(call: dict[str, Any], baseline_backend: str, crossover,
     if fp8_ceiling:
         return call["flops"] / (ROOFLINE_FP8_ATTENTION * fp8_ceiling * 1e9)
     return None
+
+
+def _memory_ms(nbytes: float, rates: Rates) -> float:
+    """Memory-bound work of `nbytes` at this run's best memory-bound rate."""
+    return nbytes / (rates.copy * rates.memory_efficiency * 1e6)
 
 
 def _linear_ms(gemm: dict[str, Any]) -> float:
@@ -146,12 +170,17 @@ def predict_block(stack: StackBaseline, baseline: Baseline, knobs: frozenset[str
         served = unserved = 0.0
         for call in stack.attention_calls:
             call_ms = attention["ms"] * call["flops"] / total_flops
-            fp8_ms = (_fp8_attention_ms(call, baseline.attention_backend, crossover, rates.fp8)
+            kept, dropped = _kept_call(call)
+            fp8_ms = (_fp8_attention_ms(kept, baseline.attention_backend, crossover, rates.fp8)
                       if "fp8-attention" in knobs else None)
             if fp8_ms is None:
                 unserved += call_ms
             else:
                 served += fp8_ms
+                if call.get("kept"):  # the dropped queries by SDPA, and the op's check of the mask
+                    unserved += call_ms * dropped
+                    parts["mask check"] = parts.get("mask check", 0.0) + _memory_ms(call["mask_bytes"], rates)
+                    bound["mask check"] = "memory"
         if served:
             parts["attention (fp8)"], bound["attention (fp8)"] = served, "fp8"
         if unserved:
@@ -167,7 +196,7 @@ def predict_block(stack: StackBaseline, baseline: Baseline, knobs: frozenset[str
             bound.update({"gemm (fp8)": "fp8", "gemm": "bf16"})
             elements = sum(lin["rows"] * lin["in_features"] for lin in stack.linears if lin["fp8"])
             per_element = QUANTIZE_BYTES_PER_ELEMENT["compiled" if "compile" in knobs else "eager"]
-            parts["quantize"] = elements * per_element / (rates.copy * rates.memory_efficiency * 1e6)
+            parts["quantize"] = _memory_ms(elements * per_element, rates)
             bound["quantize"] = "memory"
         else:
             parts["gemm"], bound["gemm"] = gemm["ms"], "bf16"
@@ -180,8 +209,8 @@ def predict_block(stack: StackBaseline, baseline: Baseline, knobs: frozenset[str
                           for c in stack.attention_calls))
         other_matmuls = sum(stack.categories.get(kind, {}).get("not_linear_bytes_est", 0.0)
                             for kind in ("gemm", "conv"))  # bytes
-        parts["fused elementwise"] = (elements * FUSED_BYTES_PER_ELEMENT + other_matmuls) / (
-            rates.copy * rates.memory_efficiency * 1e6)
+        masks = sum(call.get("mask_bytes", 0) for call in stack.attention_calls)
+        parts["fused elementwise"] = _memory_ms(elements * FUSED_BYTES_PER_ELEMENT + other_matmuls + masks, rates)
         bound["fused elementwise"] = "memory"
     else:
         for kind, c in memory_kinds.items():

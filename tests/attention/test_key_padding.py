@@ -307,3 +307,19 @@ def test_the_op_is_tagged_cudagraph_unsafe():
         pytest.skip("this torch has no cudagraph_unsafe tag")
     assert torch.Tag.cudagraph_unsafe in KEY_PADDED_ATTENTION.tags
 
+
+@torch.no_grad()
+def test_the_capture_reads_the_rows_a_joint_mask_keeps():
+    """What `dit-accel plan` predicts our kernel's work from: a capture on data records each key-padding call's kept
+    (queries, keys) and its mask's bytes; HunyuanVideo 1.5's joint mask drops its text padding as queries and keys.
+    On meta (shapes only) nothing is read."""
+    from dit_accel.adapters import adapter_for_preset
+
+    adapter = adapter_for_preset("hunyuan-video-1.5").scaled_down()
+    workload = adapter.default_workload(1, scaled_down=True)
+    calls = [c for c in adapter.stack_capture(workload, torch.device("cpu"), torch.float32).attention_calls
+             if c.key_padding]
+    assert calls
+    for call in calls:
+        (queries, keys), = call.kept
+        assert queries == keys < call.q_len and call.mask_bytes == call.q_len * call.kv_len  # bool [1, 1, S, S]

@@ -236,6 +236,38 @@ def test_fp8_attention_follows_the_crossover_the_router_reads(tmp_path):
         assert parts["attention"] == round(short_ms, 2)  # routed to cuDNN: its time, scaled as bf16 on other GPUs
 
 
+def test_a_joint_key_padding_call_runs_our_kernel_on_its_kept_rows(tmp_path):
+    """A joint mask keeping 27000 of 30000 queries and keys (the capture read `kept`): our kernel on 27000 x 27000
+    at its rate at the nearest crossover point, the 3000 dropped queries at the call's measured 50 ms x 10%, and
+    the op's check reading the 1 GB mask once at 2000 GB/s; compile writes the mask once. Without `kept` (a report
+    from before the capture read it, or a mask read on meta) the call is predicted at its full shape."""
+    from dit_accel.attention.crossover import packaged_for_gpu
+
+    crossover = packaged_for_gpu("NVIDIA H200")
+    run = _report(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    call = {"module": "attn", "kind": "joint", "batch": 1, "heads": 56, "q_len": 30000, "kv_len": 30000,
+            "head_dim": 128, "masked": True, "key_padding": True, "mask_bytes": 10**9,
+            "flops": 4.0 * 56 * 30000 * 30000 * 128}
+    report["runs"][0]["categories"]["attention"]["flops"] = call["flops"]
+    for name, kept in (("kept", [[27000, 27000]]), ("unread", None)):
+        report["block_work"]["blocks"]["attention_calls"] = [{**call, "kept": kept}]
+        (run / "report.json").write_text(json.dumps(report))
+        assert _plan(run, "--gpu", "h200", "--out", tmp_path / name).exit_code == 0
+        rows = {r["knobs"]: r["parts_ms"]["blocks"] for r in
+                json.loads((tmp_path / name / "plan.json").read_text())["knobs"]}
+        length = 27000 if kept else 30000
+        point = crossover.nearest_point(1, 56, length, length)
+        kernel_ms = length**2 / (point[0] * point[1]) * crossover.ms[128, point[0], point[1]]["fp8"]
+        assert rows["fp8-attention"]["attention (fp8)"] == round(kernel_ms, 2)
+        if kept:
+            assert rows["fp8-attention"]["attention"] == 5.0 and rows["fp8-attention"]["mask check"] == 0.5
+        else:
+            assert "attention" not in rows["fp8-attention"] and "mask check" not in rows["fp8-attention"]
+        fused = (1e6 + 10 + 5e6 + 10 + 56 * 128 * 90000) * 2 / 2000e6 + 10**9 / 2000e6
+        assert rows["compile"]["fused elementwise"] == round(fused, 2)
+
+
 def test_streaming_parallelism_and_caching_rows(tmp_path):
     run = _report(tmp_path)
     result = _plan(run, "--memory-budget", "8GiB", "--host-link-gbps", "10", "--gpus", "2", "--cache-skip", "0.5",
