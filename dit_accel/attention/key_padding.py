@@ -77,15 +77,22 @@ def attend_kept_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 
 
 Selection = slice | torch.Tensor
-"""Rows of one axis: a slice (a prefix, or what follows one) or an index."""
+"""Rows of one axis: a slice (one run of rows: a prefix, a suffix) or an index on the tensors' device."""
 
 
-def _selection(kept: torch.Tensor) -> Selection:
-    """A bool vector (on the CPU) as the rows it keeps."""
+def _selection(kept: torch.Tensor, device: torch.device) -> Selection:
+    """A bool vector (on the CPU) as the rows it keeps, for tensors on `device`: a slice where they are one run (a
+    view, no copy); else their index, copied onto `device` without a host sync (indexing a CUDA tensor with a CPU
+    index waits for every kernel queued before it: HunyuanVideo 1.5's dropped text rows, a suffix indexed so until
+    2026-12-05, made the host wait for our kernel twice a call and left the GPU idle behind it)."""
     count = int(kept.sum())
-    if bool(kept[:count].all()):
-        return slice(0, count)
-    return kept.nonzero().squeeze(1)
+    start = int(kept.to(torch.uint8).argmax()) if count else 0
+    if bool(kept[start:start + count].all()):
+        return slice(start, start + count)
+    index = kept.nonzero().squeeze(1)
+    if device.type != "cuda":
+        return index
+    return index.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass
@@ -137,20 +144,20 @@ def _joint_kept(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _Check]
     """A joint mask [S_q, S_kv] as the queries and keys it would keep were it their outer product (bool vectors on
     the CPU) and the check that it is, under way. A mask that keeps its first element holds them as its first
     column and first row (one small read); otherwise rows and columns are reduced. The check: row-wise reductions
-    over views of the mask when both are prefixes (HunyuanVideo 1.5's, its text padding last: one read of the
-    mask; a reduction of a view to one value ran at half the rate on the H200), a compare by blocks of rows
-    otherwise."""
+    over views of the mask when each is one run of rows (HunyuanVideo 1.5's, its text padding last: one read of
+    the mask, 0.73 ms at S 34625 on the H200; a reduction of a view to one value ran at half the rate, a Triton
+    compare of each byte with the outer product at 0.4x), a compare by blocks of rows otherwise."""
     edges = torch.cat([rows[:, 0], rows[0]]).cpu()
     if bool(edges[0]):
         queries, keys = edges[:rows.shape[0]], edges[rows.shape[0]:]
     else:
         queries, keys = rows.any(dim=1).cpu(), rows.any(dim=0).cpu()
-    served, seen = _selection(queries), _selection(keys)
+    served, seen = _selection(queries, rows.device), _selection(keys, rows.device)
 
     def outer() -> torch.Tensor:
         if isinstance(served, slice) and isinstance(seen, slice):
-            m, n = served.stop, seen.stop
-            return rows[:m, :n].all(dim=1).all() & ~rows[:m, n:].any(dim=1).any() & ~rows[m:].any(dim=1).any()
+            outside = (rows[:served.start], rows[served.stop:], rows[served, :seen.start], rows[served, seen.stop:])
+            return rows[served, seen].all(dim=1).all() & ~torch.stack([r.any(dim=1).any() for r in outside]).any()
         on_device = queries.to(rows.device), keys.to(rows.device)
         differs = torch.zeros((), dtype=torch.bool, device=rows.device)
         for start in range(0, rows.shape[0], JOINT_CHECK_ROWS):
@@ -216,7 +223,7 @@ def key_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     run = get_backend(backend).run
     kept = [_kept(mask[b if mask.shape[0] > 1 else 0]) for b in range(q.shape[0])]
     if all(one is not None and one.queries is None and torch.equal(one.keys, kept[0].keys) for one in kept):
-        keys = _selection(kept[0].keys)  # every element keeps the same keys, and every query: one call
+        keys = _selection(kept[0].keys, q.device)  # every element keeps the same keys, and every query: one call
         out = run(q, k[:, keys], v[:, keys], scale)
     else:
         out = q.new_empty((*q.shape[:3], v.shape[3]))
@@ -225,11 +232,11 @@ def key_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
             if one is None:
                 out[b:b + 1] = _masked_sdpa(q[b:b + 1], k[b:b + 1], v[b:b + 1], rows, scale)
                 continue
-            keys = _selection(one.keys)
-            served = slice(None) if one.queries is None else _selection(one.queries)
+            keys = _selection(one.keys, q.device)
+            served = slice(None) if one.queries is None else _selection(one.queries, q.device)
             out[b:b + 1, served] = run(q[b:b + 1, served], k[b:b + 1, keys], v[b:b + 1, keys], scale)
             if one.queries is not None:
-                dropped = _selection(~one.queries)
+                dropped = _selection(~one.queries, q.device)
                 out[b:b + 1, dropped] = _masked_sdpa(q[b:b + 1, dropped], k[b:b + 1], v[b:b + 1],
                                                      rows[:, :, dropped], scale)
     for b, (one, confirmed) in enumerate(zip(kept, _confirmed(kept))):

@@ -57,7 +57,7 @@ def _with(mask: torch.Tensor, *flips: tuple[int, int, int]) -> torch.Tensor:
     return mask
 
 
-PREFIX, INNER = list(range(18)), [0, 1, 2, 5, 6, 7, 20, 23]
+PREFIX, INNER, RUN = list(range(18)), [0, 1, 2, 5, 6, 7, 20, 23], list(range(4, 20))
 BIAS = torch.where(torch.arange(S) < 18, 0.0, -10000.0).to(torch.float64).expand(B, H, 1, S)
 CASES = {  # mask, (query rows, key rows) of each call the backend gets
     "one prefix for the batch": (_keys(PREFIX, PREFIX), [((B, S), (B, 18))]),
@@ -74,6 +74,9 @@ CASES = {  # mask, (query rows, key rows) of each call the backend gets
                                                 [((1, 18), (1, 18)), ((1, 18), (1, 18))]),
     "gathered rows that are not an outer product": (_with(_joint_of(INNER, INNER[1:]), (0, 1, 0), (1, 2, 5)),
                                                     [((1, 7), (1, 8)), ((1, 7), (1, 7))]),
+    "a joint mask of one run of rows": (_joint_of(RUN, RUN[2:] + [20, 21]), [((1, 16), (1, 16)), ((1, 16), (1, 16))]),
+    "a joint mask of one run of rows with a hole": (_with(_joint_of(RUN, RUN), (0, 10, 10)),
+                                                    [((1, 16), (1, 16)), ((1, 16), (1, 16))]),
     "a bias that is not key padding": (torch.full((B, 1, 1, S), -0.5, dtype=torch.float64), []),
     "heads that differ": (torch.cat([_keys(PREFIX, PREFIX), _keys(INNER, INNER), _keys(PREFIX, PREFIX)], dim=1), []),
     "an element with no kept key": (_keys(PREFIX, []), [((1, S), (1, 18))]),
@@ -100,6 +103,18 @@ def test_on_the_gpu_a_joint_mask_is_checked_beside_the_backend(case, fake_backen
     got = KEY_PADDED_ATTENTION(q, k, v, mask, None, "fake")
     torch.testing.assert_close(got, _sdpa(q, k, v, mask), rtol=1e-12, atol=1e-12, equal_nan=True)
     assert [(qs[:2], ks[:2]) for qs, ks in fake_backend.calls] == calls
+
+
+def test_one_run_of_kept_rows_is_a_view_and_other_rows_an_index():
+    """A prefix, a suffix or any one run of kept rows is sliced (a view: no copy, and on a GPU no host sync, which
+    indexing by a CPU index costs); other rows are gathered by an index on the tensors' device."""
+    kept = torch.zeros(S, dtype=torch.bool)
+    for run in (slice(0, 5), slice(19, S), slice(7, 12), slice(3, 3)):
+        kept.zero_()
+        kept[run] = True
+        assert key_padding._selection(kept, torch.device("cpu")) == (run if run.stop > run.start else slice(0, 0))
+    kept[[2, 5, 6]] = True
+    assert torch.equal(key_padding._selection(kept, torch.device("cpu")), torch.tensor([2, 5, 6]))
 
 
 def test_shapes_that_are_not_key_padding_are_named():
