@@ -85,11 +85,12 @@ def _selection(kept: torch.Tensor, device: torch.device) -> Selection:
     view, no copy); else their index, copied onto `device` without a host sync (indexing a CUDA tensor with a CPU
     index waits for every kernel queued before it: HunyuanVideo 1.5's dropped text rows, a suffix indexed so until
     2026-12-05, made the host wait for our kernel twice a call and left the GPU idle behind it)."""
-    count = int(kept.sum())
-    start = int(kept.to(torch.uint8).argmax()) if count else 0
-    if bool(kept[start:start + count].all()):
+    flags = kept.numpy()  # numpy's reductions of a short vector: ~10x quicker than torch's CPU ops, on the host
+    count = int(flags.sum())  # path the GPU waits on (between the op's sync and its first launch)
+    start = int(flags.argmax()) if count else 0
+    if flags[start:start + count].all():
         return slice(start, start + count)
-    index = kept.nonzero().squeeze(1)
+    index = torch.from_numpy(flags.nonzero()[0])
     if device.type != "cuda":
         return index
     return index.pin_memory().to(device, non_blocking=True)
