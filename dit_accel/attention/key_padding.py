@@ -130,20 +130,23 @@ def _check_beside(device: torch.device, check) -> _Check:
 
 @dataclass
 class _Kept:
-    """What one batch element's mask keeps: the queries it lets attend (None: all) and the keys they see, and for a
-    joint mask the check that it is their outer product, read once the backend's work is queued (`_confirmed`)."""
+    """What one batch element's mask keeps: the queries it lets attend (None: all) and the keys they see, each as
+    rows of the tensors (`_selection`, read once), and for a joint mask the check that it is their outer product,
+    read once the backend's work is queued (`_confirmed`)."""
 
     queries: torch.Tensor | None  # bool [S_q] on the CPU
     keys: torch.Tensor  # bool [S_kv] on the CPU
+    served: Selection  # the queries' rows
+    seen: Selection  # the keys' rows
     outer: _Check | None = None
 
 
 JOINT_CHECK_ROWS = 4096  # rows of a joint mask compared at a time off the fast path (bounds the temporary)
 
 
-def _joint_kept(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _Check]:
-    """A joint mask [S_q, S_kv] as the queries and keys it would keep were it their outer product (bool vectors on
-    the CPU) and the check that it is, under way. A mask that keeps its first element holds them as its first
+def _joint_kept(rows: torch.Tensor) -> _Kept:
+    """A joint mask [S_q, S_kv] as the queries and keys it would keep were it their outer product, and the check
+    that it is, under way. A mask that keeps its first element holds them as its first
     column and first row (one small read); otherwise rows and columns are reduced. The check: row-wise reductions
     over views of the mask when each is one run of rows (HunyuanVideo 1.5's, its text padding last: one read of
     the mask, 0.73 ms at S 34625 on the H200; a reduction of a view to one value ran at half the rate, a Triton
@@ -166,7 +169,7 @@ def _joint_kept(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _Check]
             differs |= (part != (on_device[0][start:start + JOINT_CHECK_ROWS, None] & on_device[1][None, :])).any()
         return ~differs
 
-    return queries, keys, _check_beside(rows.device, outer)
+    return _Kept(queries, keys, served, seen, _check_beside(rows.device, outer))
 
 
 def _kept(rows: torch.Tensor) -> _Kept | None:
@@ -180,14 +183,19 @@ def _kept(rows: torch.Tensor) -> _Kept | None:
     if rows.shape[0] > 1 and not bool((rows == rows[:1]).all()):
         return None
     rows = rows[0]
-    outer = None
     if rows.shape[0] == 1:
-        keys, queries = rows[0].cpu(), None
+        keys = rows[0].cpu()
+        kept = _Kept(None, keys, slice(None), _selection(keys, rows.device))
     else:
-        queries, keys, outer = _joint_kept(rows)
-        if bool(queries.all()):
-            queries = None
-    return _Kept(queries, keys, outer) if bool(keys.any()) else None
+        kept = _joint_kept(rows)
+        if bool(kept.queries.all()):
+            kept.queries, kept.served = None, slice(None)
+    return kept if bool(kept.keys.any()) else None
+
+
+def _kept_each(mask: torch.Tensor, batch: int) -> list[_Kept | None]:
+    """What the mask keeps for each of `batch` elements (`_kept`; a mask of one element serves them all)."""
+    return [_kept(mask[b if mask.shape[0] > 1 else 0]) for b in range(batch)]
 
 
 def _confirmed(kept: list[_Kept | None]) -> list[bool]:
@@ -198,7 +206,7 @@ def _confirmed(kept: list[_Kept | None]) -> list[bool]:
 def kept_lengths(mask: torch.Tensor, batch: int, seq_q: int) -> list[tuple[int, int]] | None:
     """(kept queries, kept keys) of each of `batch` elements under a key-padding mask (`shape_reason` passed) for
     `seq_q` queries, or None where its values are not key padding: the rows the backend attends with."""
-    kept = [_kept(mask[b if mask.shape[0] > 1 else 0]) for b in range(batch)]
+    kept = _kept_each(mask, batch)
     if not all(_confirmed(kept)):
         return None
     return [(seq_q if one.queries is None else int(one.queries.sum()), int(one.keys.sum())) for one in kept]
@@ -222,9 +230,9 @@ def key_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     from .backends import get_backend
 
     run = get_backend(backend).run
-    kept = [_kept(mask[b if mask.shape[0] > 1 else 0]) for b in range(q.shape[0])]
+    kept = _kept_each(mask, q.shape[0])
     if all(one is not None and one.queries is None and torch.equal(one.keys, kept[0].keys) for one in kept):
-        keys = _selection(kept[0].keys, q.device)  # every element keeps the same keys, and every query: one call
+        keys = kept[0].seen  # every element keeps the same keys, and every query: one call
         out = run(q, k[:, keys], v[:, keys], scale)
     else:
         out = q.new_empty((*q.shape[:3], v.shape[3]))
@@ -233,8 +241,7 @@ def key_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
             if one is None:
                 out[b:b + 1] = _masked_sdpa(q[b:b + 1], k[b:b + 1], v[b:b + 1], rows, scale)
                 continue
-            keys = _selection(one.keys, q.device)
-            served = slice(None) if one.queries is None else _selection(one.queries, q.device)
+            served, keys = one.served, one.seen
             out[b:b + 1, served] = run(q[b:b + 1, served], k[b:b + 1, keys], v[b:b + 1, keys], scale)
             if one.queries is not None:
                 dropped = _selection(~one.queries, q.device)
