@@ -146,11 +146,11 @@ JOINT_CHECK_ROWS = 4096  # rows of a joint mask compared at a time off the fast 
 
 def _joint_kept(rows: torch.Tensor) -> _Kept:
     """A joint mask [S_q, S_kv] as the queries and keys it would keep were it their outer product, and the check
-    that it is, under way. A mask that keeps its first element holds them as its first
-    column and first row (one small read); otherwise rows and columns are reduced. The check: row-wise reductions
-    over views of the mask when each is one run of rows (HunyuanVideo 1.5's, its text padding last: one read of
-    the mask, 0.73 ms at S 34625 on the H200; a reduction of a view to one value ran at half the rate, a Triton
-    compare of each byte with the outer product at 0.4x), a compare by blocks of rows otherwise."""
+    that it is, under way. A mask that keeps its first element holds them as its first column and first row (one
+    small read); otherwise rows and columns are reduced. The check: row-wise reductions over views of the mask
+    when each is one run of rows (HunyuanVideo 1.5's, its text padding last: one read of the mask, 0.73 ms at S
+    34625 on the H200; a reduction of a view to one value ran at half the rate, a Triton compare of each byte
+    with the outer product at 0.4x), a compare by blocks of rows otherwise."""
     edges = torch.cat([rows[:, 0], rows[0]]).cpu()
     if bool(edges[0]):
         queries, keys = edges[:rows.shape[0]], edges[rows.shape[0]:]
