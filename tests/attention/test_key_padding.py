@@ -18,6 +18,15 @@ from dit_accel.attention.routing import use_attention_backend
 B, S, H, D = 2, 24, 3, 8
 
 
+@pytest.fixture(autouse=True)
+def no_remembered_masks():
+    """Each test starts with no joint mask's rows remembered (`key_padding._REMEMBERED`), so the backend calls it
+    counts are its own masks'."""
+    key_padding._REMEMBERED.clear()
+    yield
+    key_padding._REMEMBERED.clear()
+
+
 def _qkv(seq_q: int = S):
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(B, seq_q, H, D, dtype=torch.float64, generator=generator)
@@ -105,6 +114,70 @@ def test_on_the_gpu_a_joint_mask_is_checked_beside_the_backend(case, fake_backen
     assert [(qs[:2], ks[:2]) for qs, ks in fake_backend.calls] == calls
 
 
+@pytest.fixture
+def joint_reads(monkeypatch):
+    """The joint masks the op reads on the host (`_read_joint`), as (kept queries, kept keys) counts."""
+    reads, read = [], key_padding._read_joint
+
+    def counted(rows, slot):
+        kept = read(rows, slot)
+        reads.append((int(kept.queries.sum()), int(kept.keys.sum())))
+        return kept
+
+    monkeypatch.setattr(key_padding, "_read_joint", counted)
+    return reads
+
+
+def _sequence(masks, device="cpu"):
+    """The op on each mask in turn (each a fresh tensor, as a model builds it in each block), its answers checked
+    against torch's masked SDPA in float64."""
+    q, k, v = (t.to(device) for t in _qkv())
+    for mask in masks:
+        mask = mask.clone().to(device)
+        got = KEY_PADDED_ATTENTION(q, k, v, mask, None, "fake")
+        torch.testing.assert_close(got, _sdpa(q, k, v, mask), rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+def _per_element_calls(*counts):
+    return [((1, n), (1, n)) for n in counts]
+
+
+def test_a_joint_mask_like_the_last_is_not_read(fake_backend, joint_reads):
+    """A joint mask of a slot (shape, element) seen before is taken to keep the last one's rows: nothing is read on
+    the host, one backend call per element, the check confirms it."""
+    _sequence([_joint(18, 20)] * 3)
+    assert joint_reads == [(18, 18), (20, 20)]
+    assert [(q[:2], k[:2]) for q, k in fake_backend.calls] == _per_element_calls(18, 20) * 3
+
+
+def test_a_new_joint_mask_is_answered_on_its_own_rows(fake_backend, joint_reads):
+    """The guess is wrong for an element whose mask changed (another prompt, the other pass of classifier-free
+    guidance): the backend's call on the guessed rows is wasted, the mask is read and the element answered again,
+    and the next mask of the slot is guessed from the new rows. An element whose mask did not change is not read."""
+    _sequence([_joint(18, 20), _joint(18, 22), _joint(18, 22)])
+    assert joint_reads == [(18, 18), (20, 20), (22, 22)]
+    assert [(q[:2], k[:2]) for q, k in fake_backend.calls] == _per_element_calls(18, 20, 18, 20, 22, 18, 22)
+
+
+def test_a_wrong_guess_at_a_mask_that_is_no_outer_product_is_answered_by_sdpa(fake_backend, joint_reads):
+    """A guessed slot whose new mask is not an outer product: the guess fails, the mask is read, its check fails,
+    SDPA answers it with the mask, and the slot is forgotten (the next mask of it is read, not guessed)."""
+    broken = _with(_joint(18, 20), (1, 3, 21))
+    _sequence([_joint(18, 20), broken, _joint(18, 20)])
+    assert joint_reads == [(18, 18), (20, 20), (20, 20), (20, 20)]
+    assert [(q[:2], k[:2]) for q, k in fake_backend.calls] == _per_element_calls(18, 20, 18, 20, 20, 18, 20)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_guessed_joint_mask_is_confirmed_beside_the_backend(fake_backend, joint_reads):
+    """On a CUDA device: the same answers, reads and calls as on the CPU, the guess's check on the side stream."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    _sequence([_joint(18, 20), _joint(18, 22), _joint(18, 22)], device="cuda")
+    assert joint_reads == [(18, 18), (20, 20), (22, 22)]
+    assert [(q[:2], k[:2]) for q, k in fake_backend.calls] == _per_element_calls(18, 20, 18, 20, 22, 18, 22)
+
+
 def test_one_run_of_kept_rows_is_a_view_and_other_rows_an_index():
     """A prefix, a suffix or any one run of kept rows is sliced (a view: no copy, and on a GPU no host sync, which
     indexing by a CPU index costs); other rows are gathered by an index on the tensors' device."""
@@ -169,7 +242,10 @@ def test_the_padded_text_of_each_family_is_served_on_its_kept_keys(family, fake_
         during = block(**padded)
 
     assert routed.served_calls == 2 * len(unpadded_calls) and routed.fallback_total == 0, routed.fallback_calls
-    fewer = [(full[1][1], kept[1][1]) for full, kept in zip(unpadded_calls, fake_backend.calls) if kept != full]
+    # the last calls: a joint mask unlike the one before also has a call on the rows guessed from that one first
+    # (`test_a_new_joint_mask_is_answered_on_its_own_rows`)
+    padded_calls = fake_backend.calls[-len(unpadded_calls):]
+    fewer = [(full[1][1], kept[1][1]) for full, kept in zip(unpadded_calls, padded_calls) if kept != full]
     assert fewer and all(kept < full for full, kept in fewer)  # the backend saw only the kept keys
     torch.testing.assert_close(_first(during), _first(before), rtol=1e-5, atol=1e-5)
 
