@@ -16,9 +16,9 @@ Custom backends (`routed`: fa4, our fp8): the enum is closed, so the processors 
 `RoutedBackend` object instead, and the `dispatch_attention_fn` global of each processor's model
 file is replaced by a router. The router forwards every call unchanged unless its `backend` is a
 `RoutedBackend`; then it runs our kernel when the call is servable (no attn_mask but a key-padding
-one, no dropout, not causal, no GQA, no extra attention_kwargs, no ring attention, no autograd, and
-the backend does not raise `BackendCannotServe` for the head dim/dtype) and otherwise calls the
-original dispatch with `backend=None`, i.e. diffusers' default. A key-padding mask (one row of kept
+one, no dropout, not causal, no GQA, no extra attention_kwargs, no ring attention, no autograd, the
+backend's metadata check (`serves_reason`: head dim, dtype) passes, and its run does not raise
+`BackendCannotServe` after all) and otherwise calls the original dispatch with `backend=None`, i.e. diffusers' default. A key-padding mask (one row of kept
 keys per batch element: the text padding of joint attention) is served by backends with a metadata
 check (`serves_reason`: fp8, fa4) through `key_padding`, on the kept keys alone. Under diffusers'
 Ulysses context parallelism (`parallel_config` with a Ulysses degree, no ring) the call goes through
@@ -122,12 +122,17 @@ class RoutedBackend(CountedCalls):
         return sum(self.fallback_calls.values())
 
     def decline_reason(self, arguments: dict[str, Any]) -> str | None:
-        """Why this call does not go to our backend: it is not servable, its step or block is held, or the
-        crossover measured a fallback faster at its shape ("routed: <name> measured faster"); None to serve."""
-        reason = _unservable_reason(arguments, self.backend.serves_reason is not None) or (
+        """Why this call does not go to our backend: it is not servable, the backend's metadata check refuses it
+        (head dim, dtype: asked here, not learnt from the `BackendCannotServe` its run raises, whose handling
+        torch.compile cannot trace: a graph break, and on torch 2.11 the discarded trace's weak references left on
+        the block's weights refused their streaming), its step or block is held, or the crossover measured a
+        fallback faster at its shape ("routed: <name> measured faster"); None to serve."""
+        q, k, v = arguments["query"], arguments["key"], arguments["value"]
+        serves_reason = self.backend.serves_reason
+        reason = _unservable_reason(arguments, serves_reason is not None) or (
+            serves_reason(q, k, v) if serves_reason is not None else None) or (
             self.hold_reason() if self.hold_reason else None)
         if reason is None and self.crossover is not None and arguments.get("parallel_config") is None:
-            q, k = arguments["query"], arguments["key"]
             batch, seq_q, heads, head_dim = q.shape
             choice = self.crossover.pick(self.backend.name, batch, heads, seq_q, k.shape[1], head_dim, q.dtype)
             if choice is not None and choice != self.backend.name:
@@ -184,13 +189,10 @@ def _unservable_reason(arguments: dict[str, Any], key_padding_served: bool) -> s
 
 
 def _key_padded_attention(backend: AttentionBackend, arguments: dict[str, Any]) -> torch.Tensor:
-    """A call under a key-padding mask: the backend's metadata check first (a refusal inside the op would be too
-    late to fall back), then the backend on the kept keys: found on the device where the backend takes key
-    lengths and the mask is boolean key padding, else by the op that reads them on the host (`key_padding`)."""
+    """A call under a key-padding mask, its backend's metadata check passed (`decline_reason`: a refusal inside the
+    op would be too late to fall back): the backend on the kept keys, found on the device where the backend takes
+    key lengths and the mask is boolean key padding, else by the op that reads them on the host (`key_padding`)."""
     q, k, v, mask = arguments["query"], arguments["key"], arguments["value"], arguments["attn_mask"]
-    reason = backend.serves_reason(q, k, v)
-    if reason is not None:
-        raise BackendCannotServe(reason)
     if backend.run_key_lengths is not None and key_padding.device_lengths_reason(mask, q) is None:
         return key_padding.attend_kept_keys(q, k, v, mask, arguments["scale"], backend.run_key_lengths)
     return key_padding.KEY_PADDED_ATTENTION(q, k, v, mask, arguments["scale"], backend.name)

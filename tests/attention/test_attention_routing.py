@@ -103,6 +103,42 @@ def test_backend_that_cannot_serve_falls_back_with_its_reason(monkeypatch):
     assert torch.equal(during, before)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["wan", "allegro"])
+def test_a_call_the_metadata_check_refuses_falls_back_inside_one_compiled_graph(family, monkeypatch):
+    """A backend whose metadata check refuses a call (our fp8 kernel at Allegro's head dim 96) is declined before it
+    runs, with the check's reason, so torch.compile traces the fallback in the block's one graph: Wan's calls reach
+    the backend through diffusers' dispatch, Allegro's through torch's SDPA in its file, its cross-attention under a
+    key-padding bias. Learnt from the `BackendCannotServe` the run raises, the handler was a graph break, and on
+    torch 2.11 the trace it discarded left weak references on the block's weights, which then refused to stream
+    (diffusers moves torchao's weights with `torch.utils.swap_tensors`): Allegro's full recipe streamed, on the
+    H200."""
+    runs = []
+
+    def refuses(q, k, v, scale=None):
+        runs.append(q.shape)
+        raise BackendCannotServe("head dim 96 not served")
+
+    monkeypatch.setitem(backends.BACKENDS, "picky", AttentionBackend(
+        "picky", "test double", refuses, lambda d: None, routed=True,
+        serves_reason=lambda q, k, v: "head dim 96 not served"))
+    adapter, block = small_block(family, torch.float32)
+    inputs = adapter.make_inputs(adapter.default_workload(1, scaled_down=True), torch.device("cpu"), torch.float32,
+                                 torch.Generator().manual_seed(0))
+    expected = block(**inputs)
+    torch._dynamo.reset()
+    with use_attention_backend(block, "picky") as routed:
+        eager = block(**inputs)
+        assert runs == []  # declined before the run: no exception to handle
+        compiled = torch.compile(block, fullgraph=True, backend="aot_eager")(**inputs)
+    torch._dynamo.reset()
+    calls = 2 * 2  # self- and cross-attention, eager and compiled
+    assert routed.fallback_calls == {"head dim 96 not served": calls} and routed.served_calls == 0
+    for got in (eager, compiled):
+        torch.testing.assert_close(got[0] if isinstance(got, tuple) else got,
+                                   expected[0] if isinstance(expected, tuple) else expected, rtol=1e-5, atol=1e-5)
+
+
 def test_autograd_calls_fall_back(fake_backend):
     block, inputs = h3_block_and_inputs()
     with use_attention_backend(block, "fake") as routed:
