@@ -24,10 +24,10 @@ Two ways to find the kept keys:
   lengths): which rows are kept is read from the mask (a few syncs per call; a joint mask's rows are read once
   for its shape and then guessed, `_REMEMBERED`, the guess confirmed by the mask's check once the backend's work
   is queued), so the work is a custom op, `torch.ops.dit_accel.key_padded_attention`: torch.compile sees one
-  opaque node and no graph break; CUDA graphs cannot capture it. A mask that is not key padding in value (a bias other than 0 or <= -1e4, rows
-  that differ across heads, a joint mask that is not an outer product, a batch element with no kept key) is
-  answered inside the op by torch's SDPA with the mask, as diffusers' default backend would answer it; the
-  router counts such a call as served, since only the op sees the values.
+  opaque node and no graph break; CUDA graphs cannot capture it. A mask that is not key padding in value (a
+  bias other than 0 or <= -1e4, rows that differ across heads, a joint mask that is not an outer product, a
+  batch element with no kept key) is answered inside the op by torch's SDPA with the mask, as diffusers'
+  default backend would answer it; the router counts such a call as served, since only the op sees the values.
 """
 from __future__ import annotations
 

@@ -18,9 +18,10 @@ file is replaced by a router. The router forwards every call unchanged unless it
 `RoutedBackend`; then it runs our kernel when the call is servable (no attn_mask but a key-padding
 one, no dropout, not causal, no GQA, no extra attention_kwargs, no ring attention, no autograd, the
 backend's metadata check (`serves_reason`: head dim, dtype) passes, and its run does not raise
-`BackendCannotServe` after all) and otherwise calls the original dispatch with `backend=None`, i.e. diffusers' default. A key-padding mask (one row of kept
-keys per batch element: the text padding of joint attention) is served by backends with a metadata
-check (`serves_reason`: fp8, fa4) through `key_padding`, on the kept keys alone. Under diffusers'
+`BackendCannotServe` after all) and otherwise calls the original dispatch with `backend=None`, i.e.
+diffusers' default. A key-padding mask (one row of kept keys per batch element: the text padding of
+joint attention) is served by backends with a metadata check (`serves_reason`: fp8, fa4) through
+`key_padding`, on the kept keys alone. Under diffusers'
 Ulysses context parallelism (`parallel_config` with a Ulysses degree, no ring) the call goes through
 diffusers' own templated context-parallel attention (its all-to-alls) with our kernel as the local
 attention op, so each rank runs our kernel on its share of the heads over the whole sequence. Each
