@@ -300,6 +300,7 @@ def test_the_fp8_kernel_serves_key_padding_as_it_serves_the_kept_keys():
     joint = KEY_PADDED_ATTENTION(q, k, v, joint_mask, None, "fp8")
     assert torch.equal(joint[:, :kept], backend.run(q[:, :kept], k[:, :kept], v[:, :kept]))
     torch.testing.assert_close(joint[:, kept:], _sdpa(q[:, kept:], k, v, joint_mask[:, :, kept:]))
+    assert torch.equal(KEY_PADDED_ATTENTION(q, k, v, joint_mask.clone(), None, "fp8"), joint)  # its rows guessed
 
 
 # --- boolean key masks, found on the device ---------------------------------------------------------------------
