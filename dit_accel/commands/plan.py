@@ -93,8 +93,8 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
                                                DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify-stream"))
             except Exception as exc:  # noqa: BLE001 (the knobs' measurements stand; what failed is said)
                 # A UserError: e.g. the block and its profiling do not fit the budget. Anything else is a failure
-                # of the stack under this recipe (diffusers' offloading of Allegro's FP8 weights once compiled,
-                # under torch 2.11), named by its type and first line.
+                # of the stack under this recipe (as diffusers' offloading of Allegro's FP8 weights once compiled
+                # was under torch 2.11, until 1e62459), named by its type and first line.
                 why = str(exc) if isinstance(exc, UserError) else f"failed ({type(exc).__name__}: {first_line(exc)})"
                 not_verified.append(f"the streamed pass with {recipe} under {memory_budget.text}: {why}")
                 console.print(f"[yellow]note:[/yellow] --verify could not stream the pass with {recipe}: {why}")
