@@ -304,11 +304,14 @@ def key_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
         for b, one in enumerate(kept):
             if one is not None:
                 _attend(out, q, k, v, mask, scale, run, b, one)
+    read: dict[int, _Kept | None] = {}  # by the failed guess: a mask of one element is read once for them all
     for b, one in enumerate(kept):
         if one is not None and one.confirmed():
             continue
         if one is not None and one.guessed:  # an earlier mask's rows: this one's, read
-            one = _kept(_element(mask, b)[0], one.slot)
+            if id(one) not in read:
+                read[id(one)] = _kept(_element(mask, b)[0], one.slot)
+            one = read[id(one)]
             if one is not None:
                 _attend(out, q, k, v, mask, scale, run, b, one)
                 if one.confirmed():

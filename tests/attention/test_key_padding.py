@@ -159,6 +159,13 @@ def test_a_new_joint_mask_is_answered_on_its_own_rows(fake_backend, joint_reads)
     assert [(q[:2], k[:2]) for q, k in fake_backend.calls] == _per_element_calls(18, 20, 18, 20, 22, 18, 22)
 
 
+def test_a_new_joint_mask_the_batch_shares_is_read_once(fake_backend, joint_reads):
+    """One joint mask for the whole batch ([1, 1, S, S]): read once when its guess fails, for every element."""
+    _sequence([_joint(18), _joint(20)])
+    assert joint_reads == [(18, 18), (20, 20)]
+    assert [(q[:2], k[:2]) for q, k in fake_backend.calls] == _per_element_calls(18, 18, 18, 18, 20, 20)
+
+
 def test_a_wrong_guess_at_a_mask_that_is_no_outer_product_is_answered_by_sdpa(fake_backend, joint_reads):
     """A guessed slot whose new mask is not an outer product: the guess fails, the mask is read, its check fails,
     SDPA answers it with the mask, and the slot is forgotten (the next mask of it is read, not guessed)."""
