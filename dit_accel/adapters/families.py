@@ -73,6 +73,27 @@ def _hunyuan15_inputs(ctx: InputContext) -> dict[str, Any]:
             "image_embeds": torch.zeros(b, image_rows, c["image_embed_dim"], device=ctx.device, dtype=ctx.dtype)}
 
 
+LTX2_FRAME_RATE = 24.0  # LTX2Pipeline's default frame_rate
+LTX2_AUDIO_LATENTS_PER_SECOND = 25  # LTX2Pipeline: audio_sampling_rate / audio_hop_length / the audio VAE's 4x
+
+
+def _ltx2_inputs(ctx: InputContext) -> dict[str, Any]:
+    """LTX-2's audio stream beside the video, as LTX2Pipeline makes it: the audio latents of the clip's duration
+    (packed [B, rows, channels]: 126 rows for 121 frames at 24 fps), the audio's prompt rows (its text connector's
+    output, as wide as the video's), the frame rate, and the cross-modal timestep the pipeline turns on."""
+    import torch
+
+    c, g = ctx.config, ctx.grid
+    temporal = c["vae_scale_factors"][0]
+    frames = (g.frames - 1) * temporal + 1  # the causal VAE keeps the first frame alone
+    audio_rows = round(frames / LTX2_FRAME_RATE * LTX2_AUDIO_LATENTS_PER_SECOND)
+    return {"audio_hidden_states": ctx.randn(g.batch, audio_rows, c["audio_in_channels"]),
+            "audio_encoder_hidden_states": ctx.randn(g.batch, ctx.text_rows, c["caption_channels"]),
+            "audio_encoder_attention_mask": torch.ones(g.batch, ctx.text_rows, device=ctx.device),
+            "audio_num_frames": audio_rows, "fps": LTX2_FRAME_RATE,
+            "sigma": torch.full((g.batch,), 500.0, device=ctx.device), "use_cross_timestep": True}
+
+
 NEW_FAMILIES = (
     Family(
         name="hunyuan-video", display_name="HunyuanVideo", transformer="HunyuanVideoTransformer3DModel",
@@ -97,6 +118,19 @@ NEW_FAMILIES = (
         scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "cross_attention_dim": 256,
                      "caption_channels": 256},
         latents="tokens", text_width="caption_channels", vae_factors=(8, 32),
+    ),
+    Family(
+        name="ltx-2", display_name="LTX-2", transformer="LTX2VideoTransformer3DModel", pipeline="LTX2Pipeline",
+        presets=presets("LTX2VideoTransformer3DModel", "ltx-2"),
+        scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "cross_attention_dim": 256,
+                     "audio_num_attention_heads": 4, "audio_attention_head_dim": 32,
+                     "audio_cross_attention_dim": 128, "caption_channels": 256},
+        latents="tokens", text_width="caption_channels", vae_factors=(8, 32), video=(121, 512, 768),
+        video_note="LTX2Pipeline's default 512x768, and its 121 frames for a checkpoint without a duration head "
+                   "(LTX-2.0)",
+        extra_passes=(("stg_scale", 0.0, "spatio-temporal guidance: block 28's self-attention skipped"),
+                      ("modality_scale", 1.0, "modality isolation: the audio-video cross-attention off")),
+        inputs=_ltx2_inputs,
     ),
     Family(
         name="cogvideox", display_name="CogVideoX", transformer="CogVideoXTransformer3DModel",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -68,7 +68,9 @@ class Family:
     differs from it (`video_note` says why). vae_factors: (temporal, spatial) compression where the
     pipeline class cannot say it without its VAE. guidance: the pipeline's `__call__` argument whose default
     above 1 means classifier-free guidance (two transformer passes a step); None: one pass (distilled or
-    guidance embedded), for the reason in `guidance_note`. scaled_down: config overrides for CPU runs.
+    guidance embedded), for the reason in `guidance_note`. extra_passes: (argument, threshold, what the pass is)
+    for each further guidance whose `__call__` default above the threshold adds one forward a step (LTX-2's
+    spatio-temporal and modality-isolation guidance). scaled_down: config overrides for CPU runs.
     inputs: a hook adding or replacing forward arguments the generic rules do not make (`inputs.py`).
     """
 
@@ -87,6 +89,7 @@ class Family:
     vae_factors: tuple[int, int] | None = None  # (temporal, spatial); None: the pipeline class's own
     guidance: str | None = "guidance_scale"
     guidance_note: str = ""
+    extra_passes: tuple[tuple[str, float, str], ...] = ()
     inputs: Callable[[InputContext], dict[str, Any]] | None = None
     # Hooks, each called with the adapter first (`base.BlockAdapter`). For a family whose pass is not a latent
     # video (MiniMax-H3's packed rows): the workload of (adapter, seq_len, batch) or of (adapter, frames, height,
@@ -102,7 +105,6 @@ class Family:
     text_encoder: str = ""
     audio_skip_reason: str = "makes no audio: no such stage"
     fused_rope: bool = False  # +rope / +prologue: dit_accel.patching.rope serves this family's attention
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def transformer_class(self) -> type:
@@ -192,6 +194,11 @@ def pipeline_facts(family: Family) -> PipelineFacts:
         passes = 2 if isinstance(scale, (int, float)) and scale > 1 else 1
         passes_source = setting + (": classifier-free guidance, a conditional and an unconditional forward per step"
                                    if passes == 2 else ": no classifier-free guidance, one forward per step")
+    for argument, threshold, what in family.extra_passes:
+        scale = defaults.get(argument)
+        if isinstance(scale, (int, float)) and scale > threshold:
+            passes += 1
+            passes_source += f"; its default {argument} {scale}: one more forward per step ({what})"
 
     if family.text_rows is not None:
         text_rows, text_rows_source = family.text_rows, f"{family.display_name}'s prompt rows"

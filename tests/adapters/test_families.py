@@ -66,7 +66,7 @@ def test_the_pipeline_facts_say_where_they_came_from(name):
     facts = adapter_for_preset(name).facts
     frames, height, width = facts.video
     assert frames > 1 and height >= 64 and width >= 64 and facts.video_source
-    assert facts.steps >= 1 and facts.steps_source and facts.passes_per_step in (1, 2) and facts.passes_source
+    assert facts.steps >= 1 and facts.steps_source and 1 <= facts.passes_per_step <= 4 and facts.passes_source
     assert facts.text_rows > 0 and facts.text_rows_source and all(f > 0 for f in facts.vae_factors)
 
 
@@ -114,6 +114,22 @@ def test_hunyuan_video_has_two_stacks_and_joint_attention_over_video_and_text():
         assert call.masked  # the text rows' padding mask: calls our kernel refuses and the router counts
     assert "transformer_blocks.{index}." == adapter.block_key_template
     assert adapter.for_stack("single_transformer_blocks").block_key_template == "single_transformer_blocks.{index}."
+
+
+def test_ltx2_runs_four_forwards_a_step_and_its_audio_beside_the_video():
+    """LTX2Pipeline's defaults turn on classifier-free, spatio-temporal and modality-isolation guidance: four
+    forwards a step. Every block attends over the audio stream too: 126 rows for 121 frames at 24 fps (25 audio
+    latents a second), its own self- and cross-attention and the two cross-modal calls."""
+    adapter = adapter_for_preset("ltx-2")
+    facts = adapter.facts
+    assert facts.passes_per_step == 4 and "stg_scale 1.0" in facts.passes_source
+    assert "modality_scale 3.0" in facts.passes_source and facts.steps == 30
+    workload = adapter.default_workload(1)  # 121 frames of 512x768: 16 x 16 x 24 latents, patch 1
+    assert workload.seq_len == 16 * 16 * 24 and workload.rows["text"] == 1024
+    calls = [(c.kind, c.q_len, c.kv_len, c.heads, c.head_dim) for c in adapter.attention_calls(workload)]
+    assert ("self", 6144, 6144, 32, 128) in calls and ("cross", 6144, 1024, 32, 128) in calls
+    assert {("cross", 126, 1024, 32, 64), ("cross", 6144, 126, 32, 64), ("cross", 126, 6144, 32, 64)} <= set(calls)
+    assert any(c[1:3] == (126, 126) for c in calls)  # the audio's self-attention
 
 
 def test_the_rule_is_stated_and_keeps_text_and_timestep_linears():
