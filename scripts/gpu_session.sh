@@ -111,13 +111,14 @@ done | on_gpus families-validate 560
 # dit-accel plan checked where it can be: each family's eager block, then every knob combination on the same block
 # and inputs and the whole transformer streamed under 16 GiB (plan --verify writes its runs under the cwd's outputs/).
 # The families whose default video's block, profiled, would not fit the 16 GiB budget run at 61 x 544x960.
+# PLAN_RUNS: timed runs a recipe (the median is reported; more where host stalls move a median of 3).
 for family in ${PLAN_FAMILIES:-minimax-h3 wan}; do
   case $family in
     hunyuan-video | hunyuan-video-1.5 | motif-video) shape="--frames 61 --height 544 --width 960" ;;
     *) shape="" ;;
   esac
   echo "mkdir -p $work/plan-verify/$family && cd $work/plan-verify/$family && python3 -m dit_accel profile-block \
-    --model $family $shape --runs 3 --warmup 1 --out run \
+    --model $family $shape --runs ${PLAN_RUNS:-3} --warmup 1 --out run \
     && python3 -m dit_accel plan run --verify --memory-budget 16GiB --gpu h200 --out plan"
 done | on_gpus plan-verify ${PLAN_LIMIT:-560}
 # SageAttention2 beside ours and FA3 FP8 on the q/k/v an H3 block feeds its attention (part 4 of the GPU bundle).
