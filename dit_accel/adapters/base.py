@@ -70,7 +70,7 @@ class BlockAdapter:
         self.config = dict(config)
         self.preset = preset
         self._shared = _shared or _Shared()
-        self.stack = stack or self.stacks[0][0]
+        self.stack = stack or family.main_stack or self.stacks[0][0]
         if self.stack not in dict(self.stacks):
             raise UserError(f"{self.display_name} has no block stack {self.stack!r}; its stacks are "
                             f"{', '.join(name for name, _ in self.stacks)}")
@@ -136,7 +136,6 @@ class BlockAdapter:
         """What `dit-accel models` lists of this config: its pipeline's default video and the rows it makes, its
         stacks, its attention heads, and whether our FP8 kernel serves its attention (and why not)."""
         workload = self.default_workload(1)
-        c = self.config
         try:
             calls = [call for name, _ in self.stacks
                      for call in self.for_stack(name).stack_capture(workload, torch.device("meta"),
@@ -145,7 +144,7 @@ class BlockAdapter:
         except Exception:  # noqa: BLE001 (a forward with a data-dependent step cannot run on meta)
             # The scaled-down config's forward on the CPU says which calls are masked; the head dim is the config's.
             calls = [call for name, _ in self.stacks for call in self.for_stack(name).shape_capture().attention_calls]
-            head_dims, shapes = [c["attention_head_dim"]], "the config, and the scaled-down forward on the CPU"
+            head_dims, shapes = [self.attention_heads[1]], "the config, and the scaled-down forward on the CPU"
         if any(d not in (64, 128) for d in head_dims):
             fp8 = f"no: head dim {'/'.join(map(str, head_dims))} (the kernel takes 64, 128)"
         elif any(call.masked and not call.key_padding for call in calls if call.kind != "cross"):
@@ -159,7 +158,7 @@ class BlockAdapter:
                 "presets": list(self.spec.presets), "pipeline": self.spec.pipeline,
                 "video": None if frames is None else f"{frames} x {height}x{width}",
                 "rows": dict(workload.rows), "stacks": dict(self.stacks),
-                "heads": c.get("num_attention_heads"), "head_dims": head_dims, "fp8_attention": fp8,
+                "heads": self.attention_heads[0], "head_dims": head_dims, "fp8_attention": fp8,
                 "shapes": shapes}
 
     def describe(self) -> dict[str, Any]:
@@ -182,6 +181,23 @@ class BlockAdapter:
     def num_blocks(self) -> int:
         """Blocks of this adapter's stack."""
         return dict(self.stacks)[self.stack]
+
+    @cached_property
+    def attention_heads(self) -> tuple[int, int]:
+        """(heads, head dim) of this stack's attention: the config's, or where it names them otherwise (Kandinsky
+        5: model_dim and axes_dims) its block's main attention call's (the one over the most query x key rows)."""
+        c = self.config
+        if "num_attention_heads" in c and "attention_head_dim" in c:
+            return c["num_attention_heads"], c["attention_head_dim"]
+        call = max(self.shape_capture().attention_calls, key=lambda call: call.q_len * call.kv_len)
+        return call.heads, call.head_dim
+
+    @property
+    def sequence_argument(self) -> str:
+        """The argument of this stack's block forward that carries its rows (its first: `hidden_states` in most
+        diffusers blocks, `x` and `visual_embed` in Kandinsky 5's)."""
+        forward = type(getattr(self._meta_model(), self.stack)[0]).forward
+        return list(inspect.signature(forward).parameters)[1]
 
     @property
     def block_key_template(self) -> str:
@@ -219,7 +235,7 @@ class BlockAdapter:
     def hidden_size(self) -> int:
         """Width of the residual stream (the rows the block reads and writes)."""
         c = self.config
-        return int(c.get("hidden_size") or c["num_attention_heads"] * c["attention_head_dim"])
+        return int(c.get("hidden_size") or c.get("model_dim") or c["num_attention_heads"] * c["attention_head_dim"])
 
     # --- workloads ---------------------------------------------------------------------------------------
     def workload_from_video(self, frames: int, height: int, width: int, batch: int) -> Workload:
@@ -410,8 +426,10 @@ class BlockAdapter:
     # --- derived from the block --------------------------------------------------------------------------
     @cached_property
     def module_ranges(self) -> tuple[ModuleRange, ...]:
-        softmax = frozenset(call.module for call in self.shape_capture().attention_calls)
-        return derive_ranges(self.build_block(), softmax)
+        calls = self.shape_capture().attention_calls
+        softmax = frozenset(call.module for call in calls)
+        cross = frozenset(call.module for call in calls if call.kind == "cross")
+        return derive_ranges(self.build_block(), softmax, cross)
 
     @cached_property
     def fp8_linears(self) -> Fp8Policy:

@@ -8,41 +8,11 @@ theirs beside their hooks (`minimax_h3.py`, `wan.py`).
 """
 from __future__ import annotations
 
-import json
-from functools import lru_cache
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from .family import Family, InputContext, Preset
-
-PRESETS = Path(__file__).parent / "presets"
-
-
-@lru_cache(maxsize=None)
-def class_defaults(transformer: str) -> dict[str, Any]:
-    """The transformer class's own defaults, as a config (diffusers' classes default to the flagship's)."""
-    import inspect
-
-    import diffusers
-
-    parameters = inspect.signature(getattr(diffusers, transformer).__init__).parameters
-    return {"_class_name": transformer, **{name: p.default for name, p in parameters.items()
-                                          if name != "self" and p.default is not inspect.Parameter.empty}}
-
-
-def presets(transformer: str, *files: str) -> dict[str, Preset]:
-    """The embedded public configs named (`presets/<name>.json`: the config and its source), in order; the class
-    defaults where none is embedded."""
-    found = {}
-    for name in files:
-        path = PRESETS / f"{name}.json"
-        if path.is_file():
-            data = json.loads(path.read_text())
-            found[name] = Preset(data["config"], data["source"])
-    return found or {"class-defaults": Preset(class_defaults(transformer),
-                                              f"diffusers' {transformer} defaults (no public config embedded)")}
-
+from . import wan
+from .family import Family, InputContext, presets
 
 def _cogvideox_rope(ctx: InputContext) -> dict[str, Any]:
     """CogVideoX's 3D RoPE, which its pipeline (not its transformer) computes: the pipeline's own method."""
@@ -92,6 +62,42 @@ def _ltx2_inputs(ctx: InputContext) -> dict[str, Any]:
             "audio_encoder_attention_mask": torch.ones(g.batch, ctx.text_rows, device=ctx.device),
             "audio_num_frames": audio_rows, "fps": LTX2_FRAME_RATE,
             "sigma": torch.full((g.batch,), 500.0, device=ctx.device), "use_cross_timestep": True}
+
+
+def _wan_vace_inputs(ctx: InputContext) -> dict[str, Any]:
+    """WanVACEPipeline's control input for its default call (no video, mask or reference image: a blank video
+    all to be generated): [B, vace_in_channels, F, H, W] on the latents' grid (the kept and the regenerated
+    part's latents, 16 + 16 channels, and the mask folded to the grid, 64), and its conditioning scale 1.0 for
+    each VACE layer."""
+    import torch
+
+    c, g = ctx.config, ctx.grid
+    return {"control_hidden_states": ctx.randn(g.batch, c["vace_in_channels"], g.frames, g.height, g.width),
+            "control_hidden_states_scale": torch.ones(len(c["vace_layers"]), device=ctx.device, dtype=ctx.dtype)}
+
+
+def _kandinsky5_inputs(ctx: InputContext) -> dict[str, Any]:
+    """What Kandinsky5T2VPipeline passes its transformer: the latents channels last ([B, T, H, W, C], with the
+    zero image condition and zero mask a visual_cond model reads: 2C + 1 channels), the CLIP pooled vector, the
+    timestep in the latents' dtype, the RoPE positions (latent frames, and the latent rows and columns halved by
+    the 2x2 patch; the prompt's rows 0..n-1), and the pipeline's own RoPE scale and sparse-attention parameters
+    (None for the 5 s models' regular attention)."""
+    import torch
+    from diffusers import Kandinsky5T2VPipeline
+
+    c, g, b = ctx.config, ctx.grid, ctx.grid.batch
+    spatial = 8  # the pipeline's vae_scale_factor_spatial (HunyuanVideo's VAE)
+    latents = ctx.randn(b, g.frames, g.height, g.width, c["in_visual_dim"])
+    if c.get("visual_cond"):
+        latents = torch.cat([latents, torch.zeros_like(latents), latents.new_zeros(*latents.shape[:-1], 1)], dim=-1)
+    pipe = SimpleNamespace(transformer=SimpleNamespace(config=SimpleNamespace(**c)))
+    return {"hidden_states": latents,
+            "pooled_projections": ctx.randn(b, c["in_text_dim2"]),
+            "timestep": torch.full((b,), 500.0, device=ctx.device, dtype=ctx.dtype),
+            "visual_rope_pos": [torch.arange(n, device=ctx.device) for n in (g.frames, g.height // 2, g.width // 2)],
+            "text_rope_pos": torch.arange(ctx.text_rows, device=ctx.device),
+            "scale_factor": Kandinsky5T2VPipeline._get_scale_factor(pipe, g.height * spatial, g.width * spatial),
+            "sparse_params": Kandinsky5T2VPipeline.get_sparse_params(pipe, latents, ctx.device)}
 
 
 NEW_FAMILIES = (
@@ -152,6 +158,41 @@ NEW_FAMILIES = (
         name="skyreels-v2", display_name="SkyReels-V2", transformer="SkyReelsV2Transformer3DModel",
         pipeline="SkyReelsV2Pipeline", presets=presets("SkyReelsV2Transformer3DModel", "skyreels-v2-t2v-14b-720p"),
         scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "ffn_dim": 512, "text_dim": 256},
+    ),
+    Family(
+        name="wan-vace", display_name="Wan VACE", transformer="WanVACETransformer3DModel", pipeline="WanVACEPipeline",
+        presets=presets("WanVACETransformer3DModel", "wan2.1-vace-14b"),
+        scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "ffn_dim": 512, "text_dim": 256},
+        inputs=_wan_vace_inputs, vae_stage=wan.vae_stage, check_workload=wan.check_workload,
+        text_encoder=wan.TEXT_ENCODER,
+    ),
+    Family(
+        name="chronoedit", display_name="ChronoEdit", transformer="ChronoEditTransformer3DModel",
+        pipeline="ChronoEditPipeline", presets=presets("ChronoEditTransformer3DModel", "chronoedit-14b"),
+        scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "ffn_dim": 512, "text_dim": 256,
+                     "image_dim": 64, "added_kv_proj_dim": 256},
+        video=(5, 480, 832), scaled_down_video=(5, 64, 64),
+        video_note="ChronoEditPipeline's default edit: 480x832, num_frames forced to 5 without temporal reasoning "
+                   "(2 latent frames: the input image's and the edit's)",
+        inputs=wan.image_context, check_workload=wan.check_workload, text_encoder=wan.TEXT_ENCODER,
+    ),
+    Family(
+        name="easyanimate", display_name="EasyAnimate", transformer="EasyAnimateTransformer3DModel",
+        pipeline="EasyAnimatePipeline", presets=presets("EasyAnimateTransformer3DModel", "easyanimate-v5.1-12b-zh"),
+        scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "text_embed_dim": 256,
+                     "time_embed_dim": 64},
+        # encode_prompt pads to its default max_sequence_length, 256, which __call__ does not expose; the VAE
+        # factors are AutoencoderKLMagvit's (the pipeline keeps them under names of its own)
+        text_width="text_embed_dim", text_rows=256, vae_factors=(4, 8),
+    ),
+    Family(
+        name="kandinsky-5", display_name="Kandinsky 5.0", transformer="Kandinsky5Transformer3DModel",
+        pipeline="Kandinsky5T2VPipeline",
+        presets=presets("Kandinsky5Transformer3DModel", "kandinsky-5.0-t2v-lite-sft-5s"),
+        scaled_down={"model_dim": 256, "ff_dim": 512, "time_dim": 64, "axes_dims": (16, 24, 24), "in_text_dim": 256,
+                     "in_text_dim2": 64},
+        text_width="in_text_dim", inputs=_kandinsky5_inputs,
+        main_stack="visual_transformer_blocks",  # its 2 text blocks run first, on the prompt rows alone
     ),
     Family(
         name="sana-video", display_name="SANA-Video", transformer="SanaVideoTransformer3DModel",

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -25,6 +27,32 @@ class Preset:
 
     config: dict[str, Any]
     source: str
+
+
+PRESETS = Path(__file__).parent / "presets"
+
+
+@functools.lru_cache(maxsize=None)
+def class_defaults(transformer: str) -> dict[str, Any]:
+    """The transformer class's own defaults, as a config (diffusers' classes default to the flagship's)."""
+    import diffusers
+
+    parameters = inspect.signature(getattr(diffusers, transformer).__init__).parameters
+    return {"_class_name": transformer, **{name: p.default for name, p in parameters.items()
+                                          if name != "self" and p.default is not inspect.Parameter.empty}}
+
+
+def presets(transformer: str, *files: str) -> dict[str, Preset]:
+    """The embedded public configs named (`presets/<name>.json`: the config and its source), in order; the class
+    defaults where none is embedded."""
+    found = {}
+    for name in files:
+        path = PRESETS / f"{name}.json"
+        if path.is_file():
+            data = json.loads(path.read_text())
+            found[name] = Preset(data["config"], data["source"])
+    return found or {"class-defaults": Preset(class_defaults(transformer),
+                                              f"diffusers' {transformer} defaults (no public config embedded)")}
 
 
 @dataclass(frozen=True)
@@ -91,6 +119,7 @@ class Family:
     guidance_note: str = ""
     extra_passes: tuple[tuple[str, float, str], ...] = ()
     inputs: Callable[[InputContext], dict[str, Any]] | None = None
+    main_stack: str | None = None  # the stack profiled by default, where the forward's first is not the main one
     # Hooks, each called with the adapter first (`base.BlockAdapter`). For a family whose pass is not a latent
     # video (MiniMax-H3's packed rows): the workload of (adapter, seq_len, batch) or of (adapter, frames, height,
     # width, batch), and the whole pass's inputs for (adapter, workload, device, dtype, generator).

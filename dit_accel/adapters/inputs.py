@@ -56,14 +56,12 @@ def forward_arguments(family: Family, ctx: InputContext) -> dict[str, Any]:
     """Keyword arguments of `family`'s transformer forward for the pass `ctx` describes; UserError naming the
     arguments that have no default and that neither the rules nor the family's hook make."""
     parameters = inspect.signature(family.transformer_class.forward).parameters
-    made: dict[str, Any] = {}
+    made: dict[str, Any] = dict(family.inputs(ctx)) if family.inputs is not None else {}
     for name in parameters:
         rule = RULES.get(name)
-        value = rule(family, ctx) if rule else None
+        value = rule(family, ctx) if rule and name not in made else None
         if value is not None:
             made[name] = value
-    if family.inputs is not None:
-        made.update(family.inputs(ctx))
     missing = [name for name, p in parameters.items()
                if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
                and p.default is p.empty and name not in made]

@@ -49,6 +49,10 @@ def fp8_policy(capture: StackCapture, more_video: StackCapture, shapes: dict[str
         n = rows(name)
         if n == 0:
             kept[name] = "does not run in the pass"
+        elif not on_sequence:  # a stack on the text alone (Kandinsky 5's text blocks)
+            kept[name] = (f"runs on {n} row{'s' if n != 1 else ''} at every video size: this stack's blocks see no "
+                          f"video rows (text, timestep or pooled rows), where FP8 saves little and the activation's "
+                          f"quantize costs more")
         elif name not in on_sequence:
             kept[name] = (f"runs on {n} row{'s' if n != 1 else ''}, not the block's {block_rows} sequence rows: "
                           f"{n} at every video size (text, timestep or pooled rows), where FP8 saves little and "

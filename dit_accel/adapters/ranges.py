@@ -28,8 +28,8 @@ def range_of_kind(label: str, category: str) -> str:
 ROPE_FUNCTIONS = ("apply_rotary_emb", "_apply_rotary_emb")
 # Where processors that import diffusers' RoPE helper inside their call (HunyuanVideo's) find it at each call.
 SHARED_ROPE = ("diffusers.models.embeddings", "apply_rotary_emb")
-QKV = ("to_q", "to_k", "to_v", "to_qkv", "add_q_proj", "add_k_proj", "add_v_proj")
-QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
+QKV = ("to_q", "to_k", "to_v", "to_qkv", "add_q_proj", "add_k_proj", "add_v_proj", "to_query", "to_key", "to_value")
+QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k", "query_norm", "key_norm")
 FFN_NAMES = ("ff", "ffn", "ff_context", "mlp", "proj_mlp", "act_mlp", "feed_forward")
 MODULATION_WORDS = ("AdaLayerNorm", "AdaNorm", "AdaLN", "Modulation")
 
@@ -60,16 +60,19 @@ def _attention_entry(module_name: str) -> tuple[str, str] | None:
     return None
 
 
-def derive_ranges(block: nn.Module, softmax_modules: frozenset[str] | None = None) -> tuple[ModuleRange, ...]:
+def derive_ranges(block: nn.Module, softmax_modules: frozenset[str] | None = None,
+                  cross_modules: frozenset[str] = frozenset()) -> tuple[ModuleRange, ...]:
     """The block's ranges from its module types and names: per diffusers attention module (one with a
     `processor`) its q/k/v (and added context) projections, qk-norms, output projections, the attention core
     (the processors' dispatch function) and the RoPE helpers their file calls; a cross-attention module whole;
-    the feed-forward networks; the block's norms and its AdaLN modulation. What no range covers is the block
-    body (residuals, gates, the modulation's arithmetic). `softmax_modules`: the attention modules that made a
-    softmax attention call in the model's forward (`capture`); another one computes a linear attention (SANA's)
-    in its processor, with matmuls: its range is that, not leftovers."""
+    the feed-forward networks; the block's norms, its AdaLN modulation and its own linears. What no range covers
+    is the block body (residuals, gates, the modulation's arithmetic). `softmax_modules`: the attention modules
+    that made a softmax attention call in the model's forward (`capture`); another one computes a linear attention
+    (SANA's) in its processor, with matmuls: its range is that, not leftovers. `cross_modules`: attention modules
+    the capture saw attend to other rows than their queries' (Kandinsky 5's cross-attention has no
+    `is_cross_attention`)."""
     children = dict(block.named_children())
-    qkv, qk_norm, out, cross, attention, linear, ffn, norms, modulation = ([] for _ in range(9))
+    qkv, qk_norm, out, cross, attention, linear, ffn, norms, modulation, own = ([] for _ in range(10))
     entries: dict[tuple[str, str], None] = {}
     rope: dict[tuple[str, str], None] = {}
     for path, module in block.named_modules():
@@ -85,7 +88,7 @@ def derive_ranges(block: nn.Module, softmax_modules: frozenset[str] | None = Non
                 rope[(processor_module, name)] = None
         if SHARED_ROPE[1] in inspect.getsource(type(processor)):
             rope[SHARED_ROPE] = None
-        if getattr(module, "is_cross_attention", False):
+        if getattr(module, "is_cross_attention", False) or path in cross_modules:
             cross.append(path)
             continue
         if softmax_modules is not None and path not in softmax_modules:
@@ -100,6 +103,8 @@ def derive_ranges(block: nn.Module, softmax_modules: frozenset[str] | None = Non
             out.append(f"{path}.to_out.0")
         elif isinstance(to_out, nn.Module):
             out.append(f"{path}.to_out")
+        elif isinstance(parts.get("out_layer"), nn.Linear):  # Kandinsky 5
+            out.append(f"{path}.out_layer")
         if isinstance(parts.get("to_add_out"), nn.Module):
             out.append(f"{path}.to_add_out")
     for name, child in children.items():
@@ -114,6 +119,8 @@ def derive_ranges(block: nn.Module, softmax_modules: frozenset[str] | None = Non
             norms.append(name)
         elif name == "proj_out" and isinstance(child, nn.Linear):  # single-stream blocks: attention + MLP out
             out.append(name)
+        elif isinstance(child, nn.Linear):  # the block's own (Wan VACE's control projection into its stream)
+            own.append(name)
     ranges = [
         ModuleRange(ATTENTION_REST, modules=tuple(attention)),
         ModuleRange("linear attention (no softmax)", modules=tuple(linear)),
@@ -126,5 +133,6 @@ def derive_ranges(block: nn.Module, softmax_modules: frozenset[str] | None = Non
         ModuleRange("ffn", modules=tuple(ffn)),
         ModuleRange("norms", modules=tuple(norms)),
         ModuleRange("AdaLN modulation", modules=tuple(modulation)),
+        ModuleRange("block linears", modules=tuple(own)),
     ]
     return tuple(r for r in ranges if r.modules or r.functions)

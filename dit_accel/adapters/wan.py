@@ -11,8 +11,7 @@ from diffusers.models.autoencoders import autoencoder_kl_wan as wan_vae
 
 from ..errors import UserError
 from .base import BlockAdapter, Workload
-from .families import presets
-from .family import Family, InputContext, Preset
+from .family import Family, InputContext, Preset, presets
 from .ranges import ModuleRange
 from .stages import StageSpec, build_on_meta, vae_decode
 

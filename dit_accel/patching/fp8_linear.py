@@ -134,7 +134,8 @@ def plan_fp8_linears(module: nn.Module, policy: Any, *, prefix: str = "") -> Fp8
     block's name pattern in it (e.g. `adapter.block_key_template.format(index="*")`); linears outside it stay.
     Works on the meta device (names and shapes only), so it can refuse a policy before any weights load.
     Raises UserError
-    when a chosen layer's dims cannot go through an FP8 GEMM, or when the policy chooses nothing.
+    when a chosen layer's dims cannot go through an FP8 GEMM, or when the policy's names match no linear of
+    `module` (a rule that chose none, as for a stack on the text alone, plans none).
     """
     family, fp8_patterns, bf16_patterns = _policy(policy)
     chosen, kept, bad = [], [], []
@@ -165,7 +166,7 @@ def plan_fp8_linears(module: nn.Module, policy: Any, *, prefix: str = "") -> Fp8
     if bad:
         raise UserError(f"cannot put {', '.join(bad)} in FP8: cuBLAS FP8 GEMMs need in and out features that are "
                         f"multiples of {GEMM_MULTIPLE}; leave FP8 linears off for this config")
-    if not chosen:
+    if not chosen and fp8_patterns:
         raise UserError(f"the {family} FP8 policy matches no nn.Linear in this {type(module).__name__}; "
                         "check that the module is one of its blocks (or pass prefix= for a whole model)")
     return Fp8LinearPlan(family, tuple(chosen), tuple(kept))
@@ -249,6 +250,9 @@ def quantize_linears(module: nn.Module, policy: Any, *, prefix: str = "", fast_a
     """
     plan = plan_fp8_linears(module, policy, prefix=prefix)
     weights = {c.name: module.get_submodule(c.name).weight for c in plan.chosen}
+    if not weights:  # the rule chose none (a stack on the text alone): nothing to swap
+        return Fp8LinearSwap(plan.family, (), plan.kept, 0, 0, fast_accum, _module=module,
+                             _originals={} if keep_original else None)
     first = next(iter(weights.values()))
     reason = fp8_linear_unavailable_reason(first.device, first.dtype)
     if reason:

@@ -126,12 +126,11 @@ def streamed_block_bytes(settings: "ProfileSettings", weights: int) -> int:
 def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = None,
                      outside_bytes: int | None = None) -> MemoryEstimate:
     s = settings
-    c = s.adapter.config
     kind = "cuda" if s.device.type == "cuda" else "cpu"
     e = torch.empty((), dtype=s.dtype).element_size()
     r = 4 if kind == "cuda" else 8
     batch, rows, hidden = s.workload.batch, s.workload.seq_len, s.adapter.hidden_size
-    heads, head_dim = c["num_attention_heads"], c["attention_head_dim"]
+    heads, head_dim = s.adapter.attention_heads
     inner = heads * head_dim
     weights = block_weight_bytes(s) if weights_bytes is None else weights_bytes
     tokens = batch * rows

@@ -65,7 +65,7 @@ def build_report(settings: ProfileSettings, result: SessionResult, ceilings: Cei
                 f"{st.bytes_read / 1e9:.3f} GB in {st.seconds:.2f} s ({st.gbps:.2f} GB/s) from {', '.join(st.shards)}")
     if s.scaled_down:
         header["NOTE"] = (f"no GPU: scaled-down {adapter.display_name} block (hidden {adapter.hidden_size}, "
-                          f"{adapter.config['num_attention_heads']} heads) at S={workload.seq_len}; "
+                          f"{adapter.attention_heads[0]} heads) at S={workload.seq_len}; "
                           f"run on a GPU for real numbers")
     validation = result.validation
     warnings = [w for w in (timing_noise(r.profile.timing, r.backend) for r in runs) if w]

@@ -41,16 +41,18 @@ def distinct_blocks_that_fit(n: int, block_bytes: int, activation_bytes: int, de
 
 
 class BlockChain(nn.Module):
-    """Blocks run one after another, each one's output feeding the next (a transformer's block stack)."""
+    """Blocks run one after another, each one's output feeding the next (a transformer's block stack) through
+    the blocks' `argument` (`hidden_states` in most diffusers blocks; Kandinsky 5's take `x`, `visual_embed`)."""
 
-    def __init__(self, blocks: list[nn.Module]):
+    def __init__(self, blocks: list[nn.Module], argument: str = "hidden_states"):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
+        self.argument = argument
 
     def forward(self, hidden_states: torch.Tensor, n: int | None = None, **rest: Any) -> torch.Tensor:
         """Runs `n` blocks (default: all), cycling through the held ones when n is larger."""
         for i in range(len(self.blocks) if n is None else n):
-            hidden_states = self.blocks[i % len(self.blocks)](hidden_states=hidden_states, **rest)
+            hidden_states = self.blocks[i % len(self.blocks)](**{self.argument: hidden_states}, **rest)
         return hidden_states
 
 
@@ -117,7 +119,7 @@ def build_stack(adapter: BlockAdapter, first_block: nn.Module, n: int, *, device
         stack = next(iter(lists.values())) if len(lists) == 1 else nn.ModuleList(
             [block for blocks in lists.values() for block in blocks])
     else:
-        model = BlockChain(list(lists[adapter.stack]))
+        model = BlockChain(list(lists[adapter.stack]), adapter.sequence_argument)
         stack = model.blocks
     streamed_bytes = stream_blocks(model, device) if offload == "stream" else 0
     return ValidationStack(model, stack, distinct, streamed_bytes)
@@ -160,8 +162,9 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
                         offload=offload, whole_model=whole_model is not None, fp8_linear=recipe.fp8_linear, seed=seed,
                         progress=progress)
     if whole_model is None:
-        hidden = inputs["hidden_states"]
-        rest = {k: v for k, v in inputs.items() if k != "hidden_states"}
+        name = adapter.sequence_argument
+        hidden = inputs[name]
+        rest = {k: v for k, v in inputs.items() if k != name}
         arguments, pass_seq_len, pass_layout = {"hidden_states": hidden, "n": n, **rest}, None, None
         what = f"{n} blocks"
     else:

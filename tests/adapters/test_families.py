@@ -13,6 +13,7 @@ from dit_accel.adapters.inputs import forward_arguments
 from dit_accel.adapters.linears import RULE
 from dit_accel.errors import UserError
 from dit_accel.loading.block import synthetic_block
+from dit_accel.patching.fp8_linear import quantize_linears
 
 CPU = torch.device("cpu")
 
@@ -31,14 +32,16 @@ def test_the_family_derives_its_stacks_inputs_calls_linears_and_ranges(name):
         with torch.no_grad():
             output = block(**inputs)
         hidden = output[0] if isinstance(output, tuple) else output
-        assert hidden.shape == inputs["hidden_states"].shape and torch.isfinite(hidden).all()
+        assert hidden.shape == inputs[stack.sequence_argument].shape and torch.isfinite(hidden).all()
         # The attention calls the block made, each with its FLOPs; SANA-Video's self-attention is linear
         # (matmuls, no softmax): its one call is the cross-attention.
         assert capture.attention_calls and all(call.flops > 0 for call in capture.attention_calls)
         assert {call.kind for call in capture.attention_calls} <= {"self", "joint", "cross"}
-        # Every linear of the block is chosen or kept with a reason, by the rule.
+        # Every linear of the block is chosen or kept with a reason, by the rule; a stack on the text alone
+        # (Kandinsky 5's text blocks: no video rows) keeps them all.
         policy = stack.fp8_linears
-        assert policy.fp8 and set(policy.fp8) | set(policy.kept) == set(capture.linear_shapes)
+        text_alone = name == "kandinsky-5" and capture.name == "text_transformer_blocks"
+        assert bool(policy.fp8) != text_alone and set(policy.fp8) | set(policy.kept) == set(capture.linear_shapes)
         assert all(reason for reason in policy.kept.values())
         labels = {r.label: r for r in stack.module_ranges}
         assert labels["attention core"].functions and "qkv projection" in labels
@@ -130,6 +133,42 @@ def test_ltx2_runs_four_forwards_a_step_and_its_audio_beside_the_video():
     assert ("self", 6144, 6144, 32, 128) in calls and ("cross", 6144, 1024, 32, 128) in calls
     assert {("cross", 126, 1024, 32, 64), ("cross", 6144, 126, 32, 64), ("cross", 126, 6144, 32, 64)} <= set(calls)
     assert any(c[1:3] == (126, 126) for c in calls)  # the audio's self-attention
+
+
+def test_kandinsky5_profiles_its_visual_blocks_and_keeps_its_text_blocks_linears():
+    """Kandinsky 5.0 names what the generic rules assume otherwise: its forward runs 2 text blocks before the 32
+    visual ones (the visual stack is profiled first), its blocks take their rows as `x` / `visual_embed`, its
+    config gives model_dim and RoPE axes, not heads (28 heads of 64, from its attention calls), and its text
+    blocks see no video rows: the FP8 rule keeps all their linears, and `+fp8-linear` swaps none."""
+    adapter = adapter_for_preset("kandinsky-5")
+    assert adapter.stack == "visual_transformer_blocks" and adapter.stacks[0] == ("text_transformer_blocks", 2)
+    assert adapter.attention_heads == (28, 64) and adapter.hidden_size == 1792
+    text = adapter.for_stack("text_transformer_blocks")
+    assert (adapter.sequence_argument, text.sequence_argument) == ("visual_embed", "x")
+    workload = adapter.default_workload(1)  # 121 frames of 512x768: 31 x 32 x 48 patches
+    calls = [(c.kind, c.q_len, c.kv_len, c.heads, c.head_dim) for c in adapter.attention_calls(workload)]
+    assert calls == [("self", 47616, 47616, 28, 64), ("cross", 47616, 512, 28, 64)]
+    assert not text.fp8_linears.fp8
+    assert all("see no video rows" in why for why in text.fp8_linears.kept.values())
+    small = text.scaled_down()
+    swap = quantize_linears(synthetic_block(small, 0, CPU, torch.bfloat16).block, small)
+    assert swap.quantized == () and len(swap.kept) == len(small.fp8_linears.kept)
+
+
+def test_the_wan_derived_families_say_what_their_pipelines_pass():
+    """Wan VACE: a second stack of 8 VACE blocks beside the 40 Wan ones, fed the control latents (96 channels);
+    ChronoEdit: an edit is 5 frames (its pipeline forces them without temporal reasoning), with the CLIP image
+    rows in every cross-attention; EasyAnimate: the 256 prompt rows its encode_prompt pads to."""
+    vace = adapter_for_preset("wan-vace")
+    assert vace.stacks == [("blocks", 40), ("vace_blocks", 8)]
+    assert {r.label for r in vace.for_stack("vace_blocks").module_ranges} >= {"block linears", "qkv projection"}
+    chrono = adapter_for_preset("chronoedit")
+    workload = chrono.default_workload(1)  # 5 frames of 480x832: 2 x 30 x 52 patches
+    assert chrono.facts.video == (5, 480, 832) and workload.seq_len == 2 * 30 * 52
+    calls = [(c.kind, c.kv_len) for c in chrono.attention_calls(workload)]
+    assert calls == [("self", 3120), ("cross", 257), ("cross", 512)]
+    easy = adapter_for_preset("easyanimate").facts
+    assert (easy.text_rows, easy.vae_factors, easy.passes_per_step) == (256, (4, 8), 2)
 
 
 def test_the_rule_is_stated_and_keeps_text_and_timestep_linears():
