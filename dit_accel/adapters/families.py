@@ -12,7 +12,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from . import wan
+from ..errors import UserError
 from .family import Family, InputContext, presets
+from .workload import Workload, check_video_rows, patch_sizes
 
 def _cogvideox_rope(ctx: InputContext) -> dict[str, Any]:
     """CogVideoX's 3D RoPE, which its pipeline (not its transformer) computes: the pipeline's own method."""
@@ -100,6 +102,101 @@ def _kandinsky5_inputs(ctx: InputContext) -> dict[str, Any]:
             "sparse_params": Kandinsky5T2VPipeline.get_sparse_params(pipe, latents, ctx.device)}
 
 
+# HunyuanVideo FramePack and Helios make a video as sections of SECTION_WINDOW latent frames (33 frames), each
+# denoised by its own loop behind the history their checkpoints pack ahead of the section's rows: the first frame
+# and the last latent frame at the patch's size (2 frames), 2 frames at twice it and 16 at four times it
+# (FramePack's history_sizes [1, 2, 16] beside its first frame, Helios' [16, 2, 1] beside its).
+SECTION_WINDOW = 9  # both pipelines' default latent_window_size / num_latent_frames_per_chunk
+HISTORY_FRAMES = {1: 2, 2: 2, 4: 16}  # history latent frames by their downsampling, as both pack them
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _history_rows(patch: tuple[int, int, int], height: int, width: int) -> int:
+    """Rows the history adds ahead of a section on `height` x `width` latents: each part through a patch
+    embedding of its downsampling times the patch (the coarser ones padded to whole kernels)."""
+    pt, ph, pw = patch
+    return sum(_ceil(frames, k * pt) * _ceil(height, k * ph) * _ceil(width, k * pw)
+               for k, frames in HISTORY_FRAMES.items())
+
+
+def _sectioned(history_key: str, image_rows: int = 0):
+    """`workload_from_video` of a sectioned pipeline: one section's pass (its SECTION_WINDOW latent frames, and
+    the history rows where the config's `history_key` packs them; `image_rows` of image context beside the
+    prompt's), and how many sections make the video (each (SECTION_WINDOW - 1) x the VAE's temporal factor + 1
+    frames, as both pipelines count them)."""
+    def workload(adapter, frames: int, height: int, width: int, batch: int) -> Workload:
+        temporal, spatial = adapter.facts.vae_factors
+        patch = patch_sizes(adapter.config)
+        grid = (SECTION_WINDOW // patch[0], height // spatial // patch[1], width // spatial // patch[2])
+        video = grid[0] * grid[1] * grid[2]
+        check_video_rows(video, height, width, spatial * max(patch[1:]))
+        history = _history_rows(patch, height // spatial, width // spatial) if adapter.config.get(history_key) else 0
+        section = (SECTION_WINDOW - 1) * temporal + 1
+        sections = max(1, _ceil(frames, section))
+        rows = {"video": video, "history": history, **({"image": image_rows} if image_rows else {}),
+                "text": adapter.facts.text_rows}
+        source = (f"{frames} frames {height}x{width}: {sections} section(s) of {section} frames, each pass behind "
+                  f"{history} history rows")
+        return Workload(video + history, batch, rows, source, grid, sections)
+    return workload
+
+
+def _no_seq_len(adapter, seq_len: int, batch: int) -> Workload:
+    raise UserError(f"{adapter.display_name} makes its video as sections of {SECTION_WINDOW} latent frames behind "
+                    f"packed history rows: give the video's size with --frames, --height and --width, not --seq-len")
+
+
+def _section_indices(ctx: InputContext):
+    """Frame indices of the history parts (full-size, 2x, 4x) and of the section. Their values set only RoPE
+    phases, not the work, so one layout serves both pipelines, which order the history and place the section
+    each their own way: the first frame, the history, then the section."""
+    import torch
+
+    sizes = [1, *HISTORY_FRAMES.values()]
+    sizes[1] -= 1  # the first frame is one of the 2 full-size history frames
+    parts = torch.arange(sum(sizes) + ctx.grid.frames, device=ctx.device).split([*sizes, ctx.grid.frames])
+    first, one, two, four, section = parts
+    return torch.cat([first, one]), two, four, section
+
+
+FRAMEPACK_IMAGE_ROWS = 729  # SigLIP so400m-patch14-384's 27 x 27 patches: the pipeline's image encoder
+
+
+def _framepack_inputs(ctx: InputContext) -> dict[str, Any]:
+    """What HunyuanVideoFramepackPipeline passes beside the prompt: the image rows, the section's frame indices
+    and, where the checkpoint packs history (has_clean_x_embedder), the clean latents (first frame + last latent
+    frame) and the 2x and 4x history latents with theirs."""
+    c, g = ctx.config, ctx.grid
+    clean, two, four, section = _section_indices(ctx)
+    made = {"image_embeds": ctx.randn(g.batch, FRAMEPACK_IMAGE_ROWS, c["image_proj_dim"]),
+            "indices_latents": section}
+    if c.get("has_clean_x_embedder"):
+        latents = {k: ctx.randn(g.batch, c["in_channels"], frames, g.height, g.width)
+                   for k, frames in HISTORY_FRAMES.items()}
+        made.update(latents_clean=latents[1], indices_latents_clean=clean, latents_history_2x=latents[2],
+                    indices_latents_history_2x=two, latents_history_4x=latents[4], indices_latents_history_4x=four)
+    return made
+
+
+def _helios_inputs(ctx: InputContext) -> dict[str, Any]:
+    """What HeliosPipeline passes beside the prompt: the chunk's frame indices and, where the checkpoint packs
+    history (has_multi_term_memory_patch), the short (first frame + last latent frame), mid and long history
+    latents with theirs."""
+    c, g = ctx.config, ctx.grid
+    short, mid, long, section = (indices[None] for indices in _section_indices(ctx))
+    made = {"indices_hidden_states": section}
+    if c.get("has_multi_term_memory_patch"):
+        latents = {k: ctx.randn(g.batch, c["in_channels"], frames, g.height, g.width)
+                   for k, frames in HISTORY_FRAMES.items()}
+        made.update(latents_history_short=latents[1], indices_latents_history_short=short,
+                    latents_history_mid=latents[2], indices_latents_history_mid=mid,
+                    latents_history_long=latents[4], indices_latents_history_long=long)
+    return made
+
+
 NEW_FAMILIES = (
     Family(
         name="hunyuan-video", display_name="HunyuanVideo", transformer="HunyuanVideoTransformer3DModel",
@@ -117,6 +214,15 @@ NEW_FAMILIES = (
         text_width="text_embed_dim", text_rows=1000, video=(121, 720, 1280),
         video_note="HunyuanVideo 1.5's 720p reference (its pipeline sizes the video from the checkpoint)",
         vae_factors=(4, 16), guidance="guider", inputs=_hunyuan15_inputs,
+    ),
+    Family(
+        name="hunyuan-video-framepack", display_name="HunyuanVideo FramePack",
+        transformer="HunyuanVideoFramepackTransformer3DModel", pipeline="HunyuanVideoFramepackPipeline",
+        presets=presets("HunyuanVideoFramepackTransformer3DModel", "framepack-i2v-hy"),
+        scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "rope_axes_dim": (16, 24, 24),
+                     "text_embed_dim": 256, "pooled_projection_dim": 64, "image_proj_dim": 64},
+        text_width="text_embed_dim", guidance="true_cfg_scale", inputs=_framepack_inputs,
+        workload_from_video=_sectioned("has_clean_x_embedder", FRAMEPACK_IMAGE_ROWS), workload_from_seq_len=_no_seq_len,
     ),
     Family(
         name="ltx-video", display_name="LTX-Video", transformer="LTXVideoTransformer3DModel", pipeline="LTXPipeline",
@@ -175,6 +281,14 @@ NEW_FAMILIES = (
         video_note="ChronoEditPipeline's default edit: 480x832, num_frames forced to 5 without temporal reasoning "
                    "(2 latent frames: the input image's and the edit's)",
         inputs=wan.image_context, check_workload=wan.check_workload, text_encoder=wan.TEXT_ENCODER,
+    ),
+    Family(
+        name="helios", display_name="Helios", transformer="HeliosTransformer3DModel", pipeline="HeliosPipeline",
+        presets=presets("HeliosTransformer3DModel", "helios-base"),
+        scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "ffn_dim": 512, "text_dim": 256,
+                     "rope_dim": (24, 20, 20)},
+        inputs=_helios_inputs, workload_from_video=_sectioned("has_multi_term_memory_patch"),
+        workload_from_seq_len=_no_seq_len, text_encoder=wan.TEXT_ENCODER,
     ),
     Family(
         name="easyanimate", display_name="EasyAnimate", transformer="EasyAnimateTransformer3DModel",

@@ -13,9 +13,11 @@ class Workload:
     """The pass one block is part of: `batch` sequences of `seq_len` rows each (the video's rows; for a packed
     family, all its rows).
 
-    `rows` splits the pass by modality (video / text / audio) and `source` says how it was chosen (from
-    --seq-len or from a video size), so reports can state it. `video_grid` is the (frames, height, width)
-    patch grid of the video rows when a video size gave it.
+    `rows` splits the pass by modality (video / text / audio, the history a sectioned pipeline packs ahead of
+    its section) and `source` says how it was chosen (from --seq-len or from a video size), so reports can state
+    it. `video_grid` is the (frames, height, width) patch grid of the video rows when a video size gave it.
+    `sections`: how many such passes make the video at each step of the schedule, for a pipeline that makes it
+    as sections, each denoised by its own loop (HunyuanVideo FramePack, Helios); 1 for the rest.
     """
 
     seq_len: int
@@ -23,15 +25,17 @@ class Workload:
     rows: dict[str, int]
     source: str
     video_grid: tuple[int, int, int] | None = None
+    sections: int = 1
 
     def as_dict(self) -> dict:
         return {"seq_len": self.seq_len, "batch": self.batch, "rows": dict(self.rows), "source": self.source,
-                "video_grid": list(self.video_grid) if self.video_grid else None}
+                "video_grid": list(self.video_grid) if self.video_grid else None, "sections": self.sections}
 
     @property
     def key(self) -> tuple:
         """The workload as a hashable value (captures are kept by it)."""
-        return self.seq_len, self.batch, tuple(sorted(self.rows.items())), self.source, self.video_grid
+        return (self.seq_len, self.batch, tuple(sorted(self.rows.items())), self.source, self.video_grid,
+                self.sections)
 
 
 @dataclass(frozen=True)

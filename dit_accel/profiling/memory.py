@@ -138,8 +138,10 @@ def estimate_session(settings: "ProfileSettings", weights_bytes: int | None = No
     inputs = tokens * hidden * e + rows * (2 * head_dim * 4 + 64)
     forward = tokens * hidden * e * FORWARD_ELEMENTS[kind]
     if any(recipe.backend == "math" for recipe in s.recipes):
-        forward += 2 * max(call.batch * call.heads * call.q_len * call.kv_len  # the calls run one at a time
-                           for call in s.adapter.attention_calls(s.workload)) * e
+        calls = s.adapter.attention_calls(s.workload)  # None: a forward that cannot run on meta (FramePack)
+        scores = (max(call.batch * call.heads * call.q_len * call.kv_len for call in calls)  # one call at a time
+                  if calls else batch * heads * rows * rows)
+        forward += 2 * scores * e
     if any(recipe.fp8_linear or recipe.compile_mode for recipe in s.recipes):
         forward += weights
     # The check's group of heads, and the reference's scores per chunk: whole rows, at most

@@ -63,10 +63,14 @@ class ProfileSettings:
         return self.stacks or tuple(name for name, _ in self.adapter.stacks)
 
     def denoising_steps(self) -> tuple[int, str]:
-        """(denoising steps of a video, where that number comes from)."""
-        if self.steps is not None:
-            return self.steps, "stated with --steps"
-        return self.adapter.default_steps, self.adapter.default_steps_source
+        """(denoising steps of a video, where that number comes from): a sectioned pipeline's steps for each of
+        its sections."""
+        steps, source = ((self.steps, "stated with --steps") if self.steps is not None
+                         else (self.adapter.default_steps, self.adapter.default_steps_source))
+        sections = self.workload.sections
+        if sections == 1:
+            return steps, source
+        return steps * sections, f"{steps} ({source}) for each of the video's {sections} sections"
 
     def passes_per_step(self) -> tuple[int, str]:
         """(transformer passes per denoising step, where that number comes from)."""

@@ -171,6 +171,25 @@ def test_the_wan_derived_families_say_what_their_pipelines_pass():
     assert (easy.text_rows, easy.vae_factors, easy.passes_per_step) == (256, (4, 8), 2)
 
 
+@pytest.mark.parametrize("name", ["hunyuan-video-framepack", "helios"])
+def test_a_sectioned_pipelines_pass_is_one_section_behind_its_history(name):
+    """FramePack and Helios denoise one section of 9 latent frames at a time behind the history their checkpoints
+    pack ahead of it (2 full-size latent frames, 2 at 2x, 16 at 4x downsampling): the workload's rows are what
+    the model's own forward hands its blocks, at a size whose coarse history is padded (6 x 10 latents), and the
+    video's frames only say how many sections there are."""
+    adapter = adapter_for_preset(name)
+    full = adapter.default_workload(1)
+    expected = {"hunyuan-video-framepack": (32400, 2 * 45 * 80 + 1 * 23 * 40 + 4 * 12 * 20, 4),  # 129 x 720x1280
+                "helios": (8640, 2 * 24 * 40 + 1 * 12 * 20 + 4 * 6 * 10, 4)}[name]  # 132 x 384x640
+    assert (full.rows["video"], full.rows["history"], full.sections) == expected
+    assert full.seq_len == full.rows["video"] + full.rows["history"]
+    small = adapter.scaled_down()
+    workload = small.workload_from_video(34, 48, 80, 1)  # 2 sections of 33 frames
+    assert workload.sections == 2 and workload.rows["history"] == 2 * 3 * 5 + 1 * 2 * 3 + 4 * 1 * 2
+    capture = small.stack_capture(workload, CPU, torch.float32)
+    assert capture.rows == workload.seq_len
+
+
 def test_the_rule_is_stated_and_keeps_text_and_timestep_linears():
     assert "sequence rows" in RULE and "grow with the video" in RULE and "multiples of 16" in RULE
     policy = adapter_for_preset("hunyuan-video").fp8_linears

@@ -67,6 +67,20 @@ def test_a_stack_can_be_named_and_validate_n_needs_one(tmp_path):
     assert result.exit_code == 2 and "has no block stack 'nope'" in result.output
 
 
+def test_a_sectioned_video_costs_each_section_its_steps(tmp_path):
+    """HunyuanVideo FramePack makes 129 frames as 4 sections of 33, each denoised by its own 50 steps: one pass
+    is one section behind its packed history, and the video costs 200 steps of it. --seq-len cannot say a
+    section: refused in one line."""
+    report, _, _ = _run(tmp_path, "--model", "hunyuan-video-framepack", "--frames", "129", "--height", "64",
+                        "--width", "64", "--compare-attn", "native")
+    assert report["workload"]["sections"] == 4 and report["workload"]["rows"]["history"] == 40
+    extrapolation = report["runs"][0]["extrapolation"]
+    assert extrapolation["steps"] == 200 and "each of the video's 4 sections" in extrapolation["steps_source"]
+    result = CliRunner().invoke(main, ["profile-block", *FAST, "--model", "helios", "--seq-len", "1000",
+                                       "--out", str(tmp_path / "s")])
+    assert result.exit_code == 2 and "not --seq-len" in result.output and not (tmp_path / "s").exists()
+
+
 def test_models_lists_every_family(tmp_path):
     result = CliRunner().invoke(main, ["models", "--json"])
     assert result.exit_code == 0, result.output
