@@ -197,6 +197,41 @@ def _helios_inputs(ctx: InputContext) -> dict[str, Any]:
     return made
 
 
+def _give_cosmos_its_resize() -> None:
+    """diffusers' Cosmos transformer resizes its padding mask with torchvision (`transforms.functional.resize`,
+    nearest), which dit-accel does not depend on. Without torchvision its module is given that one call, as
+    torchvision runs it on a tensor: torch's nearest-neighbour interpolate (on the pipeline's mask of zeros)."""
+    import torch.nn.functional as F
+    from diffusers.models.transformers import transformer_cosmos
+
+    if hasattr(transformer_cosmos, "transforms"):  # torchvision is installed
+        return
+
+    def resize(x, size, interpolation="nearest"):
+        return F.interpolate(x, size=size, mode="nearest")
+
+    transformer_cosmos.transforms = SimpleNamespace(functional=SimpleNamespace(resize=resize),
+                                                    InterpolationMode=SimpleNamespace(NEAREST="nearest"))
+
+
+def _cosmos_inputs(ctx: InputContext) -> dict[str, Any]:
+    """What Cosmos2VideoToWorldPipeline passes its transformer for a text-to-world call (no conditioning
+    frames): the latents without the condition mask's channel (in_channels counts it), the timestep per latent
+    frame ([B, 1, T, 1, 1]), the frame rate, the condition mask (zeros: every frame generated) and the padding
+    mask at the video's pixel size (zeros); its resize is given first where torchvision is missing."""
+    import torch
+
+    _give_cosmos_its_resize()
+    c, g = ctx.config, ctx.grid
+    spatial = 8  # the pipeline's vae_scale_factor_spatial (Wan 2.1's VAE)
+    return {"hidden_states": ctx.randn(g.batch, c["in_channels"] - 1, g.frames, g.height, g.width),
+            "timestep": torch.full((g.batch, 1, g.frames, 1, 1), 0.5, device=ctx.device),
+            "fps": 16,  # the pipeline's default
+            "condition_mask": torch.zeros(g.batch, 1, g.frames, g.height, g.width, device=ctx.device, dtype=ctx.dtype),
+            "padding_mask": torch.zeros(1, 1, g.height * spatial, g.width * spatial, device=ctx.device,
+                                        dtype=ctx.dtype)}
+
+
 NEW_FAMILIES = (
     Family(
         name="hunyuan-video", display_name="HunyuanVideo", transformer="HunyuanVideoTransformer3DModel",
@@ -289,6 +324,15 @@ NEW_FAMILIES = (
                      "rope_dim": (24, 20, 20)},
         inputs=_helios_inputs, workload_from_video=_sectioned("has_multi_term_memory_patch"),
         workload_from_seq_len=_no_seq_len, text_encoder=wan.TEXT_ENCODER,
+    ),
+    Family(
+        name="cosmos", display_name="Cosmos Predict2", transformer="CosmosTransformer3DModel",
+        pipeline="Cosmos2VideoToWorldPipeline",
+        presets=presets("CosmosTransformer3DModel", "cosmos-predict2-2b-video2world",
+                        "cosmos-predict2-14b-video2world"),
+        scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "text_embed_dim": 256, "adaln_lora_dim": 32},
+        text_width="text_embed_dim", vae_factors=(4, 8),  # Wan 2.1's VAE, which the pipeline needs to say them
+        inputs=_cosmos_inputs,
     ),
     Family(
         name="easyanimate", display_name="EasyAnimate", transformer="EasyAnimateTransformer3DModel",

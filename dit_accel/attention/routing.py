@@ -45,6 +45,10 @@ to it as [B, S, H, D] views, through the same servable checks, counts and crosso
 runs torch's own call, forced to the crossover's kernel where that routed it) or a torch SDPA kernel to force
 (`cudnn`, `flash`, ...). `native` changes nothing there: it is what they run.
 
+Processors that call diffusers' `dispatch_attention_fn` but name no backend (Cosmos: no `_attention_backend`) are
+chosen the same way: their call makes their choice the running one, and their file's router answers a call that
+names no backend by it (a RoutedBackend, as above, or the diffusers backend the swap names).
+
 Why this seam: it needs no edit of diffusers or of the model, covers every attention call a
 processor makes (self- and cross-attention alike), keeps diffusers' own checks and fallbacks, and
 is undone completely. The router is installed once per model file, reference-counted across
@@ -228,6 +232,9 @@ def _make_router(original: Callable[..., torch.Tensor], users: list) -> Callable
     @functools.wraps(original)
     def routed_dispatch_attention_fn(*args, **kwargs):
         backend = kwargs.get("backend")  # keyword-only in diffusers
+        choice = _RUNNING.choice
+        if backend is None and choice is not None and not isinstance(choice, SDPBackend):
+            kwargs["backend"] = backend = choice  # a processor that names no backend (Cosmos'): its chosen one
         if not isinstance(backend, RoutedBackend):
             return original(*args, **kwargs)
         if len(args) > len(positional) or not names.issuperset(kwargs):
@@ -260,10 +267,11 @@ def _dispatch_module(processor: Any) -> ModuleType:
 
 @dataclass
 class _Running:
-    """What the processor running now chose for its `F.scaled_dot_product_attention` calls: a
-    RoutedBackend, a torch SDPA kernel to force, or None (torch's own call)."""
+    """What the processor running now chose: for its `F.scaled_dot_product_attention` calls, a RoutedBackend or a
+    torch SDPA kernel to force; for its `dispatch_attention_fn` calls that name no backend, a RoutedBackend or a
+    diffusers backend; None: nothing chosen (torch's or diffusers' own call)."""
 
-    choice: RoutedBackend | SDPBackend | None = None
+    choice: Any = None
 
 
 _RUNNING = _Running()
@@ -307,16 +315,17 @@ def _make_sdpa_stand_in(functional: Any, users: list) -> Namespace:
 _SDPA_STAND_INS = ModelGlobalSwap(FUNCTIONAL_GLOBAL, _make_sdpa_stand_in)
 
 
-_SDPA_CHOICE = "_dit_accel_sdpa_choice"  # a chosen processor's choice, on its instance
+_CHOICE = "_dit_accel_choice"  # a chosen processor's choice, on its instance
 _CHOOSING = "_dit_accel_chooses"  # set on the classes `_choosing_class` makes
 
 
 @functools.cache
 def _choosing_class(cls: type) -> type:
-    """`cls` (a processor that calls torch's SDPA itself) with a call that makes the processor's own choice (its
-    `_SDPA_CHOICE`) the running one and puts the one before back after it, even when it raises. The class keeps
-    `cls`'s name and module, and its `__call__` the signature of `cls`'s (`functools.wraps`): diffusers reads from
-    that which keyword arguments a processor takes, and `model_file` finds the file from that module.
+    """`cls` (a processor that calls torch's SDPA itself, or diffusers' dispatch naming no backend) with a call
+    that makes the processor's own choice (its `_CHOICE`) the running one and puts the one before back after it,
+    even when it raises. The class keeps `cls`'s name and module, and its `__call__` the signature of `cls`'s
+    (`functools.wraps`): diffusers reads from that which keyword arguments a processor takes, and `model_file`
+    finds the file from that module.
 
     Why not forward hooks on the attention modules: dynamo guards on an always-called hook's id, which differs
     from block to block (blocks compiled one by one recompiled until dynamo's limit of 8, then ran eager); it does
@@ -327,7 +336,7 @@ def _choosing_class(cls: type) -> type:
     @functools.wraps(call)
     def __call__(self, *args, **kwargs):
         previous = _RUNNING.choice
-        _RUNNING.choice = getattr(self, _SDPA_CHOICE)
+        _RUNNING.choice = getattr(self, _CHOICE)
         try:
             return call(self, *args, **kwargs)
         finally:
@@ -339,19 +348,19 @@ def _choosing_class(cls: type) -> type:
 
 def _choose(processor: Any, choice: RoutedBackend | SDPBackend) -> tuple[Any, type, Any]:
     """Makes `choice` the processor's for its calls (`_choosing_class`); returns what `_unchoose` puts back."""
-    before = (processor, type(processor), vars(processor).get(_SDPA_CHOICE, _UNSET))
+    before = (processor, type(processor), vars(processor).get(_CHOICE, _UNSET))
     if _CHOOSING not in vars(type(processor)):  # a nested swap's processor has its class already
         processor.__class__ = _choosing_class(type(processor))
-    setattr(processor, _SDPA_CHOICE, choice)
+    setattr(processor, _CHOICE, choice)
     return before
 
 
 def _unchoose(processor: Any, cls: type, choice: Any) -> None:
     processor.__class__ = cls
     if choice is _UNSET:
-        vars(processor).pop(_SDPA_CHOICE, None)
+        vars(processor).pop(_CHOICE, None)
     else:
-        setattr(processor, _SDPA_CHOICE, choice)
+        setattr(processor, _CHOICE, choice)
 
 
 # --- swapping -----------------------------------------------------------------------------------
@@ -364,7 +373,8 @@ class AttentionBackendSwap:
     routed: the RoutedBackend the processors hold (custom backends), else None.
     router_modules: the model files whose dispatch global this swap holds a router on.
     sdpa_files: the model files whose `F` this swap holds a stand-in on (processors calling torch's SDPA).
-    chosen: each of those processors with the class and choice it had before (`_choose`).
+    chosen: each of those processors, and each calling diffusers' dispatch naming no backend, with the class and
+    choice it had before (`_choose`).
     """
 
     previous: list[tuple[Any, Any]]
@@ -375,25 +385,30 @@ class AttentionBackendSwap:
     restored: bool = False
 
 
-def _attention_processors(module: nn.Module,
-                          exclude: tuple[nn.Module, ...]) -> tuple[list[Any], dict[int, tuple[Any, ModuleType]]]:
+Chosen = dict[int, tuple[Any, ModuleType]]
+"""Processors chosen through their call (`_choose`), by id, each with its model file."""
+
+
+def _attention_processors(module: nn.Module, exclude: tuple[nn.Module, ...]) -> tuple[list[Any], Chosen, Chosen]:
     """Under `module`, outside the `exclude` subtrees: each distinct processor that has a selectable
-    `_attention_backend`; and each distinct processor that has none but whose file calls torch's SDPA through `F`,
-    with that file, by id."""
+    `_attention_backend`; each distinct processor that has none but whose file calls torch's SDPA through `F`; and
+    each that has none but whose file calls diffusers' dispatch (which it names no backend), with their files."""
     skipped = {id(m) for kept in exclude for m in kept.modules()}
     processors: dict[int, Any] = {}
-    sdpa_calling: dict[int, tuple[Any, ModuleType]] = {}
+    sdpa_calling: Chosen = {}
+    unnamed: Chosen = {}
     for submodule in module.modules():
         processor = getattr(submodule, "processor", None)
         if id(submodule) in skipped or processor is None:
             continue
         if hasattr(processor, "_attention_backend"):
             processors.setdefault(id(processor), processor)
-            continue
-        file = model_file(processor, FUNCTIONAL_GLOBAL)
-        if callable(getattr(getattr(file, FUNCTIONAL_GLOBAL, None), "scaled_dot_product_attention", None)):
+        elif (file := model_file(processor, DISPATCH_GLOBAL)) is not None:
+            unnamed.setdefault(id(processor), (processor, file))
+        elif callable(getattr(getattr(file := model_file(processor, FUNCTIONAL_GLOBAL), FUNCTIONAL_GLOBAL, None),
+                              "scaled_dot_product_attention", None)):
             sdpa_calling.setdefault(id(processor), (processor, file))
-    return list(processors.values()), sdpa_calling
+    return list(processors.values()), sdpa_calling, unnamed
 
 
 def set_attention_backend_by_name(module: nn.Module, name: str, *, exclude: tuple[nn.Module, ...] = (),
@@ -413,31 +428,34 @@ def set_attention_backend_by_name(module: nn.Module, name: str, *, exclude: tupl
     if hold_reason is not None and not backend.routed:
         raise UserError(f"attention backend {name!r} is a diffusers backend: it cannot be switched per step; "
                         "keep steps in bf16 only with a custom backend (fa4, fp8)")
-    processors, sdpa_calling = _attention_processors(module, exclude)
-    if not processors and not sdpa_calling:
+    processors, sdpa_calling, unnamed = _attention_processors(module, exclude)
+    if not processors and not sdpa_calling and not unnamed:
         raise UserError(f"{type(module).__name__} has no diffusers attention processors to set a backend on")
 
+    unnamed_files = [file for _, file in unnamed.values()]
     if backend.routed:
-        router_modules = list({m.__name__: m for m in map(_dispatch_module, processors)}.values())
+        router_modules = [*map(_dispatch_module, processors), *unnamed_files]
         crossover, crossover_note = crossover_for(module_device(module))
         value: Any = RoutedBackend(backend, hold_reason=hold_reason, crossover=crossover, crossover_note=crossover_note,
                                    counts=CallCounts.on_device_of(module))
-        _ROUTERS.acquire_all(router_modules, value)
         sdpa_choice: RoutedBackend | SDPBackend | None = value
     else:
         from diffusers.models.attention_dispatch import AttentionBackendName
 
-        router_modules, value = [], AttentionBackendName(backend.diffusers_backend)
+        router_modules, value = unnamed_files, AttentionBackendName(backend.diffusers_backend)
         sdpa_choice = TORCH_SDPA_KERNELS.get(backend.name)
+    router_modules = list({m.__name__: m for m in router_modules}.values())
     swap = AttentionBackendSwap([], value if backend.routed else None, router_modules)
+    _ROUTERS.acquire_all(router_modules, swap)
     if sdpa_calling and sdpa_choice is not None:
         files = {f.__name__: f for _, f in sdpa_calling.values()}
         try:
             swap.sdpa_files = _SDPA_STAND_INS.acquire_all(files.values(), swap)
         except BaseException:
-            _ROUTERS.release_all(router_modules, swap.routed)
+            _ROUTERS.release_all(router_modules, swap)
             raise
         swap.chosen = [_choose(processor, sdpa_choice) for processor, _ in sdpa_calling.values()]
+    swap.chosen += [_choose(processor, value) for processor, _ in unnamed.values()]
 
     swap.previous = [(processor, processor.__dict__.get("_attention_backend", _UNSET)) for processor in processors]
     for processor in processors:
@@ -457,7 +475,7 @@ def restore_attention_backend(swap: AttentionBackendSwap) -> None:
     for chosen in reversed(swap.chosen):
         _unchoose(*chosen)
     _SDPA_STAND_INS.release_all(swap.sdpa_files, swap)
-    _ROUTERS.release_all(swap.router_modules, swap.routed)
+    _ROUTERS.release_all(swap.router_modules, swap)
     swap.restored = True
 
 

@@ -190,6 +190,23 @@ def test_a_sectioned_pipelines_pass_is_one_section_behind_its_history(name):
     assert capture.rows == workload.seq_len
 
 
+def test_cosmos_runs_without_torchvision():
+    """Cosmos' transformer resizes its padding mask with torchvision, which dit-accel does not depend on: its
+    inputs hook gives the module that one call where torchvision is missing, as torchvision runs it (nearest
+    neighbour: each output pixel the input pixel its scaled position falls in)."""
+    from diffusers.models.transformers import transformer_cosmos
+
+    adapter = adapter_for_preset("cosmos")
+    workload = adapter.default_workload(1)  # 93 frames of 704x1280: 24 x 44 x 80 patches
+    assert workload.seq_len == 24 * 44 * 80 and (adapter.facts.steps, adapter.facts.passes_per_step) == (35, 2)
+    calls = [(c.kind, c.q_len, c.kv_len, c.heads, c.head_dim) for c in adapter.attention_calls(workload)]
+    assert calls == [("self", 84480, 84480, 16, 128), ("cross", 84480, 512, 16, 128)]
+    transforms = transformer_cosmos.transforms
+    mask = torch.arange(48.0).reshape(1, 1, 6, 8)
+    resized = transforms.functional.resize(mask, [3, 4], interpolation=transforms.InterpolationMode.NEAREST)
+    torch.testing.assert_close(resized, mask[:, :, ::2, ::2])
+
+
 def test_the_rule_is_stated_and_keeps_text_and_timestep_linears():
     assert "sequence rows" in RULE and "grow with the video" in RULE and "multiples of 16" in RULE
     policy = adapter_for_preset("hunyuan-video").fp8_linears

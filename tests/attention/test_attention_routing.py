@@ -275,6 +275,54 @@ def test_ring_attention_falls_back_to_diffusers_with_its_config_and_is_counted(f
     assert next(iter(routed.fallback_calls)).startswith("ring")
 
 
+# --- processors that call diffusers' dispatch naming no backend ---------------------------------------------
+
+@torch.no_grad()
+def test_processors_naming_no_backend_are_routed_by_their_choice_and_exit_is_bit_identical(fake_backend):
+    """Cosmos' processors have no `_attention_backend` and call diffusers' dispatch without one: each chosen
+    processor's call makes its choice the running one, which its file's router hands the call (a RoutedBackend,
+    or, for a native name, the diffusers backend itself); a block not chosen calls diffusers' own dispatch."""
+    from diffusers.models.transformers import transformer_cosmos
+
+    adapter, block = small_block("cosmos", torch.float32)
+    kept = small_block("cosmos", torch.float32)[1]
+    inputs = adapter.make_inputs(adapter.default_workload(1, scaled_down=True), torch.device("cpu"), torch.float32,
+                                 torch.Generator().manual_seed(0))
+    assert not any(hasattr(p, "_attention_backend") for p in processors(block))  # what this path is for
+    original = transformer_cosmos.dispatch_attention_fn
+    before = _first(block(**inputs))
+
+    both = torch.nn.ModuleList([block, kept])
+    swap = set_attention_backend_by_name(both, "fake", exclude=(kept,))
+    try:
+        assert transformer_cosmos.dispatch_attention_fn is not original
+        during = _first(block(**inputs))
+        _first(kept(**inputs))
+    finally:
+        restore_attention_backend(swap)
+    assert swap.routed.served_calls == 2 and swap.routed.fallback_total == 0  # self- and cross-attention
+    assert len(fake_backend.calls) == 2
+    torch.testing.assert_close(during, before)
+    assert transformer_cosmos.dispatch_attention_fn is original and routing._installed_routers == {}
+    assert routing._RUNNING.choice is None and all(routing._CHOICE not in vars(p) for p in processors(block))
+    assert torch.equal(_first(block(**inputs)), before)
+
+    seen = []
+    real = transformer_cosmos.dispatch_attention_fn
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("backend"))
+        return real(*args, **kwargs)
+
+    transformer_cosmos.dispatch_attention_fn = recording
+    try:
+        with use_attention_backend(block, "native"):
+            block(**inputs)
+    finally:
+        transformer_cosmos.dispatch_attention_fn = real
+    assert seen == [AttentionBackendName.NATIVE] * 2
+
+
 # --- processors that call torch's SDPA themselves ------------------------------------------------------
 
 def _sdpa_block(family: str):
@@ -384,7 +432,7 @@ def test_compiled_kept_and_chosen_blocks_of_one_class_each_get_their_own_graph(r
             block._compiled_call_impl = None
         torch._dynamo.reset()
     assert [type(p) for b in blocks for p in processors(b)] == classes
-    assert not any(routing._SDPA_CHOICE in vars(p) for b in blocks for p in processors(b))
+    assert not any(routing._CHOICE in vars(p) for b in blocks for p in processors(b))
 
 
 @torch.no_grad()
@@ -402,7 +450,7 @@ def test_nested_swaps_of_one_processor_put_back_each_choice(fake_backend):
     block(**inputs)
     assert outer.routed.served_calls == 1 and type(processor) is not own
     restore_attention_backend(outer)
-    assert type(processor) is own and routing._SDPA_CHOICE not in vars(processor)
+    assert type(processor) is own and routing._CHOICE not in vars(processor)
 
 
 @torch.no_grad()
