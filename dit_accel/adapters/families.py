@@ -232,6 +232,34 @@ def _cosmos_inputs(ctx: InputContext) -> dict[str, Any]:
                                         dtype=ctx.dtype)}
 
 
+K6_FRAME_RATE = 24.0  # Kandinsky6TI2VAPipeline's default frame_rate
+K6_AUDIO_SAMPLE_RATE = 44_100  # MMAudioVAE's sample_rate
+K6_AUDIO_HOP = 1024  # MMAudioVAE's latent hop: its mel hop_length 512, downsampled once by 2
+
+
+def _kandinsky6_inputs(ctx: InputContext) -> dict[str, Any]:
+    """What Kandinsky6TI2VAPipeline passes its transformer for text to video + audio: the latents channels last
+    with the zero condition latent and zero mask a visual_cond model reads (2C + 1 channels, as Kandinsky 5's);
+    the audio latents of the clip's duration ([B, rows, in_audio_dim]: 218 rows for 121 frames at 24 fps); the CLIP
+    pooled vector; and the prompt's mask, boolean (it pads every prompt to max_sequence_length: all rows kept here,
+    the most a prompt gives). No RoPE positions or token types: a text-to-video call passes none."""
+    import math
+
+    import torch
+
+    c, g, b = ctx.config, ctx.grid, ctx.grid.batch
+    temporal = 4  # the pipeline's vae_scale_factor_temporal (HunyuanVideo's VAE)
+    latents = ctx.randn(b, g.frames, g.height, g.width, c["in_visual_dim"])
+    if c.get("visual_cond"):
+        latents = torch.cat([latents, torch.zeros_like(latents), latents.new_zeros(*latents.shape[:-1], 1)], dim=-1)
+    frames = (g.frames - 1) * temporal + 1
+    audio_rows = math.ceil(frames / K6_FRAME_RATE * K6_AUDIO_SAMPLE_RATE / K6_AUDIO_HOP)
+    return {"hidden_states": latents,
+            "audio_hidden_states": ctx.randn(b, audio_rows, c["in_audio_dim"]),
+            "pooled_projections": ctx.randn(b, c["in_text_dim2"]),
+            "encoder_attention_mask": torch.ones(b, ctx.text_rows, device=ctx.device, dtype=torch.bool)}
+
+
 NEW_FAMILIES = (
     Family(
         name="hunyuan-video", display_name="HunyuanVideo", transformer="HunyuanVideoTransformer3DModel",
@@ -351,6 +379,16 @@ NEW_FAMILIES = (
                      "in_text_dim2": 64},
         text_width="in_text_dim", inputs=_kandinsky5_inputs,
         main_stack="visual_transformer_blocks",  # its 2 text blocks run first, on the prompt rows alone
+    ),
+    Family(
+        name="kandinsky-6", display_name="Kandinsky 6", transformer="Kandinsky6Transformer3DModel",
+        pipeline="Kandinsky6TI2VAPipeline",
+        presets=presets("Kandinsky6Transformer3DModel", "kandinsky-6.0-pro-sft-5s", "kandinsky-6.0-pro-distill-5s"),
+        scaled_down={"model_dim": 256, "ff_dim": 512, "time_dim": 64, "axes_dims": (16, 24, 24),
+                     "model_dim_a": 128, "ff_dim_a": 256, "time_dim_a": 64, "axes_dims_a": (16, 24, 24),
+                     "in_text_dim": 256, "in_text_dim2": 64},
+        text_width="in_text_dim", inputs=_kandinsky6_inputs,
+        main_stack="visual_transformer_blocks",  # its 4 + 4 text blocks (the video's, the audio's) run first
     ),
     Family(
         name="sana-video", display_name="SANA-Video", transformer="SanaVideoTransformer3DModel",

@@ -60,18 +60,33 @@ def _attention_entry(module_name: str) -> tuple[str, str] | None:
     return None
 
 
+def _children(block: nn.Module) -> dict[str, nn.Module]:
+    """The block's children by path, each child that holds attention modules without being one (nor an FFN)
+    replaced by its own children, as deep as that goes: the parts the ranges are made of."""
+    found: dict[str, nn.Module] = {}
+    for name, child in block.named_children():
+        holds_attention = any(getattr(m, "processor", None) is not None for m in child.modules())
+        if holds_attention and getattr(child, "processor", None) is None and name not in FFN_NAMES:
+            found.update({f"{name}.{path}": part for path, part in _children(child).items()})
+        else:
+            found[name] = child
+    return found
+
+
 def derive_ranges(block: nn.Module, softmax_modules: frozenset[str] | None = None,
                   cross_modules: frozenset[str] = frozenset()) -> tuple[ModuleRange, ...]:
     """The block's ranges from its module types and names: per diffusers attention module (one with a
     `processor`) its q/k/v (and added context) projections, qk-norms, output projections, the attention core
     (the processors' dispatch function) and the RoPE helpers their file calls; a cross-attention module whole;
-    the feed-forward networks; the block's norms, its AdaLN modulation and its own linears. What no range covers
-    is the block body (residuals, gates, the modulation's arithmetic). `softmax_modules`: the attention modules
+    the feed-forward networks; the block's norms, its AdaLN modulation and its own linears, among the block's
+    children and inside any child that holds attention modules without being one (Kandinsky 6's fused block keeps
+    each modality's attention, feed-forward, norms and modulation in such a container). What no range covers is
+    the block body (residuals, gates, the modulation's arithmetic). `softmax_modules`: the attention modules
     that made a softmax attention call in the model's forward (`capture`); another one computes a linear attention
     (SANA's) in its processor, with matmuls: its range is that, not leftovers. `cross_modules`: attention modules
     the capture saw attend to other rows than their queries' (Kandinsky 5's cross-attention has no
     `is_cross_attention`)."""
-    children = dict(block.named_children())
+    children = _children(block)
     qkv, qk_norm, out, cross, attention, linear, ffn, norms, modulation, own = ([] for _ in range(10))
     entries: dict[tuple[str, str], None] = {}
     rope: dict[tuple[str, str], None] = {}
@@ -108,16 +123,16 @@ def derive_ranges(block: nn.Module, softmax_modules: frozenset[str] | None = Non
         if isinstance(parts.get("to_add_out"), nn.Module):
             out.append(f"{path}.to_add_out")
     for name, child in children.items():
-        kind = type(child).__name__
+        kind, last = type(child).__name__, name.rsplit(".", 1)[-1]
         if name in attention or name in cross or name in linear:
             continue
-        if name in FFN_NAMES or kind.endswith("FeedForward"):
+        if last in FFN_NAMES or kind.endswith("FeedForward"):
             ffn.append(name)
         elif any(word in kind for word in MODULATION_WORDS):
             modulation.append(name)
         elif "Norm" in kind:
             norms.append(name)
-        elif name == "proj_out" and isinstance(child, nn.Linear):  # single-stream blocks: attention + MLP out
+        elif last == "proj_out" and isinstance(child, nn.Linear):  # single-stream blocks: attention + MLP out
             out.append(name)
         elif isinstance(child, nn.Linear):  # the block's own (Wan VACE's control projection into its stream)
             own.append(name)

@@ -242,6 +242,10 @@ def _make_router(original: Callable[..., torch.Tensor], users: list) -> Callable
         arguments = dict(defaults)
         arguments.update(zip(positional, args))
         arguments.update(kwargs)
+        mask, q, k = arguments["attn_mask"], arguments["query"], arguments["key"]
+        if mask is not None and mask.dim() == 2 and mask.shape == (q.shape[0], k.shape[1]):
+            # diffusers' key mask [B, S_kv] (Kandinsky 6's), as its native backend reads it: one row per element
+            arguments["attn_mask"] = mask[:, None, None, :]
         return backend.dispatch(arguments, original)
 
     return routed_dispatch_attention_fn

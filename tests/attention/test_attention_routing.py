@@ -275,6 +275,28 @@ def test_ring_attention_falls_back_to_diffusers_with_its_config_and_is_counted(f
     assert next(iter(routed.fallback_calls)).startswith("ring")
 
 
+@torch.no_grad()
+def test_a_key_mask_in_diffusers_two_dimensional_form_is_served_on_the_kept_keys(fake_backend):
+    """Kandinsky 6 hands diffusers' dispatch its prompt's mask as [B, S_kv] (bool), which diffusers' native backend
+    reads as one row of kept keys per element: the router reads it so, and serves the call on the kept keys."""
+    from dit_accel.adapters import adapter_for_preset
+    from dit_accel.loading.block import synthetic_block
+
+    adapter = adapter_for_preset("kandinsky-6").scaled_down().for_stack("video_text_transformer_blocks")
+    block = synthetic_block(adapter, 0, torch.device("cpu"), torch.float32).block
+    inputs = adapter.make_inputs(adapter.default_workload(1, scaled_down=True), torch.device("cpu"), torch.float32,
+                                 torch.Generator().manual_seed(0))
+    mask = inputs["attn_mask"]
+    assert mask.dtype == torch.bool and mask.shape == (1, 1024)
+    inputs["attn_mask"] = torch.arange(1024)[None] < 700  # a 700-token prompt
+    before = _first(block(**inputs))
+    with use_attention_backend(block, "fake") as routed:
+        during = _first(block(**inputs))
+    assert routed.served_calls == 1 and routed.fallback_total == 0
+    assert [k_shape[1] for _, k_shape in fake_backend.calls] == [700]  # the kept keys alone
+    torch.testing.assert_close(during, before, rtol=1e-4, atol=1e-5)
+
+
 # --- processors that call diffusers' dispatch naming no backend ---------------------------------------------
 
 @torch.no_grad()
