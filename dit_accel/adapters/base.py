@@ -305,8 +305,11 @@ class BlockAdapter:
         grid, layout = self.latent_grid(workload)
         ctx = InputContext(self.config, grid, workload.rows.get("text", 0), device, dtype, generator)
         pt, ph, pw = patch_sizes(self.config)
+        history = workload.seq_len - workload.rows["video"]  # the rows a sectioned pipeline packs ahead (FramePack)
+        if history:
+            layout += f", {history} history rows ahead of the video's"
         return TransformerInputs(forward_arguments(self.spec, ctx), grid.frames * grid.height * grid.width
-                                 // (pt * ph * pw), layout)
+                                 // (pt * ph * pw) + history, layout)
 
     def capture(self, workload: Workload, device: torch.device, dtype: torch.dtype,
                 seed: int = 0) -> list[StackCapture]:

@@ -88,7 +88,8 @@ class StackCapture:
 
 def block_stacks(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
     """The model's stacks of repeated blocks: each top-level nn.ModuleList child of two or more entries (or one,
-    in a model built with one block per stack) that all share one class, in registration (= forward) order."""
+    in a model built with one block per stack) that all share one class, in registration order (the forward's for
+    every family but Wan VACE, whose VACE blocks run ahead of the Wan blocks registered before them)."""
     return [(name, child) for name, child in model.named_children()
             if isinstance(child, nn.ModuleList) and len(child) and len({type(b) for b in child}) == 1]
 

@@ -92,7 +92,8 @@ def _kandinsky5_inputs(ctx: InputContext) -> dict[str, Any]:
     latents = ctx.randn(b, g.frames, g.height, g.width, c["in_visual_dim"])
     if c.get("visual_cond"):
         latents = torch.cat([latents, torch.zeros_like(latents), latents.new_zeros(*latents.shape[:-1], 1)], dim=-1)
-    pipe = SimpleNamespace(transformer=SimpleNamespace(config=SimpleNamespace(**c)))
+    pipe = SimpleNamespace(transformer=SimpleNamespace(config=SimpleNamespace(**c)),
+                           fast_sta_nabla=Kandinsky5T2VPipeline.fast_sta_nabla)  # the 10 s models' sparse mask
     return {"hidden_states": latents,
             "pooled_projections": ctx.randn(b, c["in_text_dim2"]),
             "timestep": torch.full((b,), 500.0, device=ctx.device, dtype=ctx.dtype),
@@ -122,31 +123,72 @@ def _history_rows(patch: tuple[int, int, int], height: int, width: int) -> int:
                for k, frames in HISTORY_FRAMES.items())
 
 
+def _section_workload(adapter, height: int, width: int, batch: int, latent_frames: int, sections: int,
+                      history: int, context: dict[str, int], source: str) -> Workload:
+    """One section's pass of a sectioned pipeline: `latent_frames` latent frames at `height` x `width`, behind
+    `history` rows packed ahead of them, with `context` rows beside the prompt's; `sections` such passes make the
+    video."""
+    _, spatial = adapter.facts.vae_factors
+    pt, ph, pw = patch_sizes(adapter.config)
+    grid = (latent_frames // pt, height // spatial // ph, width // spatial // pw)
+    video = grid[0] * grid[1] * grid[2]
+    check_video_rows(video, height, width, spatial * max(ph, pw))
+    rows = {"video": video, **({"history": history} if history else {}), **context, "text": adapter.facts.text_rows}
+    return Workload(video + history, batch, rows, source, grid, sections)
+
+
 def _sectioned(history_key: str, image_rows: int = 0):
-    """`workload_from_video` of a sectioned pipeline: one section's pass (its SECTION_WINDOW latent frames, and
+    """`workload_from_video` of FramePack and Helios: one section's pass (its SECTION_WINDOW latent frames, and
     the history rows where the config's `history_key` packs them; `image_rows` of image context beside the
     prompt's), and how many sections make the video (each (SECTION_WINDOW - 1) x the VAE's temporal factor + 1
     frames, as both pipelines count them)."""
     def workload(adapter, frames: int, height: int, width: int, batch: int) -> Workload:
         temporal, spatial = adapter.facts.vae_factors
-        patch = patch_sizes(adapter.config)
-        grid = (SECTION_WINDOW // patch[0], height // spatial // patch[1], width // spatial // patch[2])
-        video = grid[0] * grid[1] * grid[2]
-        check_video_rows(video, height, width, spatial * max(patch[1:]))
-        history = _history_rows(patch, height // spatial, width // spatial) if adapter.config.get(history_key) else 0
+        history = (_history_rows(patch_sizes(adapter.config), height // spatial, width // spatial)
+                   if adapter.config.get(history_key) else 0)
         section = (SECTION_WINDOW - 1) * temporal + 1
         sections = max(1, _ceil(frames, section))
-        rows = {"video": video, "history": history, **({"image": image_rows} if image_rows else {}),
-                "text": adapter.facts.text_rows}
         source = (f"{frames} frames {height}x{width}: {sections} section(s) of {section} frames, each pass behind "
                   f"{history} history rows")
-        return Workload(video + history, batch, rows, source, grid, sections)
+        return _section_workload(adapter, height, width, batch, SECTION_WINDOW, sections, history,
+                                 {"image": image_rows} if image_rows else {}, source)
     return workload
 
 
+WAN_ANIMATE_SEGMENT = 77  # WanAnimatePipeline's default segment_frame_length
+WAN_ANIMATE_OVERLAP = 1  # its default prev_segment_conditioning_frames: the frames a segment shares with the last
+
+
+def _wan_animate_segments(adapter, frames: int, height: int, width: int, batch: int) -> Workload:
+    """WanAnimatePipeline makes its video as segments of WAN_ANIMATE_SEGMENT frames, each denoised by its own
+    loop, each after the first conditioned on the last frame of the one before; a pass is one segment's 20 latent
+    frames behind the reference image's, which the pipeline puts ahead of them (a shorter pose video is padded to
+    a whole segment). The video's frames say how many segments there are."""
+    temporal, _ = adapter.facts.vae_factors
+    latent = (WAN_ANIMATE_SEGMENT - 1) // temporal + 1
+    sections = max(1, _ceil(frames - WAN_ANIMATE_OVERLAP, WAN_ANIMATE_SEGMENT - WAN_ANIMATE_OVERLAP))
+    source = (f"{frames} frames {height}x{width}: {sections} segment(s) of {WAN_ANIMATE_SEGMENT} frames, each pass "
+              f"its {latent} latent frames behind the reference image's")
+    return _section_workload(adapter, height, width, batch, latent + 1, sections, 0, {}, source)
+
+
+def _wan_animate_inputs(ctx: InputContext) -> dict[str, Any]:
+    """What WanAnimatePipeline passes beside the latents (36 channels: 16 noisy, a 4-channel mask and 16 of the
+    reference or conditioning video, which the generic rule draws) and the prompt: the CLIP rows
+    (`wan.image_context`), the segment's pose latents (none for the reference frame) and its face video in pixels
+    ([B, 3, 77, 512, 512]), which the model's face encoder brings to the segment's latent frames."""
+    c, g = ctx.config, ctx.grid
+    face_frames = (g.frames - 2) * wan.VAE_TEMPORAL + 1
+    size = c["motion_encoder_size"]
+    return {**wan.image_context(ctx),
+            "pose_hidden_states": ctx.randn(g.batch, c["latent_channels"], g.frames - 1, g.height, g.width),
+            "face_pixel_values": ctx.randn(g.batch, 3, face_frames, size, size)}
+
+
 def _no_seq_len(adapter, seq_len: int, batch: int) -> Workload:
-    raise UserError(f"{adapter.display_name} makes its video as sections of {SECTION_WINDOW} latent frames behind "
-                    f"packed history rows: give the video's size with --frames, --height and --width, not --seq-len")
+    raise UserError(f"{adapter.display_name} makes its video as sections, each pass one section behind what its "
+                    f"pipeline packs ahead of it: give the video's size with --frames, --height and --width, not "
+                    f"--seq-len")
 
 
 def _section_indices(ctx: InputContext):
@@ -241,8 +283,9 @@ def _kandinsky6_inputs(ctx: InputContext) -> dict[str, Any]:
     """What Kandinsky6TI2VAPipeline passes its transformer for text to video + audio: the latents channels last
     with the zero condition latent and zero mask a visual_cond model reads (2C + 1 channels, as Kandinsky 5's);
     the audio latents of the clip's duration ([B, rows, in_audio_dim]: 218 rows for 121 frames at 24 fps); the CLIP
-    pooled vector; and the prompt's mask, boolean (it pads every prompt to max_sequence_length: all rows kept here,
-    the most a prompt gives). No RoPE positions or token types: a text-to-video call passes none."""
+    pooled vector; and no prompt mask (the pipeline pads every prompt to max_sequence_length and passes its mask,
+    but none where the prompt keeps every row, as here). No RoPE positions or token types: a text-to-video call
+    passes none."""
     import math
 
     import torch
@@ -256,8 +299,7 @@ def _kandinsky6_inputs(ctx: InputContext) -> dict[str, Any]:
     audio_rows = math.ceil(frames / K6_FRAME_RATE * K6_AUDIO_SAMPLE_RATE / K6_AUDIO_HOP)
     return {"hidden_states": latents,
             "audio_hidden_states": ctx.randn(b, audio_rows, c["in_audio_dim"]),
-            "pooled_projections": ctx.randn(b, c["in_text_dim2"]),
-            "encoder_attention_mask": torch.ones(b, ctx.text_rows, device=ctx.device, dtype=torch.bool)}
+            "pooled_projections": ctx.randn(b, c["in_text_dim2"]), "encoder_attention_mask": None}
 
 
 NEW_FAMILIES = (
@@ -346,6 +388,19 @@ NEW_FAMILIES = (
         inputs=wan.image_context, check_workload=wan.check_workload, text_encoder=wan.TEXT_ENCODER,
     ),
     Family(
+        name="wan-animate", display_name="Wan Animate", transformer="WanAnimateTransformer3DModel",
+        pipeline="WanAnimatePipeline", presets=presets("WanAnimateTransformer3DModel", "wan2.2-animate-14b"),
+        scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "ffn_dim": 512, "text_dim": 256,
+                     "image_dim": 64, "added_kv_proj_dim": 256, "motion_encoder_size": 16,
+                     "motion_encoder_channel_sizes": {"4": 32, "8": 32, "16": 32}, "motion_style_dim": 32,
+                     "motion_dim": 8, "motion_encoder_dim": 32, "face_encoder_hidden_dim": 64},
+        video=(WAN_ANIMATE_SEGMENT, 720, 1280),
+        video_note="WanAnimatePipeline's default 720x1280, one segment of its default segment_frame_length (its "
+                   "video is as long as the pose video)",
+        inputs=_wan_animate_inputs, workload_from_video=_wan_animate_segments, workload_from_seq_len=_no_seq_len,
+        check_workload=wan.check_workload, text_encoder=wan.TEXT_ENCODER,
+    ),
+    Family(
         name="helios", display_name="Helios", transformer="HeliosTransformer3DModel", pipeline="HeliosPipeline",
         presets=presets("HeliosTransformer3DModel", "helios-base"),
         scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "ffn_dim": 512, "text_dim": 256,
@@ -378,17 +433,17 @@ NEW_FAMILIES = (
         scaled_down={"model_dim": 256, "ff_dim": 512, "time_dim": 64, "axes_dims": (16, 24, 24), "in_text_dim": 256,
                      "in_text_dim2": 64},
         text_width="in_text_dim", inputs=_kandinsky5_inputs,
-        main_stack="visual_transformer_blocks",  # its 2 text blocks run first, on the prompt rows alone
+        main_stack="visual_transformer_blocks",  # not its 2 text blocks, which see the prompt rows alone
     ),
     Family(
         name="kandinsky-6", display_name="Kandinsky 6", transformer="Kandinsky6Transformer3DModel",
         pipeline="Kandinsky6TI2VAPipeline",
-        presets=presets("Kandinsky6Transformer3DModel", "kandinsky-6.0-pro-sft-5s", "kandinsky-6.0-pro-distill-5s"),
+        presets=presets("Kandinsky6Transformer3DModel", "kandinsky-6.0-pro-sft-5s"),
         scaled_down={"model_dim": 256, "ff_dim": 512, "time_dim": 64, "axes_dims": (16, 24, 24),
                      "model_dim_a": 128, "ff_dim_a": 256, "time_dim_a": 64, "axes_dims_a": (16, 24, 24),
                      "in_text_dim": 256, "in_text_dim2": 64},
         text_width="in_text_dim", inputs=_kandinsky6_inputs,
-        main_stack="visual_transformer_blocks",  # its 4 + 4 text blocks (the video's, the audio's) run first
+        main_stack="visual_transformer_blocks",  # not its 4 + 4 text blocks (the video's, the audio's)
     ),
     Family(
         name="sana-video", display_name="SANA-Video", transformer="SanaVideoTransformer3DModel",

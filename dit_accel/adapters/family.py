@@ -119,7 +119,9 @@ class Family:
     guidance_note: str = ""
     extra_passes: tuple[tuple[str, float, str], ...] = ()
     inputs: Callable[[InputContext], dict[str, Any]] | None = None
-    main_stack: str | None = None  # the stack profiled by default, where the forward's first is not the main one
+    # The stack the family's adapter stands for (its heads and width in the memory estimate, the stack --validate N
+    # chains), where the forward's first is not the main one; every stack is still profiled, in forward order.
+    main_stack: str | None = None
     # Hooks, each called with the adapter first (`base.BlockAdapter`). For a family whose pass is not a latent
     # video (MiniMax-H3's packed rows): the workload of (adapter, seq_len, batch) or of (adapter, frames, height,
     # width, batch), and the whole pass's inputs for (adapter, workload, device, dtype, generator).

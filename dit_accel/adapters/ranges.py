@@ -85,7 +85,8 @@ def derive_ranges(block: nn.Module, softmax_modules: frozenset[str] | None = Non
     that made a softmax attention call in the model's forward (`capture`); another one computes a linear attention
     (SANA's) in its processor, with matmuls: its range is that, not leftovers. `cross_modules`: attention modules
     the capture saw attend to other rows than their queries' (Kandinsky 5's cross-attention has no
-    `is_cross_attention`)."""
+    `is_cross_attention`). A block that is itself an attention module (Wan Animate's face adapter, path "") is
+    split into those parts like any other, not made one cross-attention range: it has no other parts."""
     children = _children(block)
     qkv, qk_norm, out, cross, attention, linear, ffn, norms, modulation, own = ([] for _ in range(10))
     entries: dict[tuple[str, str], None] = {}
@@ -103,7 +104,7 @@ def derive_ranges(block: nn.Module, softmax_modules: frozenset[str] | None = Non
                 rope[(processor_module, name)] = None
         if SHARED_ROPE[1] in inspect.getsource(type(processor)):
             rope[SHARED_ROPE] = None
-        if getattr(module, "is_cross_attention", False) or path in cross_modules:
+        if path and (getattr(module, "is_cross_attention", False) or path in cross_modules):
             cross.append(path)
             continue
         if softmax_modules is not None and path not in softmax_modules:
@@ -111,20 +112,22 @@ def derive_ranges(block: nn.Module, softmax_modules: frozenset[str] | None = Non
         else:
             attention.append(path)
         parts = dict(module.named_children())
-        qkv += [f"{path}.{name}" for name in QKV if isinstance(parts.get(name), nn.Module)]
-        qk_norm += [f"{path}.{name}" for name in QK_NORMS if isinstance(parts.get(name), nn.Module)]
+        prefix = f"{path}." if path else ""  # the block itself: its parts are the block's children
+        qkv += [prefix + name for name in QKV if isinstance(parts.get(name), nn.Module)]
+        qk_norm += [prefix + name for name in QK_NORMS if isinstance(parts.get(name), nn.Module)]
         to_out = parts.get("to_out")
         if isinstance(to_out, nn.ModuleList) and len(to_out):
-            out.append(f"{path}.to_out.0")
+            out.append(prefix + "to_out.0")
         elif isinstance(to_out, nn.Module):
-            out.append(f"{path}.to_out")
+            out.append(prefix + "to_out")
         elif isinstance(parts.get("out_layer"), nn.Linear):  # Kandinsky 5
-            out.append(f"{path}.out_layer")
+            out.append(prefix + "out_layer")
         if isinstance(parts.get("to_add_out"), nn.Module):
-            out.append(f"{path}.to_add_out")
+            out.append(prefix + "to_add_out")
+    claimed = {*attention, *cross, *linear, *qkv, *qk_norm, *out}
     for name, child in children.items():
         kind, last = type(child).__name__, name.rsplit(".", 1)[-1]
-        if name in attention or name in cross or name in linear:
+        if name in claimed:
             continue
         if last in FFN_NAMES or kind.endswith("FeedForward"):
             ffn.append(name)

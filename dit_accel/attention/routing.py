@@ -12,13 +12,14 @@ Native backends (`diffusers_backend` set in the registry): we set each processor
 and put the previous values back afterwards. Unlike diffusers we never touch its process-wide
 active backend, so leaving the context restores everything.
 
-Custom backends (`routed`: fa4, our fp8): the enum is closed, so the processors get a
-`RoutedBackend` object instead, and the `dispatch_attention_fn` global of each processor's model
-file is replaced by a router. The router forwards every call unchanged unless its `backend` is a
-`RoutedBackend`; then it runs our kernel when the call is servable (no attn_mask but a key-padding
-one, no dropout, not causal, no GQA, no extra attention_kwargs, no ring attention, no autograd, the
-backend's metadata check (`serves_reason`: head dim, dtype) passes, and its run does not raise
-`BackendCannotServe` after all) and otherwise calls the original dispatch with `backend=None`, i.e.
+Custom backends (`routed`: fa4, our fp8): the enum is closed, so the processors get a `RoutedBackend` object
+instead, and the `dispatch_attention_fn` global of each processor's model file is replaced by a router. The
+router forwards every call unchanged unless its `backend` is a `RoutedBackend` (or names none and the
+processor running chose one: see below); then it reads a key mask in diffusers' `[B, S_kv]` form as its native
+backend does (`[B, 1, 1, S_kv]`) and runs our kernel when the call is servable (no attn_mask but a key-padding
+one, no dropout, not causal, no GQA, no extra attention_kwargs, no ring attention, no autograd, the backend's
+metadata check (`serves_reason`: head dim, dtype) passes, and its run does not raise `BackendCannotServe`
+after all) and otherwise calls the original dispatch with `backend=None`, i.e.
 diffusers' default. A key-padding mask (one row of kept keys per batch element: the text padding of
 joint attention) is served by backends with a metadata check (`serves_reason`: fp8, fa4) through
 `key_padding`, on the kept keys alone. Under diffusers'
@@ -220,8 +221,9 @@ def _ulysses_attention(backend: AttentionBackend, arguments: dict[str, Any]) -> 
 # --- the router, one per model file -------------------------------------------------------------
 
 def _make_router(original: Callable[..., torch.Tensor], users: list) -> Callable[..., torch.Tensor]:
-    """The replacement for a model file's `dispatch_attention_fn` (the users list is not read:
-    each call's `backend` argument says which RoutedBackend, if any, answers it)."""
+    """The replacement for a model file's `dispatch_attention_fn` (the users list is not read: each call's
+    `backend` argument, or for a call that names none the running processor's choice, says which RoutedBackend,
+    if any, answers it)."""
     # Names and defaults read once here, not per call: under torch.compile, inspect.Signature.bind
     # reads a mappingproxy, which dynamo cannot trace once the frame has mutated a dict.
     parameters = inspect.signature(original).parameters
@@ -251,8 +253,8 @@ def _make_router(original: Callable[..., torch.Tensor], users: list) -> Callable
     return routed_dispatch_attention_fn
 
 
-# The router is installed once per model file and shared by every live swap (each RoutedBackend is
-# one user); the original global comes back when the last one leaves.
+# The router is installed once per model file and shared by every live swap (each swap is one user); the
+# original global comes back when the last one leaves.
 _ROUTERS = ModelGlobalSwap(DISPATCH_GLOBAL, _make_router)
 _installed_routers = _ROUTERS.installed  # model file name -> its live router installation
 
@@ -350,7 +352,7 @@ def _choosing_class(cls: type) -> type:
                                        "__qualname__": cls.__qualname__, _CHOOSING: True})
 
 
-def _choose(processor: Any, choice: RoutedBackend | SDPBackend) -> tuple[Any, type, Any]:
+def _choose(processor: Any, choice: Any) -> tuple[Any, type, Any]:
     """Makes `choice` the processor's for its calls (`_choosing_class`); returns what `_unchoose` puts back."""
     before = (processor, type(processor), vars(processor).get(_CHOICE, _UNSET))
     if _CHOOSING not in vars(type(processor)):  # a nested swap's processor has its class already

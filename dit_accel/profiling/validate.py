@@ -42,7 +42,10 @@ def distinct_blocks_that_fit(n: int, block_bytes: int, activation_bytes: int, de
 
 class BlockChain(nn.Module):
     """Blocks run one after another, each one's output feeding the next (a transformer's block stack) through
-    the blocks' `argument` (`hidden_states` in most diffusers blocks; Kandinsky 5's take `x`, `visual_embed`)."""
+    the blocks' `argument` (`hidden_states` in most diffusers blocks; Kandinsky 5's take `x`, `visual_embed`). A
+    block that returns several streams (LTX-2's video and audio, HunyuanVideo's video and text, a VACE block's
+    skip and control) feeds its first on and the next block gets the others as the first one did: the same
+    shapes, so the same work."""
 
     def __init__(self, blocks: list[nn.Module], argument: str = "hidden_states"):
         super().__init__()
@@ -52,7 +55,8 @@ class BlockChain(nn.Module):
     def forward(self, hidden_states: torch.Tensor, n: int | None = None, **rest: Any) -> torch.Tensor:
         """Runs `n` blocks (default: all), cycling through the held ones when n is larger."""
         for i in range(len(self.blocks) if n is None else n):
-            hidden_states = self.blocks[i % len(self.blocks)](**{self.argument: hidden_states}, **rest)
+            out = self.blocks[i % len(self.blocks)](**{self.argument: hidden_states}, **rest)
+            hidden_states = out[0] if isinstance(out, tuple) else out
         return hidden_states
 
 
