@@ -286,9 +286,8 @@ def test_a_key_mask_in_diffusers_two_dimensional_form_is_served_on_the_kept_keys
     block = synthetic_block(adapter, 0, torch.device("cpu"), torch.float32).block
     inputs = adapter.make_inputs(adapter.default_workload(1, scaled_down=True), torch.device("cpu"), torch.float32,
                                  torch.Generator().manual_seed(0))
-    mask = inputs["attn_mask"]
-    assert mask.dtype == torch.bool and mask.shape == (1, 1024)
-    inputs["attn_mask"] = torch.arange(1024)[None] < 700  # a 700-token prompt
+    assert inputs["attn_mask"] is None  # a prompt of all 1024 rows: the pipeline passes no mask
+    inputs["attn_mask"] = torch.arange(1024)[None] < 700  # a 700-token prompt, padded to 1024 as the pipeline does
     before = _first(block(**inputs))
     with use_attention_backend(block, "fake") as routed:
         during = _first(block(**inputs))
