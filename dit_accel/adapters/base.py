@@ -246,8 +246,10 @@ class BlockAdapter:
         grid = (((frames - 1) // temporal + 1) // pt, height // spatial // ph, width // spatial // pw)
         video = grid[0] * grid[1] * grid[2]
         check_video_rows(video, height, width, spatial * max(ph, pw))
-        return self._checked(Workload(video, batch, {"video": video, "text": self.facts.text_rows},
-                                      f"{frames} frames {height}x{width}", grid))
+        rows = {"video": video, "text": self.facts.text_rows}
+        if self.spec.audio_rows is not None:  # of the frames the latents decode to, as the input hook makes it
+            rows["audio"] = self.spec.audio_rows((grid[0] * pt - 1) * temporal + 1)
+        return self._checked(Workload(video, batch, rows, f"{frames} frames {height}x{width}", grid))
 
     def workload_from_seq_len(self, seq_len: int, batch: int) -> Workload:
         """`seq_len` video rows laid out on the patch grid of the pipeline's default frame size, whole frames
@@ -303,7 +305,8 @@ class BlockAdapter:
         if self.spec.transformer_inputs is not None:
             return self.spec.transformer_inputs(self, workload, device, dtype, generator)
         grid, layout = self.latent_grid(workload)
-        ctx = InputContext(self.config, grid, workload.rows.get("text", 0), device, dtype, generator)
+        ctx = InputContext(self.config, grid, workload.rows.get("text", 0), device, dtype, generator,
+                           (grid.frames - 1) * self.facts.vae_factors[0] + 1)
         pt, ph, pw = patch_sizes(self.config)
         history = workload.seq_len - workload.rows["video"]  # the rows a sectioned pipeline packs ahead (FramePack)
         if history:

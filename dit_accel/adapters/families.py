@@ -49,6 +49,11 @@ LTX2_FRAME_RATE = 24.0  # LTX2Pipeline's default frame_rate
 LTX2_AUDIO_LATENTS_PER_SECOND = 25  # LTX2Pipeline: audio_sampling_rate / audio_hop_length / the audio VAE's 4x
 
 
+def _ltx2_audio_rows(frames: int) -> int:
+    """The audio latents of `frames` video frames' duration, as LTX2Pipeline counts them (126 for 121 frames)."""
+    return round(frames / LTX2_FRAME_RATE * LTX2_AUDIO_LATENTS_PER_SECOND)
+
+
 def _ltx2_inputs(ctx: InputContext) -> dict[str, Any]:
     """LTX-2's audio stream beside the video, as LTX2Pipeline makes it: the audio latents of the clip's duration
     (packed [B, rows, channels]: 126 rows for 121 frames at 24 fps), the audio's prompt rows (its text connector's
@@ -56,9 +61,7 @@ def _ltx2_inputs(ctx: InputContext) -> dict[str, Any]:
     import torch
 
     c, g = ctx.config, ctx.grid
-    temporal = c["vae_scale_factors"][0]
-    frames = (g.frames - 1) * temporal + 1  # the causal VAE keeps the first frame alone
-    audio_rows = round(frames / LTX2_FRAME_RATE * LTX2_AUDIO_LATENTS_PER_SECOND)
+    audio_rows = _ltx2_audio_rows(ctx.frames)
     return {"audio_hidden_states": ctx.randn(g.batch, audio_rows, c["audio_in_channels"]),
             "audio_encoder_hidden_states": ctx.randn(g.batch, ctx.text_rows, c["caption_channels"]),
             "audio_encoder_attention_mask": torch.ones(g.batch, ctx.text_rows, device=ctx.device),
@@ -279,6 +282,11 @@ K6_AUDIO_SAMPLE_RATE = 44_100  # MMAudioVAE's sample_rate
 K6_AUDIO_HOP = 1024  # MMAudioVAE's latent hop: its mel hop_length 512, downsampled once by 2
 
 
+def _kandinsky6_audio_rows(frames: int) -> int:
+    """The audio latents of `frames` video frames' duration, as Kandinsky6TI2VAPipeline counts them (218 for 121)."""
+    return -(-frames * K6_AUDIO_SAMPLE_RATE // int(K6_FRAME_RATE * K6_AUDIO_HOP))
+
+
 def _kandinsky6_inputs(ctx: InputContext) -> dict[str, Any]:
     """What Kandinsky6TI2VAPipeline passes its transformer for text to video + audio: the latents channels last
     with the zero condition latent and zero mask a visual_cond model reads (2C + 1 channels, as Kandinsky 5's);
@@ -286,19 +294,14 @@ def _kandinsky6_inputs(ctx: InputContext) -> dict[str, Any]:
     pooled vector; and no prompt mask (the pipeline pads every prompt to max_sequence_length and passes its mask,
     but none where the prompt keeps every row, as here). No RoPE positions or token types: a text-to-video call
     passes none."""
-    import math
-
     import torch
 
     c, g, b = ctx.config, ctx.grid, ctx.grid.batch
-    temporal = 4  # the pipeline's vae_scale_factor_temporal (HunyuanVideo's VAE)
     latents = ctx.randn(b, g.frames, g.height, g.width, c["in_visual_dim"])
     if c.get("visual_cond"):
         latents = torch.cat([latents, torch.zeros_like(latents), latents.new_zeros(*latents.shape[:-1], 1)], dim=-1)
-    frames = (g.frames - 1) * temporal + 1
-    audio_rows = math.ceil(frames / K6_FRAME_RATE * K6_AUDIO_SAMPLE_RATE / K6_AUDIO_HOP)
     return {"hidden_states": latents,
-            "audio_hidden_states": ctx.randn(b, audio_rows, c["in_audio_dim"]),
+            "audio_hidden_states": ctx.randn(b, _kandinsky6_audio_rows(ctx.frames), c["in_audio_dim"]),
             "pooled_projections": ctx.randn(b, c["in_text_dim2"]), "encoder_attention_mask": None}
 
 
@@ -347,7 +350,7 @@ NEW_FAMILIES = (
                    "(LTX-2.0)",
         extra_passes=(("stg_scale", 0.0, "spatio-temporal guidance: block 28's self-attention skipped"),
                       ("modality_scale", 1.0, "modality isolation: the audio-video cross-attention off")),
-        inputs=_ltx2_inputs,
+        inputs=_ltx2_inputs, audio_rows=_ltx2_audio_rows,
     ),
     Family(
         name="cogvideox", display_name="CogVideoX", transformer="CogVideoXTransformer3DModel",
@@ -442,7 +445,7 @@ NEW_FAMILIES = (
         scaled_down={"model_dim": 256, "ff_dim": 512, "time_dim": 64, "axes_dims": (16, 24, 24),
                      "model_dim_a": 128, "ff_dim_a": 256, "time_dim_a": 64, "axes_dims_a": (16, 24, 24),
                      "in_text_dim": 256, "in_text_dim2": 64},
-        text_width="in_text_dim", inputs=_kandinsky6_inputs,
+        text_width="in_text_dim", inputs=_kandinsky6_inputs, audio_rows=_kandinsky6_audio_rows,
         main_stack="visual_transformer_blocks",  # not its 4 + 4 text blocks (the video's, the audio's)
     ),
     Family(

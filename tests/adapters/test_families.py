@@ -135,7 +135,7 @@ def test_ltx2_runs_four_forwards_a_step_and_its_audio_beside_the_video():
     assert facts.passes_per_step == 4 and "stg_scale 1.0" in facts.passes_source
     assert "modality_scale 3.0" in facts.passes_source and facts.steps == 30
     workload = adapter.default_workload(1)  # 121 frames of 512x768: 16 x 16 x 24 latents, patch 1
-    assert workload.seq_len == 16 * 16 * 24 and workload.rows["text"] == 1024
+    assert workload.seq_len == 16 * 16 * 24 and (workload.rows["text"], workload.rows["audio"]) == (1024, 126)
     calls = [(c.kind, c.q_len, c.kv_len, c.heads, c.head_dim) for c in adapter.attention_calls(workload)]
     assert ("self", 6144, 6144, 32, 128) in calls and ("cross", 6144, 1024, 32, 128) in calls
     assert {("cross", 126, 1024, 32, 64), ("cross", 6144, 126, 32, 64), ("cross", 126, 6144, 32, 64)} <= set(calls)
