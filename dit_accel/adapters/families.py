@@ -305,6 +305,16 @@ def _kandinsky6_inputs(ctx: InputContext) -> dict[str, Any]:
             "pooled_projections": ctx.randn(b, c["in_text_dim2"]), "encoder_attention_mask": None}
 
 
+def _anyflow_inputs(ctx: InputContext) -> dict[str, Any]:
+    """AnyFlowPipeline's flow-map timesteps, one per latent frame ([B, F]): the source t and the target r the step
+    jumps to (the next sigma of its schedule)."""
+    import torch
+
+    g = ctx.grid
+    return {"timestep": torch.full((g.batch, g.frames), 500.0, device=ctx.device),
+            "r_timestep": torch.full((g.batch, g.frames), 250.0, device=ctx.device)}
+
+
 NEW_FAMILIES = (
     Family(
         name="hunyuan-video", display_name="HunyuanVideo", transformer="HunyuanVideoTransformer3DModel",
@@ -402,6 +412,12 @@ NEW_FAMILIES = (
                    "video is as long as the pose video)",
         inputs=_wan_animate_inputs, workload_from_video=_wan_animate_segments, workload_from_seq_len=_no_seq_len,
         check_workload=wan.check_workload, text_encoder=wan.TEXT_ENCODER,
+    ),
+    Family(
+        name="anyflow", display_name="AnyFlow", transformer="AnyFlowTransformer3DModel",
+        pipeline="AnyFlowPipeline", presets=presets("AnyFlowTransformer3DModel"),
+        scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "ffn_dim": 512, "text_dim": 256},
+        latents="BFCHW", inputs=_anyflow_inputs,
     ),
     Family(
         name="helios", display_name="Helios", transformer="HeliosTransformer3DModel", pipeline="HeliosPipeline",
