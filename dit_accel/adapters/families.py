@@ -11,10 +11,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from . import wan
 from ..errors import UserError
+from . import wan
 from .family import Family, InputContext, presets
 from .workload import Workload, check_video_rows, patch_sizes
+
 
 def _cogvideox_rope(ctx: InputContext) -> dict[str, Any]:
     """CogVideoX's 3D RoPE, which its pipeline (not its transformer) computes: the pipeline's own method."""
