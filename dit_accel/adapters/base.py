@@ -247,8 +247,8 @@ class BlockAdapter:
         video = grid[0] * grid[1] * grid[2]
         check_video_rows(video, height, width, spatial * max(ph, pw))
         rows = {"video": video, "text": self.facts.text_rows}
-        if self.spec.audio_rows is not None:  # of the frames the latents decode to, as the input hook makes it
-            rows["audio"] = self.spec.audio_rows((grid[0] * pt - 1) * temporal + 1)
+        if self.spec.audio_rows is not None:  # the audio of the video's duration (LTX-2's, Kandinsky 6's)
+            rows["audio"] = self.spec.audio_rows(frames)
         return self._checked(Workload(video, batch, rows, f"{frames} frames {height}x{width}", grid))
 
     def workload_from_seq_len(self, seq_len: int, batch: int) -> Workload:
@@ -256,8 +256,11 @@ class BlockAdapter:
         first (fewer rows than one frame: whole rows of it)."""
         if self.spec.workload_from_seq_len is not None:
             return self._checked(self.spec.workload_from_seq_len(self, seq_len, batch))
-        return self._checked(Workload(seq_len, batch, {"video": seq_len, "text": self.facts.text_rows},
-                                      f"--seq-len {seq_len}"))
+        rows, source = {"video": seq_len, "text": self.facts.text_rows}, f"--seq-len {seq_len}"
+        if self.spec.audio_rows is not None:  # the audio of the frames its grid's latents decode to
+            grid, _ = self.latent_grid(Workload(seq_len, batch, dict(rows), source))
+            rows["audio"] = self.spec.audio_rows((grid.frames - 1) * self.facts.vae_factors[0] + 1)
+        return self._checked(Workload(seq_len, batch, rows, source))
 
     def _checked(self, workload: Workload) -> Workload:
         if self.spec.check_workload is not None:
@@ -306,7 +309,7 @@ class BlockAdapter:
             return self.spec.transformer_inputs(self, workload, device, dtype, generator)
         grid, layout = self.latent_grid(workload)
         ctx = InputContext(self.config, grid, workload.rows.get("text", 0), device, dtype, generator,
-                           (grid.frames - 1) * self.facts.vae_factors[0] + 1)
+                           workload.rows.get("audio", 0))
         pt, ph, pw = patch_sizes(self.config)
         history = workload.seq_len - workload.rows["video"]  # the rows a sectioned pipeline packs ahead (FramePack)
         if history:

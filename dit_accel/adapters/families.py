@@ -62,7 +62,7 @@ def _ltx2_inputs(ctx: InputContext) -> dict[str, Any]:
     import torch
 
     c, g = ctx.config, ctx.grid
-    audio_rows = _ltx2_audio_rows(ctx.frames)
+    audio_rows = ctx.audio_rows
     return {"audio_hidden_states": ctx.randn(g.batch, audio_rows, c["audio_in_channels"]),
             "audio_encoder_hidden_states": ctx.randn(g.batch, ctx.text_rows, c["caption_channels"]),
             "audio_encoder_attention_mask": torch.ones(g.batch, ctx.text_rows, device=ctx.device),
@@ -82,20 +82,29 @@ def _wan_vace_inputs(ctx: InputContext) -> dict[str, Any]:
             "control_hidden_states_scale": torch.ones(len(c["vace_layers"]), device=ctx.device, dtype=ctx.dtype)}
 
 
+def _kandinsky_latents(ctx: InputContext):
+    """Kandinsky 5's and 6's latents as their pipelines make them: channels last ([B, T, H, W, C]), with the zero
+    image condition and zero mask a visual_cond model reads (2C + 1 channels)."""
+    import torch
+
+    c, g = ctx.config, ctx.grid
+    latents = ctx.randn(g.batch, g.frames, g.height, g.width, c["in_visual_dim"])
+    if c.get("visual_cond"):
+        latents = torch.cat([latents, torch.zeros_like(latents), latents.new_zeros(*latents.shape[:-1], 1)], dim=-1)
+    return latents
+
+
 def _kandinsky5_inputs(ctx: InputContext) -> dict[str, Any]:
-    """What Kandinsky5T2VPipeline passes its transformer: the latents channels last ([B, T, H, W, C], with the
-    zero image condition and zero mask a visual_cond model reads: 2C + 1 channels), the CLIP pooled vector, the
-    timestep in the latents' dtype, the RoPE positions (latent frames, and the latent rows and columns halved by
-    the 2x2 patch; the prompt's rows 0..n-1), and the pipeline's own RoPE scale and sparse-attention parameters
-    (None for the 5 s models' regular attention)."""
+    """What Kandinsky5T2VPipeline passes its transformer: its latents (`_kandinsky_latents`), the CLIP pooled
+    vector, the timestep in the latents' dtype, the RoPE positions (latent frames, and the latent rows and columns
+    halved by the 2x2 patch; the prompt's rows 0..n-1), and the pipeline's own RoPE scale and sparse-attention
+    parameters (None for the 5 s models' regular attention)."""
     import torch
     from diffusers import Kandinsky5T2VPipeline
 
     c, g, b = ctx.config, ctx.grid, ctx.grid.batch
     spatial = 8  # the pipeline's vae_scale_factor_spatial (HunyuanVideo's VAE)
-    latents = ctx.randn(b, g.frames, g.height, g.width, c["in_visual_dim"])
-    if c.get("visual_cond"):
-        latents = torch.cat([latents, torch.zeros_like(latents), latents.new_zeros(*latents.shape[:-1], 1)], dim=-1)
+    latents = _kandinsky_latents(ctx)
     pipe = SimpleNamespace(transformer=SimpleNamespace(config=SimpleNamespace(**c)),
                            fast_sta_nabla=Kandinsky5T2VPipeline.fast_sta_nabla)  # the 10 s models' sparse mask
     return {"hidden_states": latents,
@@ -261,10 +270,10 @@ def _give_cosmos_its_resize() -> None:
 
 
 def _cosmos_inputs(ctx: InputContext) -> dict[str, Any]:
-    """What Cosmos2VideoToWorldPipeline passes its transformer for a text-to-world call (no conditioning
-    frames): the latents without the condition mask's channel (in_channels counts it), the timestep per latent
-    frame ([B, 1, T, 1, 1]), the frame rate, the condition mask (zeros: every frame generated) and the padding
-    mask at the video's pixel size (zeros); its resize is given first where torchvision is missing."""
+    """What Cosmos2VideoToWorldPipeline passes its transformer for a video from one image: the latents without
+    the condition mask's channel (in_channels counts it), the timestep per latent frame ([B, 1, T, 1, 1]), the
+    frame rate, the condition mask (the image's latent frame, the first, conditions; the rest are generated) and
+    the padding mask at the video's pixel size (zeros); its resize is given first where torchvision is missing."""
     import torch
 
     _give_cosmos_its_resize()
@@ -273,7 +282,8 @@ def _cosmos_inputs(ctx: InputContext) -> dict[str, Any]:
     return {"hidden_states": ctx.randn(g.batch, c["in_channels"] - 1, g.frames, g.height, g.width),
             "timestep": torch.full((g.batch, 1, g.frames, 1, 1), 0.5, device=ctx.device),
             "fps": 16,  # the pipeline's default
-            "condition_mask": torch.zeros(g.batch, 1, g.frames, g.height, g.width, device=ctx.device, dtype=ctx.dtype),
+            "condition_mask": (torch.arange(g.frames, device=ctx.device) == 0).to(ctx.dtype)[None, None, :, None, None]
+            .expand(g.batch, 1, g.frames, g.height, g.width),
             "padding_mask": torch.zeros(1, 1, g.height * spatial, g.width * spatial, device=ctx.device,
                                         dtype=ctx.dtype)}
 
@@ -289,30 +299,24 @@ def _kandinsky6_audio_rows(frames: int) -> int:
 
 
 def _kandinsky6_inputs(ctx: InputContext) -> dict[str, Any]:
-    """What Kandinsky6TI2VAPipeline passes its transformer for text to video + audio: the latents channels last
-    with the zero condition latent and zero mask a visual_cond model reads (2C + 1 channels, as Kandinsky 5's);
-    the audio latents of the clip's duration ([B, rows, in_audio_dim]: 218 rows for 121 frames at 24 fps); the CLIP
-    pooled vector; and no prompt mask (the pipeline pads every prompt to max_sequence_length and passes its mask,
-    but none where the prompt keeps every row, as here). No RoPE positions or token types: a text-to-video call
-    passes none."""
-    import torch
-
-    c, g, b = ctx.config, ctx.grid, ctx.grid.batch
-    latents = ctx.randn(b, g.frames, g.height, g.width, c["in_visual_dim"])
-    if c.get("visual_cond"):
-        latents = torch.cat([latents, torch.zeros_like(latents), latents.new_zeros(*latents.shape[:-1], 1)], dim=-1)
-    return {"hidden_states": latents,
-            "audio_hidden_states": ctx.randn(b, _kandinsky6_audio_rows(ctx.frames), c["in_audio_dim"]),
+    """What Kandinsky6TI2VAPipeline passes its transformer for text to video + audio: its latents
+    (`_kandinsky_latents`); the audio latents of the clip's duration ([B, rows, in_audio_dim]: 218 rows for 121
+    frames at 24 fps); the CLIP pooled vector; and no prompt mask (the pipeline pads every prompt to
+    max_sequence_length and passes its mask, but none where the prompt keeps every row, as here). No RoPE
+    positions or token types: a text-to-video call passes none."""
+    c, b = ctx.config, ctx.grid.batch
+    return {"hidden_states": _kandinsky_latents(ctx),
+            "audio_hidden_states": ctx.randn(b, ctx.audio_rows, c["in_audio_dim"]),
             "pooled_projections": ctx.randn(b, c["in_text_dim2"]), "encoder_attention_mask": None}
 
 
 def _anyflow_inputs(ctx: InputContext) -> dict[str, Any]:
     """AnyFlowPipeline's flow-map timesteps, one per latent frame ([B, F]): the source t and the target r the step
-    jumps to (the next sigma of its schedule)."""
+    jumps to (the next sigma of its schedule); a Wan image-to-video config's CLIP rows (`wan.image_context`)."""
     import torch
 
     g = ctx.grid
-    return {"timestep": torch.full((g.batch, g.frames), 500.0, device=ctx.device),
+    return {**wan.image_context(ctx), "timestep": torch.full((g.batch, g.frames), 500.0, device=ctx.device),
             "r_timestep": torch.full((g.batch, g.frames), 250.0, device=ctx.device)}
 
 
@@ -418,7 +422,7 @@ NEW_FAMILIES = (
         name="anyflow", display_name="AnyFlow", transformer="AnyFlowTransformer3DModel",
         pipeline="AnyFlowPipeline", presets=presets("AnyFlowTransformer3DModel"),
         scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "ffn_dim": 512, "text_dim": 256},
-        latents="BFCHW", inputs=_anyflow_inputs,
+        latents="BFCHW", inputs=_anyflow_inputs, check_workload=wan.check_workload, text_encoder=wan.TEXT_ENCODER,
     ),
     Family(
         name="helios", display_name="Helios", transformer="HeliosTransformer3DModel", pipeline="HeliosPipeline",

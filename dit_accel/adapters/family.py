@@ -76,7 +76,7 @@ class InputContext:
     device: torch.device
     dtype: torch.dtype
     generator: torch.Generator
-    frames: int = 1  # the video frames its latents decode to (an audio stream's length follows them)
+    audio_rows: int = 0  # the audio stream's rows beside the video (the workload's: `Family.audio_rows`)
 
     def randn(self, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         """N(0, 1) in the run's dtype (or `dtype`), drawn in float32 on the device from the run's generator."""
@@ -121,7 +121,7 @@ class Family:
     extra_passes: tuple[tuple[str, float, str], ...] = ()
     inputs: Callable[[InputContext], dict[str, Any]] | None = None
     # (the video's frames) -> the rows of the audio stream a pass carries beside the video (LTX-2, Kandinsky 6):
-    # in the pass's rows, and the length the input hook makes it
+    # the workload's "audio" rows, which the input hook makes (the same with more video: FP8 rule's capture)
     audio_rows: Callable[[int], int] | None = None
     # The stack the family's adapter stands for (its heads and width in the memory estimate, the stack --validate N
     # chains), where the forward's first is not the main one; every stack is still profiled, in forward order.

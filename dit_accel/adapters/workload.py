@@ -17,7 +17,7 @@ class Workload:
     its section) and `source` says how it was chosen (from --seq-len or from a video size), so reports can state
     it. `video_grid` is the (frames, height, width) patch grid of the video rows when a video size gave it.
     `sections`: how many such passes make the video at each step of the schedule, for a pipeline that makes it
-    as sections, each denoised by its own loop (HunyuanVideo FramePack, Helios); 1 for the rest.
+    as sections, each denoised by its own loop (HunyuanVideo FramePack, Helios, Wan Animate); 1 for the rest.
     """
 
     seq_len: int
@@ -42,8 +42,9 @@ class Workload:
 class TransformerInputs:
     """Keyword arguments of the whole transformer's forward, and the sequence they make.
 
-    `seq_len` is the video rows the transformer patchifies from them: the workload's own S when its rows can
-    be laid out exactly, else the nearest video grid's (`layout` says which).
+    `seq_len` is the video rows the transformer patchifies from them (and the history a sectioned pipeline packs
+    ahead of them): the workload's own S when its rows can be laid out exactly, else the nearest video grid's
+    (`layout` says which).
     """
 
     kwargs: dict[str, Any]

@@ -245,7 +245,7 @@ def _make_router(original: Callable[..., torch.Tensor], users: list) -> Callable
         arguments.update(zip(positional, args))
         arguments.update(kwargs)
         mask, q, k = arguments["attn_mask"], arguments["query"], arguments["key"]
-        if mask is not None and mask.dim() == 2 and mask.shape == (q.shape[0], k.shape[1]):
+        if mask is not None and mask.dim() == 2 and mask.shape[0] in (1, q.shape[0]) and mask.shape[1] == k.shape[1]:
             # diffusers' key mask [B, S_kv] (Kandinsky 6's), as its native backend reads it: one row per element
             arguments["attn_mask"] = mask[:, None, None, :]
         return backend.dispatch(arguments, original)
@@ -291,7 +291,7 @@ def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
 
 
 def _forced(kernel: SDPBackend | None):
-    return sdpa_kernel(kernel) if kernel is not None else contextlib.nullcontext()
+    return sdpa_kernel(kernel) if isinstance(kernel, SDPBackend) else contextlib.nullcontext()
 
 
 def _make_sdpa_stand_in(functional: Any, users: list) -> Namespace:
@@ -391,6 +391,12 @@ class AttentionBackendSwap:
     restored: bool = False
 
 
+def _calls_dispatch(processor: Any) -> bool:
+    """Whether the processor's call calls diffusers' dispatch (not only shares a file with one that does: SANA's
+    linear attention processor calls none)."""
+    return f"{DISPATCH_GLOBAL}(" in inspect.getsource(type(processor).__call__)
+
+
 Chosen = dict[int, tuple[Any, ModuleType]]
 """Processors chosen through their call (`_choose`), by id, each with its model file."""
 
@@ -409,7 +415,7 @@ def _attention_processors(module: nn.Module, exclude: tuple[nn.Module, ...]) -> 
             continue
         if hasattr(processor, "_attention_backend"):
             processors.setdefault(id(processor), processor)
-        elif (file := model_file(processor, DISPATCH_GLOBAL)) is not None:
+        elif (file := model_file(processor, DISPATCH_GLOBAL)) is not None and _calls_dispatch(processor):
             unnamed.setdefault(id(processor), (processor, file))
         elif callable(getattr(getattr(file := model_file(processor, FUNCTIONAL_GLOBAL), FUNCTIONAL_GLOBAL, None),
                               "scaled_dot_product_attention", None)):

@@ -250,13 +250,16 @@ def quantize_linears(module: nn.Module, policy: Any, *, prefix: str = "", fast_a
     """
     plan = plan_fp8_linears(module, policy, prefix=prefix)
     weights = {c.name: module.get_submodule(c.name).weight for c in plan.chosen}
-    first = next(iter(weights.values())) if weights else next(module.parameters())
+    if not weights:  # the rule chose none (a stack on the text alone): nothing to swap, where FP8 GEMMs run
+        reason = fp8_linear_unavailable_reason(next(module.parameters()).device, torch.bfloat16)
+        if reason:
+            raise UserError(reason)
+        return Fp8LinearSwap(plan.family, (), plan.kept, 0, 0, fast_accum, _module=module,
+                             _originals={} if keep_original else None)
+    first = next(iter(weights.values()))
     reason = fp8_linear_unavailable_reason(first.device, first.dtype)
     if reason:
         raise UserError(reason)
-    if not weights:  # the rule chose none (a stack on the text alone): nothing to swap
-        return Fp8LinearSwap(plan.family, (), plan.kept, 0, 0, fast_accum, _module=module,
-                             _originals={} if keep_original else None)
     for name, weight in weights.items():
         if weight.dtype != torch.bfloat16 or weight.device != first.device:
             raise UserError(f"{name} holds a {str(weight.dtype).removeprefix('torch.')} weight on {weight.device}; "

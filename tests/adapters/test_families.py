@@ -13,7 +13,7 @@ from dit_accel.adapters.inputs import forward_arguments
 from dit_accel.adapters.linears import RULE
 from dit_accel.errors import UserError
 from dit_accel.loading.block import synthetic_block
-from dit_accel.patching.fp8_linear import plan_fp8_linears
+from dit_accel.patching.fp8_linear import plan_fp8_linears, quantize_linears
 from dit_accel.profiling.validate import BlockChain
 
 CPU = torch.device("cpu")
@@ -136,6 +136,11 @@ def test_ltx2_runs_four_forwards_a_step_and_its_audio_beside_the_video():
     assert "modality_scale 3.0" in facts.passes_source and facts.steps == 30
     workload = adapter.default_workload(1)  # 121 frames of 512x768: 16 x 16 x 24 latents, patch 1
     assert workload.seq_len == 16 * 16 * 24 and (workload.rows["text"], workload.rows["audio"]) == (1024, 126)
+    assert adapter.workload_from_video(100, 512, 768, 1).rows["audio"] == 104  # the pipeline's, from 100 frames
+    # The audio is as long as the video, but the FP8 rule's second capture (twice the video rows) keeps it as it
+    # was: a linear on the audio's 126 rows stays in bf16, the video's query into the audio goes FP8.
+    kept, fp8 = adapter.fp8_linears.kept, adapter.fp8_linears.fp8
+    assert "audio_attn1.to_q" in kept and "audio_ff.net.0.proj" in kept and "audio_to_video_attn.to_q" in fp8
     calls = [(c.kind, c.q_len, c.kv_len, c.heads, c.head_dim) for c in adapter.attention_calls(workload)]
     assert ("self", 6144, 6144, 32, 128) in calls and ("cross", 6144, 1024, 32, 128) in calls
     assert {("cross", 126, 1024, 32, 64), ("cross", 6144, 126, 32, 64), ("cross", 126, 6144, 32, 64)} <= set(calls)
@@ -158,8 +163,18 @@ def test_kandinsky5_profiles_its_visual_blocks_and_keeps_its_text_blocks_linears
     assert not text.fp8_linears.fp8
     assert all("see no video rows" in why for why in text.fp8_linears.kept.values())
     small = text.scaled_down()
-    plan = plan_fp8_linears(synthetic_block(small, 0, CPU, torch.bfloat16).block, small)
+    block = synthetic_block(small, 0, CPU, torch.bfloat16).block  # its modulation kept in float32, as diffusers does
+    plan = plan_fp8_linears(block, small)
     assert plan.chosen == () and len(plan.kept) == len(small.fp8_linears.kept)  # no refusal: nothing to swap
+    with pytest.raises(UserError, match="CUDA GPU"):  # where FP8 GEMMs cannot run, refused like any stack
+        quantize_linears(block, small)
+    from dit_accel.patching import fp8_linear
+
+    with pytest.MonkeyPatch.context() as patch:  # where they can (a GPU for bf16): nothing swapped, no refusal
+        patch.setattr(fp8_linear, "fp8_linear_unavailable_reason",
+                      lambda device, dtype: None if dtype == torch.bfloat16 else "not bf16")
+        swap = quantize_linears(block, small)
+    assert swap.quantized == () and len(swap.kept) == len(plan.kept)
 
 
 def test_the_wan_derived_families_say_what_their_pipelines_pass():
