@@ -34,7 +34,7 @@ from .inputs import forward_arguments
 from .linears import Fp8Policy, fp8_policy
 from .ranges import ModuleRange, derive_ranges
 from .stages import StageSkip, StageSpec, build_on_meta, text_encoder_stage
-from .workload import TransformerInputs, Workload, check_video_rows, patch_sizes
+from .workload import TransformerInputs, Workload, check_video_rows, patch_grid, patch_sizes
 
 __all__ = ["AttentionCall", "BlockAdapter", "ModuleRange", "TransformerInputs", "Workload", "check_video_rows",
            "patch_sizes"]
@@ -242,10 +242,8 @@ class BlockAdapter:
         if self.spec.workload_from_video is not None:
             return self._checked(self.spec.workload_from_video(self, frames, height, width, batch))
         temporal, spatial = self.facts.vae_factors
-        pt, ph, pw = patch_sizes(self.config)
-        grid = (((frames - 1) // temporal + 1) // pt, height // spatial // ph, width // spatial // pw)
+        grid = patch_grid(self.config, spatial, (frames - 1) // temporal + 1, height, width)
         video = grid[0] * grid[1] * grid[2]
-        check_video_rows(video, height, width, spatial * max(ph, pw))
         rows = {"video": video, "text": self.facts.text_rows}
         if self.spec.audio_rows is not None:  # the audio of the video's duration (LTX-2's, Kandinsky 6's)
             rows["audio"] = self.spec.audio_rows(frames)

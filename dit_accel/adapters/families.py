@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import UserError
 from . import wan
 from .family import Family, InputContext, presets
-from .workload import Workload, check_video_rows, patch_sizes
+from .workload import Workload, patch_grid, patch_sizes
 
 
 def _cogvideox_rope(ctx: InputContext) -> dict[str, Any]:
@@ -62,11 +62,10 @@ def _ltx2_inputs(ctx: InputContext) -> dict[str, Any]:
     import torch
 
     c, g = ctx.config, ctx.grid
-    audio_rows = ctx.audio_rows
-    return {"audio_hidden_states": ctx.randn(g.batch, audio_rows, c["audio_in_channels"]),
+    return {"audio_hidden_states": ctx.randn(g.batch, ctx.audio_rows, c["audio_in_channels"]),
             "audio_encoder_hidden_states": ctx.randn(g.batch, ctx.text_rows, c["caption_channels"]),
             "audio_encoder_attention_mask": torch.ones(g.batch, ctx.text_rows, device=ctx.device),
-            "audio_num_frames": audio_rows, "fps": LTX2_FRAME_RATE,
+            "audio_num_frames": ctx.audio_rows, "fps": LTX2_FRAME_RATE,
             "sigma": torch.full((g.batch,), 500.0, device=ctx.device), "use_cross_timestep": True}
 
 
@@ -141,11 +140,8 @@ def _section_workload(adapter, height: int, width: int, batch: int, latent_frame
     """One section's pass of a sectioned pipeline: `latent_frames` latent frames at `height` x `width`, behind
     `history` rows packed ahead of them, with `context` rows beside the prompt's; `sections` such passes make the
     video."""
-    _, spatial = adapter.facts.vae_factors
-    pt, ph, pw = patch_sizes(adapter.config)
-    grid = (latent_frames // pt, height // spatial // ph, width // spatial // pw)
+    grid = patch_grid(adapter.config, adapter.facts.vae_factors[1], latent_frames, height, width)
     video = grid[0] * grid[1] * grid[2]
-    check_video_rows(video, height, width, spatial * max(ph, pw))
     rows = {"video": video, **({"history": history} if history else {}), **context, "text": adapter.facts.text_rows}
     return Workload(video + history, batch, rows, source, grid, sections)
 
@@ -217,6 +213,12 @@ def _section_indices(ctx: InputContext):
     return torch.cat([first, one]), two, four, section
 
 
+def _history_latents(ctx: InputContext) -> dict[int, Any]:
+    """The history latents by their downsampling (HISTORY_FRAMES), on the section's latent grid."""
+    c, g = ctx.config, ctx.grid
+    return {k: ctx.randn(g.batch, c["in_channels"], frames, g.height, g.width) for k, frames in HISTORY_FRAMES.items()}
+
+
 FRAMEPACK_IMAGE_ROWS = 729  # SigLIP so400m-patch14-384's 27 x 27 patches: the pipeline's image encoder
 
 
@@ -229,8 +231,7 @@ def _framepack_inputs(ctx: InputContext) -> dict[str, Any]:
     made = {"image_embeds": ctx.randn(g.batch, FRAMEPACK_IMAGE_ROWS, c["image_proj_dim"]),
             "indices_latents": section}
     if c.get("has_clean_x_embedder"):
-        latents = {k: ctx.randn(g.batch, c["in_channels"], frames, g.height, g.width)
-                   for k, frames in HISTORY_FRAMES.items()}
+        latents = _history_latents(ctx)
         made.update(latents_clean=latents[1], indices_latents_clean=clean, latents_history_2x=latents[2],
                     indices_latents_history_2x=two, latents_history_4x=latents[4], indices_latents_history_4x=four)
     return made
@@ -240,12 +241,10 @@ def _helios_inputs(ctx: InputContext) -> dict[str, Any]:
     """What HeliosPipeline passes beside the prompt: the chunk's frame indices and, where the checkpoint packs
     history (has_multi_term_memory_patch), the short (first frame + last latent frame), mid and long history
     latents with theirs."""
-    c, g = ctx.config, ctx.grid
     short, mid, long, section = (indices[None] for indices in _section_indices(ctx))
     made = {"indices_hidden_states": section}
-    if c.get("has_multi_term_memory_patch"):
-        latents = {k: ctx.randn(g.batch, c["in_channels"], frames, g.height, g.width)
-                   for k, frames in HISTORY_FRAMES.items()}
+    if ctx.config.get("has_multi_term_memory_patch"):
+        latents = _history_latents(ctx)
         made.update(latents_history_short=latents[1], indices_latents_history_short=short,
                     latents_history_mid=latents[2], indices_latents_history_mid=mid,
                     latents_history_long=latents[4], indices_latents_history_long=long)
@@ -295,7 +294,7 @@ K6_AUDIO_HOP = 1024  # MMAudioVAE's latent hop: its mel hop_length 512, downsamp
 
 def _kandinsky6_audio_rows(frames: int) -> int:
     """The audio latents of `frames` video frames' duration, as Kandinsky6TI2VAPipeline counts them (218 for 121)."""
-    return -(-frames * K6_AUDIO_SAMPLE_RATE // int(K6_FRAME_RATE * K6_AUDIO_HOP))
+    return _ceil(frames * K6_AUDIO_SAMPLE_RATE, int(K6_FRAME_RATE * K6_AUDIO_HOP))
 
 
 def _kandinsky6_inputs(ctx: InputContext) -> dict[str, Any]:

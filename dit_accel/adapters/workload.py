@@ -60,6 +60,16 @@ def patch_sizes(config: dict[str, Any]) -> tuple[int, int, int]:
     return int(config.get("patch_size_t") or 1), int(patch), int(patch)
 
 
+def patch_grid(config: dict[str, Any], spatial: int, latent_frames: int, height: int,
+               width: int) -> tuple[int, int, int]:
+    """The (frames, height, width) patch grid of `latent_frames` latent frames of a `height` x `width` video under
+    the VAE's `spatial` compression; UserError where it gives no row."""
+    pt, ph, pw = patch_sizes(config)
+    grid = (latent_frames // pt, height // spatial // ph, width // spatial // pw)
+    check_video_rows(grid[0] * grid[1] * grid[2], height, width, spatial * max(ph, pw))
+    return grid
+
+
 def check_video_rows(video_rows: int, height: int, width: int, pixels_per_row: int) -> None:
     """A video workload must give at least one row: `pixels_per_row` is the VAE stride times the patch."""
     if video_rows < 1:

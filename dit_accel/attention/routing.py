@@ -391,10 +391,11 @@ class AttentionBackendSwap:
     restored: bool = False
 
 
-def _calls_dispatch(processor: Any) -> bool:
-    """Whether the processor's call calls diffusers' dispatch (not only shares a file with one that does: SANA's
-    linear attention processor calls none)."""
-    return f"{DISPATCH_GLOBAL}(" in inspect.getsource(type(processor).__call__)
+@functools.cache
+def _calls_dispatch(processor_class: type) -> bool:
+    """Whether the processor class's call calls diffusers' dispatch (not only shares a file with one that does:
+    SANA's linear attention processor calls none); read once per class."""
+    return f"{DISPATCH_GLOBAL}(" in inspect.getsource(processor_class.__call__)
 
 
 Chosen = dict[int, tuple[Any, ModuleType]]
@@ -415,7 +416,7 @@ def _attention_processors(module: nn.Module, exclude: tuple[nn.Module, ...]) -> 
             continue
         if hasattr(processor, "_attention_backend"):
             processors.setdefault(id(processor), processor)
-        elif (file := model_file(processor, DISPATCH_GLOBAL)) is not None and _calls_dispatch(processor):
+        elif (file := model_file(processor, DISPATCH_GLOBAL)) is not None and _calls_dispatch(type(processor)):
             unnamed.setdefault(id(processor), (processor, file))
         elif callable(getattr(getattr(file := model_file(processor, FUNCTIONAL_GLOBAL), FUNCTIONAL_GLOBAL, None),
                               "scaled_dot_product_attention", None)):
