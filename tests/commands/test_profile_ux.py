@@ -116,7 +116,7 @@ from pathlib import Path
 from dit_accel.adapters import adapter_for_preset
 from dit_accel.patching.recipe import parse_recipe
 from dit_accel.profiling import memory
-from dit_accel.profiling.session import ProfileSettings
+from dit_accel.profiling.session import ProfileSettings, run_session
 adapter = adapter_for_preset("minimax-h3").scaled_down()
 settings = ProfileSettings(adapter, adapter.workload_from_seq_len(4096, 1), torch.float32, torch.device("cpu"),
                            (parse_recipe("native"),), warmup=1, runs=1)
