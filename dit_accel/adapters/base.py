@@ -242,12 +242,16 @@ class BlockAdapter:
         if self.spec.workload_from_video is not None:
             return self._checked(self.spec.workload_from_video(self, frames, height, width, batch))
         temporal, spatial = self.facts.vae_factors
-        grid = patch_grid(self.config, spatial, (frames - 1) // temporal + 1, height, width)
+        run = self.facts.frames_run(frames)
+        grid = patch_grid(self.config, spatial, (run - 1) // temporal + 1, height, width)
         video = grid[0] * grid[1] * grid[2]
         rows = {"video": video, "text": self.facts.text_rows}
         if self.spec.audio_rows is not None:  # the audio of the video's duration (LTX-2's, Kandinsky 6's)
-            rows["audio"] = self.spec.audio_rows(frames)
-        return self._checked(Workload(video, batch, rows, f"{frames} frames {height}x{width}", grid))
+            rows["audio"] = self.spec.audio_rows(run)
+        source = f"{run} frames {height}x{width}"
+        if run != frames:
+            source += f" ({self.spec.pipeline} rounds {frames} frames to {run})"
+        return self._checked(Workload(video, batch, rows, source, grid))
 
     def workload_from_seq_len(self, seq_len: int, batch: int) -> Workload:
         """`seq_len` video rows laid out on the patch grid of the pipeline's default frame size, whole frames

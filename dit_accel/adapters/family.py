@@ -165,11 +165,34 @@ class PipelineFacts:
     text_rows_source: str
     vae_factors: tuple[int, int]  # temporal, spatial
     vae_source: str
+    rounds_frames: bool = False  # the pipeline rounds num_frames onto the VAE's grid (Wan's: 100 runs as 101)
+
+    def frames_run(self, frames: int) -> int:
+        """The frames the pipeline makes of `frames` asked: Wan's pipelines and those built on them round a
+        count off the VAE's temporal grid down to it (temporal x k + 1); the others run what they are asked."""
+        temporal = self.vae_factors[0]
+        if self.rounds_frames and frames % temporal != 1:
+            return max(frames // temporal * temporal + 1, 1)
+        return frames
 
 
 def _call_defaults(pipeline: type) -> dict[str, Any]:
     return {name: p.default for name, p in inspect.signature(pipeline.__call__).parameters.items()
             if p.default is not inspect.Parameter.empty}
+
+
+# The statement with which Wan's pipelines (and SkyReels-V2's, ChronoEdit's, Kandinsky's, AnyFlow's) round a
+# frame count off the VAE's grid, whitespace removed.
+_FRAME_ROUNDING = "num_frames=num_frames//self.vae_scale_factor_temporal*self.vae_scale_factor_temporal+1"
+
+
+def _rounds_frames(pipeline: type) -> bool:
+    """Whether the pipeline's `__call__` rounds num_frames onto the VAE's temporal grid."""
+    try:
+        source = inspect.getsource(pipeline.__call__)
+    except (OSError, TypeError):
+        return False
+    return _FRAME_ROUNDING in "".join(source.split())
 
 
 def _vae_factors(pipeline: type) -> tuple[int, int] | None:
@@ -245,4 +268,4 @@ def pipeline_facts(family: Family) -> PipelineFacts:
     else:
         factors, vae_source = _vae_factors(pipeline), f"{name}'s VAE scale factors"
     return PipelineFacts(video, video_source, steps, steps_source, passes, passes_source, text_rows,
-                         text_rows_source, factors, vae_source)
+                         text_rows_source, factors, vae_source, bool(pipeline) and _rounds_frames(pipeline))

@@ -281,6 +281,21 @@ def test_the_features_the_rule_reads_are_the_full_size_blocks():
     assert {"ff.net.0.proj", "ff.net.2"} <= set(policy.fp8)
 
 
+@pytest.mark.parametrize("name, rounds", [("wan", True), ("skyreels-v2", True), ("kandinsky-6", True),
+                                          ("hunyuan-video", False), ("ltx-2", False)])
+def test_a_frame_count_off_the_vaes_grid_runs_as_the_pipeline_rounds_it(name, rounds):
+    """Wan's pipelines (and those built on them) turn 100 frames into 101 before the latents are made; the
+    others run (100 - 1) // 4 + 1 latent frames, as the workload did for every family before."""
+    adapter = adapter_for_preset(name)
+    _, height, width = adapter.facts.video
+    asked, on_grid = (adapter.workload_from_video(frames, height, width, 1) for frames in (100, 101))
+    assert adapter.facts.rounds_frames is rounds
+    assert (asked.rows == on_grid.rows) is rounds and (asked.video_grid[0] == 26) is rounds
+    assert ("rounds 100 frames to 101" in asked.source) is rounds
+    if name == "kandinsky-6":  # its audio follows the rounded clip: ceil(101 / 24 fps * 44100 Hz / 1024 hop)
+        assert asked.rows["audio"] == 182
+
+
 def test_more_video_scales_the_video_rows_alone():
     adapter = adapter_for_preset("wan")
     workload = adapter.default_workload(1)  # 81 frames of 720x1280: 21 x 45 x 80 patches
