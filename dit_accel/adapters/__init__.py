@@ -34,7 +34,7 @@ def adapter_for_config(config: dict[str, Any], source: str) -> BlockAdapter:
     """The adapter whose family made this diffusers transformer config (its `_class_name`)."""
     class_name = config.get("_class_name")
     for spec in FAMILIES.values():
-        if class_name == spec.transformer:
+        if class_name == spec.transformer and (spec.accepts is None or spec.accepts(config)):
             return BlockAdapter(spec, config)
     known = ", ".join(spec.transformer for spec in FAMILIES.values())
     raise UserError(f"{source}: unknown model family {class_name!r}; dit-accel knows {known}")

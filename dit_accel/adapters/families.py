@@ -287,6 +287,20 @@ def _cosmos_inputs(ctx: InputContext) -> dict[str, Any]:
                                         dtype=ctx.dtype)}
 
 
+def _cosmos25_inputs(ctx: InputContext) -> dict[str, Any]:
+    """What Cosmos2_5_PredictBasePipeline passes its transformer: Predict2's arguments (`_cosmos_inputs`: the
+    prompt's rows are the `text_width` config names, Cosmos-Reason1's 100352-wide hidden states) without the frame
+    rate, so its RoPE runs at the checkpoint's own temporal scale."""
+    inputs = _cosmos_inputs(ctx)
+    del inputs["fps"]
+    return inputs
+
+
+def _cosmos_predict25(config: dict[str, Any]) -> bool:
+    """A Cosmos Predict2.5 checkpoint: its prompt rows come through the cross-attention projection."""
+    return bool(config.get("use_crossattn_projection"))
+
+
 K6_FRAME_RATE = 24.0  # Kandinsky6TI2VAPipeline's default frame_rate
 K6_AUDIO_SAMPLE_RATE = 44_100  # MMAudioVAE's sample_rate
 K6_AUDIO_HOP = 1024  # MMAudioVAE's latent hop: its mel hop_length 512, downsampled once by 2
@@ -438,7 +452,16 @@ NEW_FAMILIES = (
                         "cosmos-predict2-14b-video2world"),
         scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "text_embed_dim": 256, "adaln_lora_dim": 32},
         text_width="text_embed_dim", vae_factors=(4, 8),  # Wan 2.1's VAE, which the pipeline needs to say them
-        inputs=_cosmos_inputs,
+        inputs=_cosmos_inputs, accepts=lambda config: not _cosmos_predict25(config),
+    ),
+    Family(
+        name="cosmos-predict2.5", display_name="Cosmos Predict2.5", transformer="CosmosTransformer3DModel",
+        pipeline="Cosmos2_5_PredictBasePipeline",
+        presets=presets("CosmosTransformer3DModel", "cosmos-predict2.5-2b", "cosmos-predict2.5-14b"),
+        scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "text_embed_dim": 256, "adaln_lora_dim": 32,
+                     "crossattn_proj_in_channels": 512, "encoder_hidden_states_channels": 256},
+        text_width="crossattn_proj_in_channels", vae_factors=(4, 8),  # Wan 2.1's VAE, as Predict2's
+        inputs=_cosmos25_inputs, accepts=_cosmos_predict25,
     ),
     Family(
         name="easyanimate", display_name="EasyAnimate", transformer="EasyAnimateTransformer3DModel",

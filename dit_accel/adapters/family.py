@@ -140,6 +140,9 @@ class Family:
     text_encoder: str = ""
     audio_skip_reason: str = "makes no audio: no such stage"
     fused_rope: bool = False  # +rope / +prologue: dit_accel.patching.rope serves this family's attention
+    # Where two families share a transformer class (Cosmos Predict2 and Predict2.5): whether a checkpoint's config is
+    # this family's.
+    accepts: Callable[[dict[str, Any]], bool] | None = None
 
     @property
     def transformer_class(self) -> type:

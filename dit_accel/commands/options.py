@@ -20,8 +20,8 @@ DTYPE_CHOICES = ("bf16", "fp16", "fp32")
 # a test checks they agree.
 MODEL_FAMILIES = ("minimax-h3", "wan", "hunyuan-video", "hunyuan-video-1.5", "hunyuan-video-framepack",
                   "ltx-video", "ltx-2", "cogvideox", "mochi", "skyreels-v2", "wan-vace", "chronoedit", "wan-animate",
-                  "anyflow", "helios", "cosmos", "easyanimate", "kandinsky-5", "kandinsky-6", "sana-video", "allegro",
-                  "motif-video")
+                  "anyflow", "helios", "cosmos", "cosmos-predict2.5", "easyanimate", "kandinsky-5", "kandinsky-6",
+                  "sana-video", "allegro", "motif-video")
 DEFAULT_FAMILY = "minimax-h3"
 
 

@@ -246,6 +246,22 @@ def test_cosmos_runs_without_torchvision():
     torch.testing.assert_close(resized, mask[:, :, ::2, ::2])
 
 
+def test_cosmos_predict2_and_predict25_share_a_class_and_a_checkpoint_finds_its_own():
+    """Predict2.5's transformer is Predict2's class with a cross-attention projection: its prompt rows come in as
+    Cosmos-Reason1's hidden states of every layer (28 x 3584 = 100352 wide), projected to 1024. A config names
+    its family by that projection; its pipeline runs 36 steps with guidance, no frame rate."""
+    predict2, predict25 = adapter_for_preset("cosmos"), adapter_for_preset("cosmos-predict2.5")
+    for adapter in (predict2, predict25):
+        assert adapter_for_config(adapter.config, "a checkpoint").family == adapter.family
+    assert predict25.config["crossattn_proj_in_channels"] == 28 * 3584
+    assert (predict25.facts.steps, predict25.facts.passes_per_step, predict25.facts.video) == (36, 2, (93, 704, 1280))
+    small = predict25.scaled_down()
+    workload = small.default_workload(1, scaled_down=True)
+    inputs = small.make_transformer_inputs(workload, CPU, torch.float32, torch.Generator().manual_seed(0))
+    assert "fps" not in inputs.kwargs
+    assert inputs.kwargs["encoder_hidden_states"].shape[-1] == small.config["crossattn_proj_in_channels"]
+
+
 def test_the_rule_is_stated_and_keeps_text_and_timestep_linears():
     assert "sequence rows" in RULE and "grow with the video" in RULE and "multiples of 16" in RULE
     policy = adapter_for_preset("hunyuan-video").fp8_linears
