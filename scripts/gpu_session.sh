@@ -100,8 +100,8 @@ on_gpus() {  # on_gpus NAME SECONDS < jobs (one command a line), round-robin ove
 }
 family_recipes=${FAMILY_RECIPES:-cudnn,cudnn+fp8-linear+compile,fp8+fp8-linear+compile}
 for family in ${FAMILIES:-hunyuan-video hunyuan-video-1.5 hunyuan-video-framepack ltx-video ltx-2 cogvideox mochi \
-    skyreels-v2 wan-vace chronoedit wan-animate anyflow helios cosmos easyanimate kandinsky-5 kandinsky-6 sana-video allegro \
-    motif-video}; do
+    skyreels-v2 wan-vace chronoedit wan-animate anyflow helios cosmos cosmos-predict2.5 easyanimate kandinsky-5 \
+    kandinsky-6 sana-video allegro motif-video}; do
   echo "python3 -m dit_accel profile-block --model $family --runs 3 --warmup 1 --compare-attn $family_recipes \
     --out $work/families/$family"
 done | on_gpus families ${FAMILY_LIMIT:-560}
