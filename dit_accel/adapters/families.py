@@ -11,10 +11,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from ..errors import UserError
 from . import wan
 from .family import Family, InputContext, presets
-from .workload import Workload, patch_grid, patch_sizes
+from .sections import (WAN_ANIMATE_SEGMENT, ceil_div, history_latents, no_seq_len, section_indices, sectioned,
+                       wan_animate_segments)
 
 
 def _cogvideox_rope(ctx: InputContext) -> dict[str, Any]:
@@ -115,72 +115,6 @@ def _kandinsky5_inputs(ctx: InputContext) -> dict[str, Any]:
             "sparse_params": Kandinsky5T2VPipeline.get_sparse_params(pipe, latents, ctx.device)}
 
 
-# HunyuanVideo FramePack and Helios make a video as sections of SECTION_WINDOW latent frames (33 frames), each
-# denoised by its own loop behind the history their checkpoints pack ahead of the section's rows: the first frame
-# and the last latent frame at the patch's size (2 frames), 2 frames at twice it and 16 at four times it
-# (FramePack's history_sizes [1, 2, 16] beside its first frame, Helios' [16, 2, 1] beside its).
-SECTION_WINDOW = 9  # both pipelines' default latent_window_size / num_latent_frames_per_chunk
-HISTORY_FRAMES = {1: 2, 2: 2, 4: 16}  # history latent frames by their downsampling, as both pack them
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _history_rows(patch: tuple[int, int, int], height: int, width: int) -> int:
-    """Rows the history adds ahead of a section on `height` x `width` latents: each part through a patch
-    embedding of its downsampling times the patch (the coarser ones padded to whole kernels)."""
-    pt, ph, pw = patch
-    return sum(_ceil(frames, k * pt) * _ceil(height, k * ph) * _ceil(width, k * pw)
-               for k, frames in HISTORY_FRAMES.items())
-
-
-def _section_workload(adapter, height: int, width: int, batch: int, latent_frames: int, sections: int,
-                      history: int, context: dict[str, int], source: str) -> Workload:
-    """One section's pass of a sectioned pipeline: `latent_frames` latent frames at `height` x `width`, behind
-    `history` rows packed ahead of them, with `context` rows beside the prompt's; `sections` such passes make the
-    video."""
-    grid = patch_grid(adapter.config, adapter.facts.vae_factors[1], latent_frames, height, width)
-    video = grid[0] * grid[1] * grid[2]
-    rows = {"video": video, **({"history": history} if history else {}), **context, "text": adapter.facts.text_rows}
-    return Workload(video + history, batch, rows, source, grid, sections)
-
-
-def _sectioned(history_key: str, image_rows: int = 0):
-    """`workload_from_video` of FramePack and Helios: one section's pass (its SECTION_WINDOW latent frames, and
-    the history rows where the config's `history_key` packs them; `image_rows` of image context beside the
-    prompt's), and how many sections make the video (each (SECTION_WINDOW - 1) x the VAE's temporal factor + 1
-    frames, as both pipelines count them)."""
-    def workload(adapter, frames: int, height: int, width: int, batch: int) -> Workload:
-        temporal, spatial = adapter.facts.vae_factors
-        history = (_history_rows(patch_sizes(adapter.config), height // spatial, width // spatial)
-                   if adapter.config.get(history_key) else 0)
-        section = (SECTION_WINDOW - 1) * temporal + 1
-        sections = max(1, _ceil(frames, section))
-        source = (f"{frames} frames {height}x{width}: {sections} section(s) of {section} frames, each pass behind "
-                  f"{history} history rows")
-        return _section_workload(adapter, height, width, batch, SECTION_WINDOW, sections, history,
-                                 {"image": image_rows} if image_rows else {}, source)
-    return workload
-
-
-WAN_ANIMATE_SEGMENT = 77  # WanAnimatePipeline's default segment_frame_length
-WAN_ANIMATE_OVERLAP = 1  # its default prev_segment_conditioning_frames: the frames a segment shares with the last
-
-
-def _wan_animate_segments(adapter, frames: int, height: int, width: int, batch: int) -> Workload:
-    """WanAnimatePipeline makes its video as segments of WAN_ANIMATE_SEGMENT frames, each denoised by its own
-    loop, each after the first conditioned on the last frame of the one before; a pass is one segment's 20 latent
-    frames behind the reference image's, which the pipeline puts ahead of them (a shorter pose video is padded to
-    a whole segment). The video's frames say how many segments there are."""
-    temporal, _ = adapter.facts.vae_factors
-    latent = (WAN_ANIMATE_SEGMENT - 1) // temporal + 1
-    sections = max(1, _ceil(frames - WAN_ANIMATE_OVERLAP, WAN_ANIMATE_SEGMENT - WAN_ANIMATE_OVERLAP))
-    source = (f"{frames} frames {height}x{width}: {sections} segment(s) of {WAN_ANIMATE_SEGMENT} frames, each pass "
-              f"its {latent} latent frames behind the reference image's")
-    return _section_workload(adapter, height, width, batch, latent + 1, sections, 0, {}, source)
-
-
 def _wan_animate_inputs(ctx: InputContext) -> dict[str, Any]:
     """What WanAnimatePipeline passes beside the latents (36 channels: 16 noisy, a 4-channel mask and 16 of the
     reference or conditioning video, which the generic rule draws) and the prompt: the CLIP rows
@@ -194,31 +128,6 @@ def _wan_animate_inputs(ctx: InputContext) -> dict[str, Any]:
             "face_pixel_values": ctx.randn(g.batch, 3, face_frames, size, size)}
 
 
-def _no_seq_len(adapter, seq_len: int, batch: int) -> Workload:
-    raise UserError(f"{adapter.display_name} makes its video as sections, each pass one section behind what its "
-                    f"pipeline packs ahead of it: give the video's size with --frames, --height and --width, not "
-                    f"--seq-len")
-
-
-def _section_indices(ctx: InputContext):
-    """Frame indices of the history parts (full-size, 2x, 4x) and of the section. Their values set only RoPE
-    phases, not the work, so one layout serves both pipelines, which order the history and place the section
-    each their own way: the first frame, the history, then the section."""
-    import torch
-
-    sizes = [1, *HISTORY_FRAMES.values()]
-    sizes[1] -= 1  # the first frame is one of the 2 full-size history frames
-    parts = torch.arange(sum(sizes) + ctx.grid.frames, device=ctx.device).split([*sizes, ctx.grid.frames])
-    first, one, two, four, section = parts
-    return torch.cat([first, one]), two, four, section
-
-
-def _history_latents(ctx: InputContext) -> dict[int, Any]:
-    """The history latents by their downsampling (HISTORY_FRAMES), on the section's latent grid."""
-    c, g = ctx.config, ctx.grid
-    return {k: ctx.randn(g.batch, c["in_channels"], frames, g.height, g.width) for k, frames in HISTORY_FRAMES.items()}
-
-
 FRAMEPACK_IMAGE_ROWS = 729  # SigLIP so400m-patch14-384's 27 x 27 patches: the pipeline's image encoder
 
 
@@ -227,11 +136,11 @@ def _framepack_inputs(ctx: InputContext) -> dict[str, Any]:
     and, where the checkpoint packs history (has_clean_x_embedder), the clean latents (first frame + last latent
     frame) and the 2x and 4x history latents with theirs."""
     c, g = ctx.config, ctx.grid
-    clean, two, four, section = _section_indices(ctx)
+    clean, two, four, section = section_indices(ctx)
     made = {"image_embeds": ctx.randn(g.batch, FRAMEPACK_IMAGE_ROWS, c["image_proj_dim"]),
             "indices_latents": section}
     if c.get("has_clean_x_embedder"):
-        latents = _history_latents(ctx)
+        latents = history_latents(ctx)
         made.update(latents_clean=latents[1], indices_latents_clean=clean, latents_history_2x=latents[2],
                     indices_latents_history_2x=two, latents_history_4x=latents[4], indices_latents_history_4x=four)
     return made
@@ -241,10 +150,10 @@ def _helios_inputs(ctx: InputContext) -> dict[str, Any]:
     """What HeliosPipeline passes beside the prompt: the chunk's frame indices and, where the checkpoint packs
     history (has_multi_term_memory_patch), the short (first frame + last latent frame), mid and long history
     latents with theirs."""
-    short, mid, long, section = (indices[None] for indices in _section_indices(ctx))
+    short, mid, long, section = (indices[None] for indices in section_indices(ctx))
     made = {"indices_hidden_states": section}
     if ctx.config.get("has_multi_term_memory_patch"):
-        latents = _history_latents(ctx)
+        latents = history_latents(ctx)
         made.update(latents_history_short=latents[1], indices_latents_history_short=short,
                     latents_history_mid=latents[2], indices_latents_history_mid=mid,
                     latents_history_long=latents[4], indices_latents_history_long=long)
@@ -308,7 +217,7 @@ K6_AUDIO_HOP = 1024  # MMAudioVAE's latent hop: its mel hop_length 512, downsamp
 
 def _kandinsky6_audio_rows(frames: int) -> int:
     """The audio latents of `frames` video frames' duration, as Kandinsky6TI2VAPipeline counts them (218 for 121)."""
-    return _ceil(frames * K6_AUDIO_SAMPLE_RATE, int(K6_FRAME_RATE * K6_AUDIO_HOP))
+    return ceil_div(frames * K6_AUDIO_SAMPLE_RATE, int(K6_FRAME_RATE * K6_AUDIO_HOP))
 
 
 def _kandinsky6_inputs(ctx: InputContext) -> dict[str, Any]:
@@ -358,7 +267,7 @@ NEW_FAMILIES = (
         scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "rope_axes_dim": (16, 24, 24),
                      "text_embed_dim": 256, "pooled_projection_dim": 64, "image_proj_dim": 64},
         text_width="text_embed_dim", guidance="true_cfg_scale", inputs=_framepack_inputs,
-        workload_from_video=_sectioned("has_clean_x_embedder", FRAMEPACK_IMAGE_ROWS), workload_from_seq_len=_no_seq_len,
+        workload_from_video=sectioned("has_clean_x_embedder", FRAMEPACK_IMAGE_ROWS), workload_from_seq_len=no_seq_len,
     ),
     Family(
         name="ltx-video", display_name="LTX-Video", transformer="LTXVideoTransformer3DModel", pipeline="LTXPipeline",
@@ -428,7 +337,7 @@ NEW_FAMILIES = (
         video=(WAN_ANIMATE_SEGMENT, 720, 1280),
         video_note="WanAnimatePipeline's default 720x1280, one segment of its default segment_frame_length (its "
                    "video is as long as the pose video)",
-        inputs=_wan_animate_inputs, workload_from_video=_wan_animate_segments, workload_from_seq_len=_no_seq_len,
+        inputs=_wan_animate_inputs, workload_from_video=wan_animate_segments, workload_from_seq_len=no_seq_len,
         check_workload=wan.check_workload, text_encoder=wan.TEXT_ENCODER,
     ),
     Family(
@@ -442,8 +351,8 @@ NEW_FAMILIES = (
         presets=presets("HeliosTransformer3DModel", "helios-base"),
         scaled_down={"num_attention_heads": 4, "attention_head_dim": 64, "ffn_dim": 512, "text_dim": 256,
                      "rope_dim": (24, 20, 20)},
-        inputs=_helios_inputs, workload_from_video=_sectioned("has_multi_term_memory_patch"),
-        workload_from_seq_len=_no_seq_len, text_encoder=wan.TEXT_ENCODER,
+        inputs=_helios_inputs, workload_from_video=sectioned("has_multi_term_memory_patch"),
+        workload_from_seq_len=no_seq_len, text_encoder=wan.TEXT_ENCODER,
     ),
     Family(
         name="cosmos", display_name="Cosmos Predict2", transformer="CosmosTransformer3DModel",
