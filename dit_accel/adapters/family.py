@@ -175,7 +175,7 @@ class PipelineFacts:
         count off the VAE's temporal grid down to it (temporal x k + 1); the others run what they are asked."""
         temporal = self.vae_factors[0]
         if self.rounds_frames and frames % temporal != 1:
-            return max(frames // temporal * temporal + 1, 1)
+            return frames // temporal * temporal + 1
         return frames
 
 
