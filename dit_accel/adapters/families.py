@@ -13,8 +13,9 @@ from typing import Any
 
 from . import wan
 from .family import Family, InputContext, presets
-from .sections import (WAN_ANIMATE_SEGMENT, ceil_div, history_latents, no_seq_len, section_indices, sectioned,
+from .sections import (WAN_ANIMATE_SEGMENT, history_latents, no_seq_len, section_indices, sectioned,
                        wan_animate_segments)
+from .workload import ceil_div
 
 
 def _cogvideox_rope(ctx: InputContext) -> dict[str, Any]:

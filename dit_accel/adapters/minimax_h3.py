@@ -18,6 +18,7 @@ from .base import BlockAdapter, TransformerInputs, Workload, check_video_rows
 from .family import Family, Preset
 from .ranges import ModuleRange
 from .stages import StageSpec, build_on_meta, vae_decode
+from .workload import ceil_div
 
 TAG_VIDEO, TAG_TEXT, TAG_AUDIO = 0, 1, 2  # `token_tags` values (diffusers' MiniMax-H3 docstring)
 
@@ -82,8 +83,8 @@ def _grid(workload: Workload) -> tuple[int, int, int]:
         return workload.video_grid
     video = workload.rows["video"]
     width = min(40, video)
-    height = min(22, -(-video // width))
-    return -(-video // (height * width)), height, width
+    height = min(22, ceil_div(video, width))
+    return ceil_div(video, height * width), height, width
 
 
 def _packed_layout(workload: Workload) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,7 +158,7 @@ def vae_stage(adapter: BlockAdapter, workload: Workload, scaled_down: bool) -> S
     # ceil(17 / 4) = 5 latent frames plus 2 of overlap, spatial tiles of 256 px overlapping >= 64 px.
     chunk = math.ceil(config["clip_length"] / VAE_TEMPORAL)
     tokens = frames + config["token_drop"]
-    clips = -(-tokens // chunk) - 1
+    clips = ceil_div(tokens, chunk) - 1
     clip_frames = chunk + (-config["token_drop"]) % chunk
     tiles = _tiles(height * VAE_SPATIAL) * _tiles(width * VAE_SPATIAL)
     tile_latent = min(height, 16) * min(width, 16)

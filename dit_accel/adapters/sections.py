@@ -7,11 +7,7 @@ from typing import Any
 
 from ..errors import UserError
 from .family import InputContext
-from .workload import Workload, patch_grid, patch_sizes
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+from .workload import Workload, ceil_div, patch_grid, patch_sizes
 
 
 # HunyuanVideo FramePack and Helios make a video as sections of SECTION_WINDOW latent frames (33 frames), each
@@ -31,7 +27,7 @@ def history_rows(patch: tuple[int, int, int], height: int, width: int) -> int:
 
 
 def section_workload(adapter, height: int, width: int, batch: int, latent_frames: int, sections: int,
-                      history: int, context: dict[str, int], source: str) -> Workload:
+                     history: int, context: dict[str, int], source: str) -> Workload:
     """One section's pass of a sectioned pipeline: `latent_frames` latent frames at `height` x `width`, behind
     `history` rows packed ahead of them, with `context` rows beside the prompt's; `sections` such passes make the
     video."""
@@ -55,7 +51,7 @@ def sectioned(history_key: str, image_rows: int = 0):
         source = (f"{frames} frames {height}x{width}: {sections} section(s) of {section} frames, each pass behind "
                   f"{history} history rows")
         return section_workload(adapter, height, width, batch, SECTION_WINDOW, sections, history,
-                                 {"image": image_rows} if image_rows else {}, source)
+                                {"image": image_rows} if image_rows else {}, source)
     return workload
 
 

@@ -52,6 +52,11 @@ class TransformerInputs:
     layout: str
 
 
+def ceil_div(a: int, b: int) -> int:
+    """a / b rounded up, in integers."""
+    return -(-a // b)
+
+
 def patch_sizes(config: dict[str, Any]) -> tuple[int, int, int]:
     """(frames, height, width) of one patch: a config's `patch_size` list, or an int with `patch_size_t`."""
     patch = config.get("patch_size", 1)
