@@ -9,8 +9,8 @@ import re
 import pytest
 
 from dit_accel.adapters import FAMILIES
-from dit_accel.adapters.stages import build_on_meta
 from dit_accel.adapters.family import PRESETS
+from dit_accel.adapters.stages import build_on_meta
 
 BUILDS_TO = re.compile(r"Builds on the meta device under diffusers [0-9.]+ to ([0-9,]+) parameters")
 STATED = {path.stem: int(match.group(1).replace(",", "")) for path in sorted(PRESETS.glob("*.json"))

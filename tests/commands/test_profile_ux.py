@@ -111,7 +111,7 @@ def test_the_wan_720p_attention_check_stays_under_the_blocks_forward(monkeypatch
 
 
 _MEASURED_SESSION = """
-import json, sys, tempfile, torch
+import json, sys, torch
 from pathlib import Path
 from dit_accel.adapters import adapter_for_preset
 from dit_accel.patching.recipe import parse_recipe
