@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from .cache import cache_root
 from .errors import UserError
 from .patching.fp8_linear import MIN_CAPABILITY as FP8_MIN_CAPABILITY
 from .timing import time_region
@@ -132,8 +133,7 @@ class Ceilings:
 
 
 def _cache_path() -> Path:
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return root / "dit-accel" / "ceilings.json"
+    return cache_root() / "ceilings.json"
 
 
 # Bumped whenever the measurement changes, so values measured the old way are not reused.

@@ -4,7 +4,7 @@
 #                                              sweep variants sanitize generate compile-check recipes recipes-wan
 #                                              generate-compile crossover validate-model stages
 #                                              families families-validate compile-startup plan-verify sage2-block
-#                                              (those five: not in the default)
+#                                              routing (those six: not in the default)
 #                                              (default: all)
 # Wheels carried in .whl/ (e.g. imageio-ffmpeg, which the GPU image lacks) are installed first.
 # Results go under $OUT (or ./gpu-results): one log per step and one archive, because the device
@@ -16,9 +16,12 @@ mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$work/cache
 steps=${*:-env fp8 profile budget compare offload bench tests-kernels tests tests-full sweep variants sanitize generate compile-check recipes recipes-wan generate-compile crossover validate-model stages}
 
-step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $work/NAME.log, report the status
+step() {  # step NAME SECONDS COMMAND...: if NAME is asked for, `timed`
+  [[ " $steps " == *" $1 "* ]] || return 0
+  timed "$@"
+}
+timed() {  # timed NAME SECONDS COMMAND...: run with a time limit, log to $work/NAME.log, report the status
   local name=$1 limit=$2; shift 2
-  [[ " $steps " == *" $name "* ]] || return 0
   local t0=$SECONDS
   timeout "$limit" "$@" >"$work/$name.log" 2>&1
   echo "step $name: exit $? in $((SECONDS - t0)) s" | tee -a "$work/steps.txt"
@@ -112,7 +115,9 @@ done | on_gpus families-validate 560
 # dit-accel plan checked where it can be: each family's eager block, then every knob combination on the same block
 # and inputs and the whole transformer streamed under 16 GiB (plan --verify writes its runs under the cwd's outputs/).
 # The families whose default video's block, profiled, would not fit the 16 GiB budget run at 61 x 544x960.
-# PLAN_RUNS: timed runs a recipe (the median is reported; more where host stalls move a median of 3).
+# PLAN_RUNS: timed runs a recipe (the median is reported; more where host stalls move a median of 3). PLAN_GPU: the
+# datasheet row of this GPU (h200, h100-sxm). PLAN_BUDGET= (empty) leaves the streamed passes out.
+plan_budget=${PLAN_BUDGET-16GiB}
 for family in ${PLAN_FAMILIES:-minimax-h3 wan}; do
   case $family in
     hunyuan-video | hunyuan-video-1.5 | motif-video) shape="--frames 61 --height 544 --width 960" ;;
@@ -120,8 +125,25 @@ for family in ${PLAN_FAMILIES:-minimax-h3 wan}; do
   esac
   echo "mkdir -p $work/plan-verify/$family && cd $work/plan-verify/$family && python3 -m dit_accel profile-block \
     --model $family $shape --runs ${PLAN_RUNS:-3} --warmup 1 --out run \
-    && python3 -m dit_accel plan run --verify --memory-budget 16GiB --gpu h200 --out plan"
+    && python3 -m dit_accel plan run --verify ${plan_budget:+--memory-budget $plan_budget} \
+      --gpu ${PLAN_GPU:-h200} --out plan"
 done | on_gpus plan-verify ${PLAN_LIMIT:-560}
+# The router on this GPU, from an empty cache (the crossover measured on first use where none ships): each family's
+# block with diffusers' default and our full recipe, then each of its attention calls timed with cuDNN and our
+# kernel beside the router's pick, then the direct calls where our kernel loses (a short key side, one tile plus a
+# row, one query row). The measured crossover is kept as $work/routing/crossover-measured.json.
+if [[ " $steps " == *" routing "* ]]; then
+  mkdir -p "$work/routing"
+  for family in ${ROUTING_FAMILIES:-minimax-h3 wan kandinsky-5}; do
+    timed "routing-$family" 300 bash -c "python3 -m dit_accel profile-block --model $family --runs ${ROUTING_RUNS:-3} \
+      --warmup 1 --compare-attn ${ROUTING_RECIPES:-cudnn,fp8+fp8-linear+compile} --out $work/routing/$family \
+      && python3 -m dit_accel bench-attention --backends cudnn,fp8 --runs 10 \
+      --shapes \$(python3 scripts/call_shapes.py $work/routing/$family) --out $work/routing/$family-calls"
+  done
+  timed routing-direct 120 python3 -m dit_accel bench-attention --backends cudnn,fp8 \
+    --shapes 1x56x30272x777x128,1x56x129x128,1x56x1x4097x128,1x56x47616x512x64 --out "$work/routing/direct"
+  cp "$XDG_CACHE_HOME"/dit-accel/crossover/*.json "$work/routing/crossover-measured.json" 2>/dev/null
+fi
 # SageAttention2 beside ours and FA3 FP8 on the q/k/v an H3 block feeds its attention (part 4 of the GPU bundle).
 step sage2-block 300 python3 -m dit_accel bench-attention --inputs block --backends cudnn,fa3-fp8,fp8,fp8-int8qk,sage2 \
   --out "$work/sage2-block"

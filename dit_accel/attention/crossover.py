@@ -27,19 +27,25 @@ The rule (`Crossover.pick`), for a call q [B, Sq, H, D], k [B, Skv, H, D]:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import json
 import math
 import os
 import re
+import shutil
+import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import UserError
+from ..cache import cache_root
+from ..errors import UserError, first_line
 from .backends import BACKENDS, AttentionBackend
 from .bench import END_TO_END, AttentionShape, BenchRow, bench_shape
 
@@ -76,9 +82,12 @@ GRIDS = {
     "cpu": CrossoverGrid(1, 2, (16, 17, 64), (16, 17, 40, 64), (32, 64)),
 }
 DEFAULT_BACKENDS = ("fp8", "native", "cudnn", "flash")  # ours against diffusers' default and its bf16 peers
+MEASURE_WARMUP, MEASURE_RUNS = 3, 10  # measure_here's, bench-attention's defaults
+ROUTED_DEVICE_TYPES = ("cuda",)  # where calls are routed by shape: our kernels run on CUDA GPUs only
+KERNEL_PACKAGES = ("dit_accel.kernels.fp8_attention",)  # whose sources key a crossover measured here
 
 
-# --- which file ----------------------------------------------------------------------------------
+# --- which data ---------------------------------------------------------------------------------
 
 def device_key(device: torch.device) -> dict[str, Any]:
     """What a crossover is valid for: the GPU's name ("cpu" on the CPU), torch's version and cuDNN's
@@ -99,8 +108,28 @@ def data_file_name(key: dict[str, Any]) -> str:
     return f"{slug(key['gpu'])}_torch-{slug(key['torch'])}_cudnn-{slug(key['cudnn'])}.json"
 
 
-def crossover_for(device: torch.device) -> tuple["Crossover | None", str]:
-    """The crossover the router uses on `device`, and one line saying which (or why none).
+@functools.lru_cache(maxsize=1)
+def kernel_fingerprint() -> str:
+    """12 hex digits of a hash over our attention kernels' and their prep's sources: a crossover measured here
+    holds for the kernel that was measured, so the cache's key names it (a changed kernel measures again)."""
+    digest = hashlib.sha1()
+    for package in KERNEL_PACKAGES:
+        folder = resources.files(package)
+        for entry in sorted((e for e in folder.iterdir() if e.name.endswith(".py")), key=lambda e: e.name):
+            digest.update(entry.name.encode() + b"\0" + entry.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def cache_file(key: dict[str, Any]) -> Path:
+    """Where a crossover measured on this machine is kept: beside the device ceilings, one file per device key and
+    kernel fingerprint."""
+    return cache_root() / "crossover" / data_file_name(key).replace(".json", f"_kernel-{kernel_fingerprint()}.json")
+
+
+def crossover_for(device: torch.device) -> tuple["Crossover | ConservativeRule | None", str]:
+    """What the router routes by on `device`, and one line saying which and from when: DIT_ACCEL_CROSSOVER's file
+    (or nothing with =off), the package's data for this GPU, the data measured on this machine (`measure_here`),
+    else the conservative rule. On the CPU nothing routes (our kernels do not run there).
 
     Raises UserError for a file that is not crossover data (the package's or DIT_ACCEL_CROSSOVER's)."""
     override = os.environ.get(ENV_VAR, "")
@@ -108,25 +137,127 @@ def crossover_for(device: torch.device) -> tuple["Crossover | None", str]:
         return None, f"crossover routing off ({ENV_VAR}=off): every servable call served"
     if override:
         return _load(Path(override).resolve()), f"crossover data {override} ({ENV_VAR})"
-    if device.type != "cuda":
+    if device.type not in ROUTED_DEVICE_TYPES:
         return None, f"no crossover data for the {device.type.upper()}: every servable call served"
     key = device_key(device)
-    name = data_file_name(key)
-    packaged = resources.files(__package__) / DATA_PACKAGE_DIR / name
-    if not packaged.is_file():
-        return None, (f"no crossover data for {describe_key(key)}: every servable call served "
-                      f"(measure it with `dit-accel bench-attention --crossover`)")
-    return _load(packaged), f"crossover data {DATA_PACKAGE_DIR}/{name}"
+    packaged = resources.files(__package__) / DATA_PACKAGE_DIR / data_file_name(key)
+    if packaged.is_file():
+        data = _load(packaged)
+        return data, f"crossover data {DATA_PACKAGE_DIR}/{packaged.name}{data.measured_on}"
+    cached, _ = _read_cache(key)
+    if cached is not None:
+        return cached, f"crossover data measured on this machine{cached.measured_on} ({cached.source})"
+    return CONSERVATIVE_RULE, (f"no crossover data for {describe_key(key)}: {CONSERVATIVE_RULE.description} "
+                               f"(measure it once: any profile-block or generate run, or "
+                               f"`dit-accel bench-attention --crossover`)")
+
+
+def _read_cache(key: dict[str, Any]) -> tuple["Crossover | None", str | None]:
+    """The crossover cached for `key`, or (None, why it cannot be used: None where there is no file)."""
+    path = cache_file(key)
+    if not path.is_file():
+        return None, None
+    try:
+        data = json.loads(path.read_text())
+        table = Crossover.from_data(data, str(path))
+    except (OSError, ValueError, UserError) as exc:
+        return None, f"the cached crossover {path} cannot be read ({first_line(exc)})"
+    if table.key != key or data.get("kernel", {}).get("fingerprint") != kernel_fingerprint():
+        return None, (f"the cached crossover {path} was measured for {describe_key(table.key)}, kernel "
+                      f"{data.get('kernel', {}).get('fingerprint')}, not this device and kernel {kernel_fingerprint()}")
+    return table, None
+
+
+@dataclass(frozen=True)
+class MeasuredHere:
+    """What routes our kernel's calls on a device after `measure_here`: the data (None: the conservative rule, or
+    no routing), the line saying which and from when, seconds spent measuring now (None: nothing measured), and
+    the problem of a cache file it replaced (None: there was none)."""
+
+    table: "Crossover | None"
+    note: str
+    seconds: float | None = None
+    replaced: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.note, "measured_now_s": self.seconds, "replaced_cache": self.replaced,
+                "measured_at": self.table.measured_at if self.table else None,
+                "file": RUN_FILE if self._data_file() else None}
+
+    def copy_into(self, run_dir: Path) -> None:
+        """The data routed by, as `RUN_FILE` in a run folder (nothing where there is none: the rule, no routing)."""
+        path = self._data_file()
+        if path is not None:
+            shutil.copyfile(path, run_dir / RUN_FILE)
+
+    def _data_file(self) -> Path | None:
+        return Path(self.table.source) if self.table is not None and Path(self.table.source).is_file() else None
+
+
+RUN_FILE = "crossover.json"  # in a profile-block run folder: the data its device routed by (plan reads it)
+MEASURE_STAGE = ("attention crossover: our kernel against diffusers' backends, {} shapes (measured once per GPU, "
+                 "torch, cuDNN and kernel, then cached)")
+
+
+def measure_here(device: torch.device, *, skip: bool = False, progress=None) -> MeasuredHere:
+    """Make sure the router has measured data on `device`: where neither DIT_ACCEL_CROSSOVER, the package nor this
+    machine's cache has any (and `skip` is not set), time our kernel against diffusers' backends over the GPU grid
+    (about 30 s on an H200, once per device, torch, cuDNN and kernel) and cache it, so the router and `plan` read
+    it from then on. A corrupt or foreign cache file is replaced (its problem returned, to be said). Nothing is
+    measured on the CPU or where our kernel cannot run. `progress`: a profiling.progress.SessionProgress, whose
+    stage shows the measurement."""
+    routing, note = crossover_for(device)
+    backends = [BACKENDS[name] for name in DEFAULT_BACKENDS if BACKENDS[name].unavailable_reason(device) is None]
+    if routing is not CONSERVATIVE_RULE or skip or not any(b.routed for b in backends):
+        return MeasuredHere(routing if isinstance(routing, Crossover) else None, note)
+    key = device_key(device)
+    _, problem = _read_cache(key)
+    grid = GRIDS[device.type]
+    shapes = grid.shapes()
+    stage = (progress.stage(MEASURE_STAGE.format(len(shapes)), total=len(shapes)) if progress is not None
+             else contextlib.nullcontext(lambda: None))
+    started = time.perf_counter()
+    with stage as advance:
+        _, data = measure_crossover(grid, backends, dtype=torch.bfloat16, device=device,
+                                    warmup=MEASURE_WARMUP, runs=MEASURE_RUNS, seed=0,
+                                    on_shape=lambda index, count, shape: advance() if index else None)
+        advance()
+    seconds = round(time.perf_counter() - started, 1)
+    data.update(elapsed_s=seconds, command="measured on first use (dit_accel.attention.crossover.measure_here)",
+                kernel={"fingerprint": kernel_fingerprint()},
+                measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    Crossover.from_data(data, "the measurement")  # what the router will read, checked as it will be
+    path = cache_file(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+    routing, note = crossover_for(device)
+    return MeasuredHere(routing, f"{note}, measured now in {seconds} s", seconds, problem)
 
 
 def packaged_for_gpu(gpu_name: str) -> "Crossover | None":
     """The package's crossover data measured on a GPU of this name (any torch and cuDNN; the first file by name),
-    None without one: what `dit-accel plan` reads a measured rate ratio from."""
+    None without one."""
     folder = resources.files(__package__) / DATA_PACKAGE_DIR
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json") and json.loads(entry.read_text()).get("device", {}).get("gpu") == gpu_name:
             return _load(entry)
     return None
+
+
+def for_run(run_dir: Path, gpu_name: str) -> tuple["Crossover | None", str]:
+    """The crossover data a profile-block run's device routed by: the run folder's own copy (`RUN_FILE`), else the
+    package's for its GPU; (None, why) without either. What `dit-accel plan` reads our kernel's rates from, and the
+    line saying which."""
+    own = run_dir / RUN_FILE
+    if own.is_file():
+        table = _load(own.resolve())
+        return table, f"crossover data of the run ({RUN_FILE}, {table.key['gpu']}{table.measured_on})"
+    packaged = packaged_for_gpu(gpu_name)
+    if packaged is not None:
+        return packaged, f"crossover data {DATA_PACKAGE_DIR}/{Path(packaged.source).name}{packaged.measured_on}"
+    return None, f"no crossover data for {gpu_name}"
 
 
 @functools.lru_cache(maxsize=8)
@@ -171,6 +302,7 @@ class Crossover:
     fallbacks: tuple[str, ...]
     ms: dict[tuple[int, int, int], dict[str, float | None]]
     winners: dict[tuple[str, int], tuple[tuple[str, ...], ...]]
+    measured_at: str | None = None  # ISO time of the measurement, where the file says
     _rows: tuple[int, ...] = field(init=False)
     _picks: dict[tuple, str | None] = field(default_factory=dict, init=False, repr=False)
 
@@ -192,8 +324,20 @@ class Crossover:
                     tuple(_fastest(ms[d, sq, skv], (name, *fallbacks)) for skv in grid["seq_kv"])
                     for sq in grid["seq_q"])
         dtype = next(t for t, n in DTYPE_NAMES.items() if n == data["dtype"])
+        measured_at = data.get("measured_at") or (data.get("provenance") or {}).get("timestamp")
         return cls(source, dict(data["device"]), dtype, grid["batch"], grid["heads"], tuple(grid["seq_q"]),
-                   tuple(grid["seq_kv"]), tuple(grid["head_dims"]), routed, fallbacks, ms, winners)
+                   tuple(grid["seq_kv"]), tuple(grid["head_dims"]), routed, fallbacks, ms, winners,
+                   measured_at if isinstance(measured_at, str) else None)
+
+    @property
+    def measured_on(self) -> str:
+        """' (measured 2026-12-01)', or '' where the file does not say when."""
+        return f" (measured {self.measured_at[:10]})" if self.measured_at else ""
+
+    @staticmethod
+    def reason(choice: str) -> str:
+        """The fallback reason a call this data sends to `choice` is counted under."""
+        return ROUTED_REASON.format(choice)
 
     def nearest_point(self, batch: int, heads: int, seq_q: int, seq_kv: int) -> tuple[int, int]:
         """(Sq, Skv) of the measured point nearest to the call, per the module's rule."""
@@ -235,6 +379,58 @@ class Crossover:
         return {"shape": shape.label, "backend": backend, "picks": picks,
                 "nearest_point": AttentionShape(self.batch, self.heads, seq_q, seq_kv, shape.head_dim).label,
                 "backend_ms": ms[backend], "fastest_fallback": fallback, "fallback_ms": ms[fallback], "ratio": ratio}
+
+
+@dataclass(frozen=True)
+class ConservativeRule:
+    """How the router routes our kernel on a GPU without crossover data (none shipped, none measured here, or the
+    measurement skipped): it serves a call only where the kernel's fixed cost is small against its work, and sends
+    the rest to diffusers' default backend, never "serve everything".
+
+    What it stands on (the crossover data of the H200 and the H100, `crossover_data/`): our kernel's call costs a
+    fixed ~0.12-0.25 ms (its prep's launches and the host path: 0.116 ms at S 128 against cuDNN's 0.040 on the
+    H200), and its main loop pays off over long key sides only. It lost at every measured point with fewer than
+    4096 keys or fewer than 56 x 4096 query rows (B x H x Sq), and won at every point with at least 8192 keys and
+    56 x 4096 query rows (1.05-1.63x on the H200). Between those (4096 keys: 0.96-1.12x) the rule declines: a wrong
+    "decline" costs a few percent there, a wrong "serve" 2-5x on a short call. Calls outside the rule's backends
+    (fa4, fa3) are served as asked, as before."""
+
+    backends: tuple[str, ...] = ("fp8", "fp8-v1")
+    min_seq_kv: int = 8192
+    min_query_rows: int = 56 * 4096
+    fallbacks: tuple[str, ...] = ("native",)
+    source: str = "the conservative rule"
+
+    @property
+    def description(self) -> str:
+        return (f"routed by the conservative rule ({'/'.join(self.backends)} serve calls of at least "
+                f"{self.min_seq_kv} keys and {self.min_query_rows} query rows, B x H x Sq; the rest go to diffusers' "
+                f"default)")
+
+    @staticmethod
+    def reason(choice: str) -> str:
+        return f"routed: {choice} by the conservative rule (short keys or few query rows; no crossover data)"
+
+    def pick(self, backend: str, batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int,
+             dtype: torch.dtype) -> str | None:
+        """`backend` where the rule serves the call, the fallback where it declines, None for other backends.
+        Integer compares on the call's static sizes: traced into a constant under torch.compile."""
+        if backend not in self.backends:
+            return None
+        if seq_kv < self.min_seq_kv or batch * heads * seq_q < self.min_query_rows:
+            return self.fallbacks[0]
+        return backend
+
+    def explain(self, backend: str, shape: AttentionShape, dtype: torch.dtype) -> dict[str, Any] | None:
+        """As `Crossover.explain`, with no measured point or times."""
+        picks = self.pick(backend, shape.batch, shape.heads, shape.seq_q, shape.seq_kv, shape.head_dim, dtype)
+        if picks is None:
+            return None
+        return {"shape": shape.label, "backend": backend, "picks": picks, "nearest_point": "none (the rule)",
+                "backend_ms": None, "fastest_fallback": self.fallbacks[0], "fallback_ms": None, "ratio": None}
+
+
+CONSERVATIVE_RULE = ConservativeRule()
 
 
 def _fastest(ms: dict[str, float | None], names: tuple[str, ...]) -> str:

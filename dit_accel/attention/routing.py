@@ -31,8 +31,10 @@ went where it was meant to.
 
 Routing by measured crossover: where the device has crossover data (`attention.crossover`), a
 servable call whose nearest measured point was won by a fallback (e.g. cuDNN bf16 on a short key side)
-goes to that diffusers backend instead, counted as the reason "routed: <name> measured faster"; without
-data (the CPU, an unmeasured GPU, DIT_ACCEL_CROSSOVER=off) every servable call is served, as before.
+goes to that diffusers backend instead, counted as the reason "routed: <name> measured faster". On a GPU with no
+data (none shipped, none measured on this machine) the conservative rule (`crossover.ConservativeRule`) sends our
+kernel's short-key and few-row calls to diffusers' default; on the CPU and with DIT_ACCEL_CROSSOVER=off every
+servable call is served.
 Not applied under Ulysses context parallelism (diffusers' engine there serves our kernel only).
 
 Processors that call torch's SDPA themselves (CogVideoX, Mochi, Allegro: `F.scaled_dot_product_attention` from
@@ -75,7 +77,7 @@ from ..patching.counts import CallCounts, CountedCalls, module_device
 from ..patching.model_globals import ModelGlobalSwap, Namespace, model_file
 from . import key_padding
 from .backends import BACKENDS, TORCH_SDPA_KERNELS, AttentionBackend, BackendCannotServe, get_backend
-from .crossover import ROUTED_REASON, Crossover, crossover_for
+from .crossover import ConservativeRule, Crossover, crossover_for
 
 DISPATCH_GLOBAL = "dispatch_attention_fn"
 FUNCTIONAL_GLOBAL = "F"  # torch.nn.functional, in the files of processors that call torch's SDPA themselves
@@ -88,8 +90,8 @@ class RoutedBackend(CountedCalls):
     """What the processors' `_attention_backend` holds while a custom backend is on.
 
     served_calls: calls our kernel answered. fallback_calls: reason -> calls sent to diffusers'
-    default backend instead, or, for the reason "routed: <name> measured faster", to the diffusers
-    backend the crossover measured faster at their shape. Every dispatch made by a processor holding
+    default backend instead, or, for a "routed: ..." reason, to the diffusers backend the crossover measured
+    faster at their shape (or the conservative rule chose). Every dispatch made by a processor holding
     this object counts in exactly one of the two, also inside a torch.compile'd model
     (`patching.counts.CallCounts`: 0-d tensors on the model's device, bumped in place).
     """
@@ -99,9 +101,10 @@ class RoutedBackend(CountedCalls):
     # step the user keeps in bf16), or None to serve it. Under torch.compile its answer is guarded:
     # it should change rarely (each distinct answer is one more graph).
     hold_reason: Callable[[], str | None] | None = None
-    # The device's measured crossover (None: no data, serve every servable call), the line saying which
-    # (or why none), and per routed reason the diffusers backend value its calls go to.
-    crossover: Crossover | None = None
+    # What routes servable calls by shape: the device's measured crossover, the conservative rule where it has
+    # none, or None (routing off, or the CPU: serve every servable call); the line saying which and from when;
+    # and per routed reason the diffusers backend value its calls go to.
+    crossover: Crossover | ConservativeRule | None = None
     crossover_note: str = "no crossover data looked up"
     _fallback_values: dict[str, Any] = field(default_factory=dict, repr=False)
     counts: CallCounts = field(default_factory=CallCounts, repr=False)
@@ -111,7 +114,7 @@ class RoutedBackend(CountedCalls):
             from diffusers.models.attention_dispatch import AttentionBackendName
 
             self._fallback_values = {
-                ROUTED_REASON.format(name): AttentionBackendName(get_backend(name).diffusers_backend)
+                self.crossover.reason(name): AttentionBackendName(get_backend(name).diffusers_backend)
                 for name in self.crossover.fallbacks}
             self.counts.expect(*self._fallback_values)  # in place before a compiled graph counts a routed call
 
@@ -142,7 +145,7 @@ class RoutedBackend(CountedCalls):
             batch, seq_q, heads, head_dim = q.shape
             choice = self.crossover.pick(self.backend.name, batch, heads, seq_q, k.shape[1], head_dim, q.dtype)
             if choice is not None and choice != self.backend.name:
-                reason = ROUTED_REASON.format(choice)
+                reason = self.crossover.reason(choice)
         return reason
 
     def dispatch(self, arguments: dict[str, Any], original_dispatch: Callable[..., torch.Tensor]) -> torch.Tensor:

@@ -17,7 +17,8 @@ from ..loading import OFFLOAD_CHOICES
 from ..pipelines.tiny import TINY_BUILDERS, make_tiny_pipeline as build_tiny, read_run_defaults
 from ..report_io import console, print_note
 from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, check_run_dir, default_run_name
-from .options import ATTENTION_HELP, AtLeast, DtypeChoice, FiniteFloat, RecipeParam, Seed, compile_option, linear_option
+from .options import (ATTENTION_HELP, AtLeast, DtypeChoice, FiniteFloat, RecipeParam, Seed, compile_option,
+                      linear_option, skip_crossover_option)
 
 if TYPE_CHECKING:  # torch and diffusers load when a command runs, not for --help (see cli.py)
     import torch
@@ -171,10 +172,11 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
 @click.option("--ulysses", type=AtLeast(1), default=1, show_default=True,
               help="Split the transformer's sequence over N GPUs with diffusers' Ulysses context parallelism; "
                    "start with torchrun --nproc-per-node N -m dit_accel generate ... --ulysses N.")
+@skip_crossover_option()
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run folder (default outputs/generate_<pipeline>_<time>/).")
 def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, height, width, steps, seed, guidance,
-             device_name, dtype, warmup, offload, ulysses, out):
+             device_name, dtype, warmup, offload, ulysses, skip_crossover, out):
     """Run a whole diffusers pipeline from a local folder: stage timings, the video (MP4), report.json.
 
     --compare runs both attentions with the same seed and reports PSNR/SSIM per frame and the speed-ups of
@@ -240,7 +242,7 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
             reason = choice.fp8_linear and fp8_linear_unavailable_reason(device, dtype)
             if reason:
                 raise UserError(f"{choice.label}: {reason}")
-        settings = GenerateSettings(folder, request, device, dtype, order, warmup, offload, group)
+        settings = GenerateSettings(folder, request, device, dtype, order, warmup, offload, group, skip_crossover)
         with (staged if group is None or group.is_main else _scratch_dir()) as run_dir:
             report = _generate(settings, run_dir)
         finished = True
@@ -309,6 +311,15 @@ def _unavailable_line(exc, *, as_reference: bool, defaulted: bool) -> str:
     return str(exc)
 
 
+class _StatusProgress:
+    """A stage (`profiling.progress.SessionProgress`'s protocol) shown as the console's spinner while it runs."""
+
+    @contextlib.contextmanager
+    def stage(self, label: str, total: int | None = None):
+        with console.status(label):
+            yield lambda: None
+
+
 @contextlib.contextmanager
 def _scratch_dir():
     """Where a rank other than 0 writes its (identical) outputs, deleted afterwards."""
@@ -317,6 +328,8 @@ def _scratch_dir():
 
 
 def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
+    from ..attention.backends import BACKENDS
+    from ..attention.crossover import measure_here
     from ..loading.offload import host_to_device_gbps
     from ..pipelines.loading import load_pipeline, streamed_bytes
     from ..pipelines.parallel import apply_ulysses
@@ -324,6 +337,13 @@ def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
     from ..report_io import write_json
 
     s = settings
+    crossover = None
+    if s.group is None and any(BACKENDS[choice.backend].routed for choice in s.attention):
+        routing = measure_here(s.device, skip=s.skip_crossover, progress=_StatusProgress())
+        if routing.replaced:
+            print_note(f"{routing.replaced}: measured again")
+        console.print(f"[dim]attention routing: {routing.note}[/dim]")
+        crossover = routing.as_dict()
     with console.status(f"loading {s.folder.class_name} from {s.folder.path}"):
         pipe = load_pipeline(s.folder, device=s.device, dtype=s.dtype, offload=s.offload)
         if s.group:
@@ -351,6 +371,6 @@ def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
         console.print(f"speed-up of {comparison['candidate']} over {comparison['reference']} (one run each): median "
                       f"step {comparison['median_step_speedup']:.2f}x, all steps {comparison['denoise_speedup']:.2f}x, "
                       f"whole call {comparison['total_speedup']:.2f}x")
-    report = build_report(s, header, runs, videos, files, streaming, comparison)
+    report = build_report(s, header, runs, videos, files, streaming, comparison, crossover)
     write_json(run_dir / "report.json", report)
     return report

@@ -174,6 +174,14 @@ def compile_option():
                              "attention name. Compile time is reported apart from the timings.")
 
 
+def skip_crossover_option():
+    return click.option("--skip-crossover", is_flag=True,
+                        help="On a GPU with no attention crossover data for our FP8 kernel (none shipped for it, none "
+                             "measured on this machine), do not measure it (about 30 s, once per GPU, torch, cuDNN and "
+                             "kernel version, then cached): the router then follows the conservative rule (our kernel "
+                             "serves long calls only) and `plan` estimates FP8 attention.")
+
+
 # `adapters.stages.STAGE_KEYS`, as text (a test checks they agree).
 STAGE_CHOICES = ("text", "vae", "audio")
 

@@ -61,7 +61,7 @@ class SkipRatio(FiniteFloat):
               help="Folder for plan.json and plan.csv (default: outputs/plan_<run>_<time>).")
 def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip, verify, out_dir):
     """Predict what each knob and each other GPU would give, from one profile-block run."""
-    from ..attention.crossover import packaged_for_gpu
+    from ..attention.crossover import for_run
     from ..planning.gpus import datasheets, gpu_named, gpu_of_device
     from ..planning.measured import read_baseline, streamed_passes
     from ..planning.predict import Rates
@@ -81,9 +81,10 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     if out_dir is not None:
         check_run_dir(out_dir)  # before --verify's runs, not after them
     verified_in, not_verified = [], []
+    rates_from = run
     if verify:  # runs of their own (profile-block's folders, names and messages), the plan made from them
         verify_run = _verify_run(run, baseline, DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify"))
-        verified, verified_in = read_baseline(verify_run), [str(verify_run)]
+        verified, verified_in, rates_from = read_baseline(verify_run), [str(verify_run)], verify_run
         for label, why in read_run(verify_run).get("recipes_left_out", {}).items():
             not_verified.append(f"{label}: {why}")
             console.print(f"[yellow]note:[/yellow] --verify left {label} out: {why}")
@@ -103,9 +104,9 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
                 verified_in.append(str(stream_run))
         baseline = verified
     rates = Rates.of(baseline)
-    crossover = packaged_for_gpu(baseline.device_name)
-    plan_data = build_plan(baseline, rates, crossover, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,
-                           cache_skip)
+    crossover, crossover_note = for_run(rates_from, baseline.device_name)
+    plan_data = build_plan(baseline, rates, (crossover, crossover_note), here, targets, memory_budget, host_link_gbps,
+                           gpus, link_gbps, cache_skip)
     plan_data["verified_in"], plan_data["not_verified"] = verified_in, not_verified
     with staged as folder:
         write_json(folder / "plan.json", plan_data)
@@ -185,13 +186,18 @@ def _verify_streaming(run: Path, baseline, recipe: str, budget, out: Path) -> Pa
     return out
 
 
-def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,
+def build_plan(baseline, rates, routing, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,
                cache_skip) -> dict[str, Any]:
+    """The plan's content. routing: (the crossover data our kernel's rates come from, None without any; the line
+    saying which, `crossover.for_run`)."""
     from ..planning.gpus import datasheets
-    from ..planning.predict import (ASSUMPTIONS, GIB, KNOB_MODELS, fits, knob_sets, on_other_gpu, predict_block,
-                                    pass_ms_of, resident_bytes, streamed_bytes, streamed_pass_ms, video_seconds)
+    from ..planning.predict import (ASSUMPTIONS, FP8_ATTENTION_ESTIMATE, GIB, KNOB_MODELS, fits, knob_sets,
+                                    on_other_gpu, predict_block, pass_ms_of, resident_bytes, streamed_bytes,
+                                    streamed_pass_ms, video_seconds)
 
+    crossover, crossover_note = routing
     measured = {m.knobs: m for m in baseline.measured}
+    models = {**KNOB_MODELS, **({} if crossover is not None else {"fp8-attention": FP8_ATTENTION_ESTIMATE})}
     predicted = {knobs: {s.stack: predict_block(s, baseline, knobs, rates, crossover) for s in baseline.stacks}
                  for knobs in knob_sets()}
     knobs_rows, sets = [], {}
@@ -202,9 +208,10 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
                "block_ms": {s: round(b.ms, 2) for s, b in blocks.items()}, "pass_ms": round(pass_ms, 1),
                "video_s": round(video_seconds(baseline, pass_ms), 1), "memory_gib": round(memory / GIB, 2),
                "fits": fits(baseline, knobs, baseline.device_memory_gib * GIB),
-               "basis": "measured" if not knobs else "predicted from this run",
+               "basis": "measured" if not knobs else "predicted from this run" + (
+                   "; FP8 attention estimated" if "fp8-attention" in knobs and crossover is None else ""),
                "parts_ms": {s: {k: round(v, 2) for k, v in b.parts.items()} for s, b in blocks.items()},
-               "model": "; ".join(KNOB_MODELS[k] for k in sorted(knobs)) or f"measured: {baseline.recipe}"}
+               "model": "; ".join(models[k] for k in sorted(knobs)) or f"measured: {baseline.recipe}"}
         if knobs in measured and knobs:
             m = measured[knobs]
             row["measured"] = {"recipe": m.label, "block_ms": m.block_ms, "attention_rel_err": m.attention_rel_err,
@@ -254,7 +261,7 @@ def build_plan(baseline, rates, crossover, here, targets, memory_budget, host_li
         "rates_here": {"bf16_gemm_tflops": rates.bf16, "fp8_gemm_tflops": rates.fp8, "copy_gbps": rates.copy,
                        "gemm_efficiency": rates.gemm_efficiency, "memory_efficiency": rates.memory_efficiency,
                        "host_link_gbps": rates.host_link},
-        "crossover": crossover.source if crossover else None,
+        "crossover": crossover_note, "fp8_attention_estimated": crossover is None,
         "video": {"steps": baseline.steps, "passes_per_step": baseline.passes, "outside_ms": baseline.outside_ms,
                   "outside_source": baseline.outside_source},
         "knobs": knobs_rows, "gpus": gpu_rows,
@@ -346,6 +353,8 @@ def _scaling_rows(baseline, here, rates, sets, full, memory_budget, host_link_gb
 
 
 def render(plan_data: dict[str, Any]) -> None:
+    from ..planning.predict import FP8_ATTENTION_ESTIMATE
+
     table = Table(title=f"What each knob would give on {plan_data['device']} (baseline: "
                         f"{plan_data['baseline_recipe']}, measured)")
     for column in ("knobs", "block ms", "measured", "diff", "video", "memory", "fits", "basis"):
@@ -359,6 +368,8 @@ def render(plan_data: dict[str, Any]) -> None:
                       " / ".join(f"{v:+.1f}%" for v in measured.get("difference_pct", {}).values()) or "—",
                       _minutes(row.get("video_s")), _memory(row), row.get("fits", "—"), row["basis"])
     console.print(table)
+    console.print(f"[yellow]FP8 attention {FP8_ATTENTION_ESTIMATE}[/yellow]" if plan_data["fp8_attention_estimated"]
+                  else f"[dim]FP8 attention: {plan_data['crossover']}[/dim]")
     gpus = Table(title="Other GPUs (datasheet-scaled from this run: compute by tensor rate, memory-bound work by "
                        "bandwidth, at the efficiencies measured here)")
     for column in ("GPU", "knobs", "block ms", "video", "memory", "fits", "note"):

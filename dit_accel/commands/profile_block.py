@@ -22,7 +22,7 @@ from ..profiling.progress import NO_PROGRESS, SessionProgress
 from ..report_io import console, err_console, print_note, to_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, default_run_name
 from .options import (ATTENTION_HELP, DEFAULT_FAMILY, MODEL_FAMILIES, AtLeast, DtypeChoice, FiniteFloat, MemorySize,
-                      OptionError, RecipeParam, Seed, StageList, compile_option, linear_option)
+                      OptionError, RecipeParam, Seed, StageList, compile_option, linear_option, skip_crossover_option)
 
 # torch, diffusers (through the adapters) and the library load inside the command, not at import:
 # `dit-accel profile-block --help` costs click alone.
@@ -177,6 +177,7 @@ class _TerminalProgress(SessionProgress):
 @click.option("--device", "device_name", default=None, help="cuda, cuda:1 or cpu (default: cuda when present).")
 @click.option("--seed", type=Seed(), default=0, show_default=True)
 @click.option("--refresh-ceilings", is_flag=True, help="Measure the device's GEMM and copy ceilings again.")
+@skip_crossover_option()
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run folder (default outputs/profile-block_<model>_<time>/).")
 @click.option("--quiet", "-q", is_flag=True,
@@ -186,7 +187,7 @@ class _TerminalProgress(SessionProgress):
 def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height, width, batch, dtype, attn,
                   compare_attn, linear, compile_mode, keep_going, warmup, runs, steps, guidance_passes, outside_ms,
                   outside_mode, stages, text_encoder_config, validate_blocks, offload, memory_budget, trace,
-                  device_name, seed, refresh_ceilings, out, quiet, as_json):
+                  device_name, seed, refresh_ceilings, skip_crossover, out, quiet, as_json):
     """Profile ONE transformer block: per-op and per-module time, memory, and the whole-model extrapolation.
 
     With no options: the MiniMax-H3 block at S=30272 in bf16 on the GPU, synthetic weights. Without a GPU:
@@ -194,6 +195,7 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
     """
     import torch
 
+    from ..attention.crossover import measure_here
     from ..device import apply_memory_budget, device_ceilings, pick_device
     from ..loading.offload import check_offload
     from ..patching.recipe import check_recipes
@@ -282,11 +284,14 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
             with shown.stage("device ceilings (GEMM, FP8 GEMM where the GPU has one, copy and host link; measured "
                              "once per device, then cached)"):
                 ceilings, ceilings_cached = device_ceilings(device, dtype, refresh=refresh_ceilings)
+            routing = measure_here(device, skip=skip_crossover, progress=shown)
+            if routing.replaced:
+                print_note(f"{routing.replaced}: measured again", out_console)
             if memory_budget:
                 apply_memory_budget(device, memory_budget.nbytes)
             result = run_session(settings, run_dir, shown)
-            report = build_report(settings, result, ceilings, ceilings_cached, estimate)
-            write_files(run_dir, report, result.runs, result.stages)
+            report = build_report(settings, result, ceilings, ceilings_cached, estimate, routing)
+            write_files(run_dir, report, result.runs, result.stages, routing)
     except torch.OutOfMemoryError as exc:
         budget = f"the {memory_budget.text} budget" if memory_budget else "this GPU's memory"
         raise UserError(f"out of memory: the {adapter.display_name} block at S={workload.seq_len} (batch "

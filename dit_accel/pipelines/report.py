@@ -31,6 +31,7 @@ class GenerateSettings:
     warmup: bool
     offload: str
     group: UlyssesGroup | None  # --ulysses: the process group, else None
+    skip_crossover: bool = False  # --skip-crossover: route by the conservative rule where the GPU has no data
 
 
 def write_outputs(run_dir: Path, runs: list[RunResult]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -90,7 +91,9 @@ def build_header(settings: GenerateSettings, runs: list[RunResult], streaming: d
 
 def build_report(settings: GenerateSettings, header: dict[str, str], runs: list[RunResult],
                  videos: list[dict[str, Any]], files: list[str], streaming: dict | None,
-                 comparison: dict | None) -> dict[str, Any]:
+                 comparison: dict | None, crossover: dict | None = None) -> dict[str, Any]:
+    """report.json's content. crossover: what routed our kernel's calls by shape (`MeasuredHere.as_dict`), None
+    where no run routes."""
     folder = settings.folder
     return {"dit_accel_version": __version__, "command": command_line(),
             "provenance": provenance(seed=settings.request.seed, device=settings.device),
@@ -101,4 +104,4 @@ def build_report(settings: GenerateSettings, header: dict[str, str], runs: list[
             "request": settings.request.as_dict(), "warmup": settings.warmup, "offload": settings.offload,
             "streaming": streaming, "ulysses_degree": settings.group.degree if settings.group else 1,
             "runs": [run.as_dict() for run in runs], "outputs": videos,
-            "comparison": comparison, "files": [*files, "report.json"]}
+            "comparison": comparison, "crossover": crossover, "files": [*files, "report.json"]}

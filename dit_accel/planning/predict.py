@@ -35,6 +35,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..attention.crossover import CONSERVATIVE_RULE
 from .gpus import Gpu
 from .measured import COMPUTE_KINDS, KNOBS, Baseline, StackBaseline
 
@@ -47,6 +48,10 @@ FUSED_BYTES_PER_ELEMENT = 2  # bf16
 # its 14 ms of memory-bound work at 31-47%, is no rate the block's fused chains reach).
 MEMORY_RATE_MIN_SHARE = 0.05
 ROOFLINE_FP8_ATTENTION = 0.537  # ours at B1 H56 S30272 D128 on the H200: 848 TFLOP/s of its 1579 FP8 GEMM ceiling
+FP8_ATTENTION_ESTIMATE = (f"ESTIMATED, no crossover data for this GPU: each call our router's conservative rule serves "
+                          f"at {ROOFLINE_FP8_ATTENTION:.1%} of the FP8 GEMM ceiling (our kernel's at the H3 shape, "
+                          f"B1 H56 S30272 D128, on the H200); measure the crossover on this GPU (any profile-block "
+                          f"run) for its own rates")
 KNOB_MODELS = {
     "fp8-attention": "attention calls at our kernel's rate at the nearest crossover point (prep included), a "
                      "key-padding call on its kept rows (plus its dropped queries at the measured rate and one read "
@@ -123,7 +128,8 @@ def _kept_call(call: dict[str, Any]) -> tuple[dict[str, Any], float]:
 
 def _fp8_attention_ms(call: dict[str, Any], baseline_backend: str, crossover,
                       fp8_ceiling: float | None) -> float | None:
-    """Our kernel's time for this call (None: not served, or routed to the baseline by the crossover)."""
+    """Our kernel's time for this call (None: not served, or routed to the baseline by the crossover or, without
+    data for the call's head dim, by the router's conservative rule)."""
     if call["head_dim"] not in SERVED_HEAD_DIMS:
         return None
     if crossover is not None and call["head_dim"] in crossover.head_dims:
@@ -137,6 +143,9 @@ def _fp8_attention_ms(call: dict[str, Any], baseline_backend: str, crossover,
             # call can run far from the data's (HunyuanVideo's masked SDPA: 383 TFLOP/s against 570 unmasked).
             point_flops = 4.0 * crossover.batch * crossover.heads * seq_q * seq_kv * call["head_dim"]
             return call["flops"] / point_flops * ms["fp8"]
+    if CONSERVATIVE_RULE.pick("fp8", call["batch"], call["heads"], call["q_len"], call["kv_len"], call["head_dim"],
+                              None) != "fp8":
+        return None
     if fp8_ceiling:
         return call["flops"] / (ROOFLINE_FP8_ATTENTION * fp8_ceiling * 1e9)
     return None

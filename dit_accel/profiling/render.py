@@ -4,7 +4,7 @@ folder's files (`write_files`: report.json, ops.csv, whole_video.csv, breakdown.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from rich.console import Console
 from rich.panel import Panel
@@ -17,6 +17,9 @@ from .classify import CATEGORIES
 from .extrapolate import Validation
 from .results import COMPILED_CPU_NOTE, GAPS_LABEL, GAPS_NOTE, BackendRun
 from .stages import StageMeasurement
+
+if TYPE_CHECKING:
+    from ..attention.crossover import MeasuredHere
 
 
 def _fmt_rate(row: dict[str, Any]) -> str:
@@ -230,10 +233,13 @@ def _render_stages(console: Console, report: dict[str, Any], ceilings: Ceilings,
 
 
 def write_files(run_dir: Path, report: dict[str, Any], runs: list[BackendRun],
-                stages: Sequence[StageMeasurement] = ()) -> None:
+                stages: Sequence[StageMeasurement] = (), routing: MeasuredHere | None = None) -> None:
     """report.json; ops.csv (every kernel of the block's runs, then of the stages'; the stage column
-    says which); with --stages, whole_video.csv (a row per recipe); breakdown.png."""
+    says which); with --stages, whole_video.csv (a row per recipe); breakdown.png; the attention crossover
+    data the run's device routes by, where there is any (`crossover.RUN_FILE`: `plan` reads it)."""
     write_json(run_dir / "report.json", report)
+    if routing is not None:
+        routing.copy_into(run_dir)
     stage_rows = ({"backend": run.backend or "", **k.as_row(), "stage": stage.spec.key}
                   for stage in stages for run in stage.runs for k in run.profile.kernels)
     write_csv(run_dir / "ops.csv", [*({"backend": r.backend, **k.as_row(), "stage": "block"}

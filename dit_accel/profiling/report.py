@@ -3,10 +3,11 @@ measured under, this device's ceilings, the whole-video figure (`whole_videos`) 
 came from. Its "header" is also the panel at the top of the terminal output (`render`)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..adapters.stages import STAGE_KEYS, StageSkip
+from ..attention.backends import BACKENDS
 from ..device import Ceilings, DeviceInfo
 from ..report_io import command_line, provenance
 from .extrapolate import WholeVideo
@@ -14,13 +15,17 @@ from .memory import MemoryEstimate
 from .results import timing_noise
 from .session import ProfileSettings, SessionResult
 
+if TYPE_CHECKING:
+    from ..attention.crossover import MeasuredHere
+
 SCALED_DOWN_NOTE = ("scaled-down CPU block: its times and the whole-model figures built from them "
                     "say nothing about a GPU")
 
 
 def build_report(settings: ProfileSettings, result: SessionResult, ceilings: Ceilings, ceilings_cached: bool,
-                 memory_estimate: MemoryEstimate | None = None) -> dict[str, Any]:
-    """report.json's content; its "header" is also the panel at the top of the terminal output."""
+                 memory_estimate: MemoryEstimate | None = None, routing: MeasuredHere | None = None) -> dict[str, Any]:
+    """report.json's content; its "header" is also the panel at the top of the terminal output. `routing`: what
+    routed our kernel's calls by shape on this device (`attention.crossover.measure_here`)."""
     s, runs = settings, result.runs
     adapter, workload = s.adapter, s.workload
     info = DeviceInfo.of(s.device)
@@ -63,6 +68,8 @@ def build_report(settings: ProfileSettings, result: SessionResult, ceilings: Cei
             st = loaded.stats
             header["load" + (f" ({stack})" if len(blocks) > 1 else "")] = (
                 f"{st.bytes_read / 1e9:.3f} GB in {st.seconds:.2f} s ({st.gbps:.2f} GB/s) from {', '.join(st.shards)}")
+    if routing is not None and any(BACKENDS[recipe.backend].routed for recipe in s.recipes):
+        header["attention routing"] = routing.note
     if s.scaled_down:
         header["NOTE"] = (f"no GPU: scaled-down {adapter.display_name} block (hidden {adapter.hidden_size}, "
                           f"{adapter.attention_heads[0]} heads) at S={workload.seq_len}; "
@@ -77,6 +84,7 @@ def build_report(settings: ProfileSettings, result: SessionResult, ceilings: Cei
         "warnings": warnings,
         "memory_estimate": memory_estimate.as_dict() if memory_estimate else None,
         "header": header, "device": info.as_dict(), "ceilings": {**ceilings.as_dict(), "from_cache": ceilings_cached},
+        "crossover": routing.as_dict() if routing is not None else None,
         "model": adapter.describe(), "block": result.loaded[0].as_dict(),
         "blocks": {stack: loaded.as_dict() for loaded, stack in blocks}, "workload": workload.as_dict(),
         "block_work": {stack: adapter.for_stack(stack).block_work(workload) for _, stack in blocks},

@@ -154,12 +154,13 @@ def test_every_packaged_crossover_file_is_valid_and_named_by_its_key():
         assert path.name == crossover.data_file_name(data["device"])
 
 
-def test_no_data_means_no_opinion(monkeypatch):
+def test_a_gpu_without_data_is_routed_by_the_conservative_rule_and_the_cpu_by_nothing(monkeypatch):
     monkeypatch.delenv(crossover.ENV_VAR, raising=False)
     assert crossover_for(torch.device("cpu")) == (None, "no crossover data for the CPU: every servable call served")
     monkeypatch.setattr(crossover, "device_key", lambda device: {"gpu": "NVIDIA H999", "torch": "9.9", "cudnn": 1})
     table, note = crossover_for(torch.device("cuda"))
-    assert table is None and note.startswith("no crossover data for NVIDIA H999 (torch 9.9, cuDNN 1)")
+    assert table is crossover.CONSERVATIVE_RULE
+    assert note.startswith("no crossover data for NVIDIA H999 (torch 9.9, cuDNN 1): routed by the conservative rule")
     monkeypatch.setenv(crossover.ENV_VAR, "off")
     assert crossover_for(torch.device("cuda"))[0] is None
 

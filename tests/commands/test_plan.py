@@ -521,3 +521,59 @@ def test_a_streamed_pass_that_fails_is_a_line_of_not_verified_and_the_plan_is_wr
     assert f"--verify could not stream the pass with fp8+fp8-linear+compile: {why}" in " ".join(result.output.split())
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert plan["not_verified"] == [f"the streamed pass with fp8+fp8-linear+compile under 16GiB: {why}"]
+
+
+def _long_call_report(tmp_path, gpu_name: str):
+    """_report's run on `gpu_name`, its one attention call the H3 shape (B1 H56 S30272 D128) and a short cross-
+    attention (30272 x 777)."""
+    run = _report(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    report["device"]["name"] = gpu_name
+    calls = [{"module": "attn", "kind": kind, "batch": 1, "heads": 56, "q_len": 30272, "kv_len": kv_len,
+              "head_dim": 128, "masked": False, "key_padding": False, "flops": 4.0 * 56 * 30272 * kv_len * 128}
+             for kind, kv_len in (("self", 30272), ("cross", 777))]
+    report["block_work"]["blocks"]["attention_calls"] = calls
+    report["runs"][0]["categories"]["attention"]["flops"] = sum(c["flops"] for c in calls)
+    (run / "report.json").write_text(json.dumps(report))
+    return run, calls
+
+
+def test_without_crossover_data_fp8_attention_is_an_estimate_that_says_so(tmp_path):
+    """A GPU with no shipped crossover data and none in the run folder: the long call at the stated fraction of the
+    FP8 GEMM ceiling, the short one declined as the router's conservative rule declines it; each FP8-attention row
+    says it is an estimate and from what."""
+    from dit_accel.planning.predict import ROOFLINE_FP8_ATTENTION
+
+    run, calls = _long_call_report(tmp_path, "NVIDIA H100 80GB HBM3")
+    result = _plan(run, "--gpu", "h100-sxm", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert plan["fp8_attention_estimated"] and plan["crossover"] == "no crossover data for NVIDIA H100 80GB HBM3"
+    row = next(r for r in plan["knobs"] if r["knobs"] == "fp8-attention")
+    assert row["basis"] == "predicted from this run; FP8 attention estimated" and row["model"].startswith("ESTIMATED")
+    parts = row["parts_ms"]["blocks"]
+    assert parts["attention (fp8)"] == round(calls[0]["flops"] / (ROOFLINE_FP8_ATTENTION * 2000.0 * 1e9), 2)
+    assert parts["attention"] == round(50.0 * calls[1]["flops"] / (calls[0]["flops"] + calls[1]["flops"]), 2)
+    assert "FP8 attention ESTIMATED" in " ".join(result.output.split())
+
+
+def test_the_run_folders_own_crossover_data_is_what_plan_reads(tmp_path):
+    """A run folder holding the crossover its GPU was measured with (profile-block copies it there): our kernel at
+    its rate at the nearest point of that data (the long call; the short one routed to cuDNN), and the plan names
+    it."""
+    from dit_accel.attention.crossover import RUN_FILE, packaged_for_gpu
+
+    run, calls = _long_call_report(tmp_path, "NVIDIA H100 80GB HBM3")
+    packaged = packaged_for_gpu("NVIDIA H200")
+    with open(packaged.source) as file:
+        data = json.load(file)
+    data["device"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    for point in data["points"]:  # our kernel a quarter slower than the H200 measured it (faster than cuDNN still)
+        point["ms"]["fp8"] *= 1.25
+    (run / RUN_FILE).write_text(json.dumps(data))
+    assert _plan(run, "--gpu", "h100-sxm", "--out", tmp_path / "p").exit_code == 0
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert not plan["fp8_attention_estimated"] and plan["crossover"].startswith(
+        f"crossover data of the run ({RUN_FILE}, NVIDIA H100 80GB HBM3")
+    parts = next(r for r in plan["knobs"] if r["knobs"] == "fp8-attention")["parts_ms"]["blocks"]
+    assert parts["attention (fp8)"] == round(1.25 * packaged.ms[128, 30272, 30272]["fp8"], 2)
