@@ -41,18 +41,54 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
 
 
+def _umask() -> int:
+    """This process's umask (read without changing it where Linux tells it, else set and put back at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _open_to_umask(folder: Path) -> None:
+    """Give `folder` and everything in it the modes the user's umask gives new folders and files (a staging folder
+    is made 0700 by mkdtemp, and libraries write some files 0600 through temporary files): 0755 / 0644 under 022."""
+    mask = _umask()
+    folder.chmod(0o777 & ~mask)
+    for root, folders, files in os.walk(folder):
+        for name in folders:
+            os.chmod(os.path.join(root, name), 0o777 & ~mask)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o666 & ~mask)
+
+
 def default_run_name(command: str, tag: str) -> str:
     """`profile-block_minimax-h3_20261130-051200`: command, what ran, and when (local time)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{command}_{tag}_{stamp}"
 
 
-def check_run_dir(final_dir: Path) -> None:
-    """UserError unless `final_dir` is absent or an empty folder (a run never overwrites)."""
+OUT_OPTION = "--out"  # how a command's user names the folder; make-tiny-pipeline names its DIRECTORY instead
+
+
+def check_run_dir(final_dir: Path, option: str = OUT_OPTION) -> None:
+    """UserError unless `final_dir` is absent or an empty folder (a run never overwrites). `option`: how the user
+    names another folder (the command's option, or its argument), for the message."""
     final_dir = Path(final_dir)
     if _is_taken(final_dir):
         kind = "a file" if not final_dir.is_dir() else "a folder that is not empty"
-        raise UserError(f"{final_dir} is {kind}; pass --out a new folder (runs never overwrite)")
+        raise UserError(f"{final_dir} is {kind}; {_another(option)} (runs never overwrite)")
+
+
+def _another(option: str) -> str:
+    """'pass --out a new folder', or for an argument 'give another DIRECTORY'."""
+    return f"pass {option} a new folder" if option.startswith("--") else f"give another {option}, a new folder"
 
 
 def _process_is_gone(pid: int) -> bool:
@@ -98,14 +134,14 @@ class _Claim:
     """An exclusive claim on a final folder's name: a lock (`flock`) on `.<name>.lock` beside it, which the
     kernel releases when its process ends however it ends, holding the claimant's process id."""
 
-    def __init__(self, final_dir: Path):
+    def __init__(self, final_dir: Path, option: str = OUT_OPTION):
         """Raises BlockingIOError when a live process holds the claim."""
         self.path = final_dir.with_name(f".{final_dir.name}.lock")
         try:
             self._file = open(self.path, "a+")  # noqa: SIM115 (held until release)
         except OSError as exc:
-            raise UserError(f"cannot write in the output folder {final_dir.parent} ({exc.strerror}); "
-                            f"pass --out DIR") from exc
+            raise UserError(f"cannot write files in {final_dir.parent} (making {self.path.name} there failed: "
+                            f"{exc.strerror}); {_another(option)} where you can write") from exc
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -124,10 +160,10 @@ class _Claim:
             self._file.close()
 
 
-def _claim(final_dir: Path) -> "_Claim | str":
+def _claim(final_dir: Path, option: str) -> "_Claim | str":
     """The claim on `final_dir`'s name, or the process id of the live run that holds it."""
     try:
-        return _Claim(final_dir)
+        return _Claim(final_dir, option)
     except BlockingIOError:
         try:
             return final_dir.with_name(f".{final_dir.name}.lock").read_text().strip() or "?"
@@ -156,12 +192,15 @@ class StagedRun:
 
     `final` must not exist yet, or be an empty folder: a run never deletes what it did not write (an `--out`
     pointing at `.` or at `outputs/` must not wipe them). `numbered` (a default name, not the user's): a taken
-    or claimed name moves on to `<name>-2`, `<name>-3`, ... instead of being refused.
+    or claimed name moves on to `<name>-2`, `<name>-3`, ... instead of being refused. `option`: how the user names
+    the folder (`--out`, or an argument's name), for the messages. The folder and its files end with the modes the
+    user's umask gives (0755 and 0644 under 022), whatever the staging and the libraries made them.
     """
 
-    def __init__(self, final: Path, *, numbered: bool = False):
+    def __init__(self, final: Path, *, numbered: bool = False, option: str = OUT_OPTION):
         self.final = Path(final)
         self.numbered = numbered
+        self.option = option
         self.staging: Path | None = None
         self._claim: _Claim | None = None
         self._made_parents: list[Path] = []
@@ -169,7 +208,7 @@ class StagedRun:
 
     def __enter__(self) -> Path:
         if not self.numbered:
-            check_run_dir(self.final)
+            check_run_dir(self.final, self.option)
         parent = self.final.parent
         self._made_parents = [p for p in (parent, *parent.parents) if not p.exists()]
         try:
@@ -177,10 +216,11 @@ class StagedRun:
             remove_stale_staging(parent)
         except OSError as exc:
             self._remove_made_parents()
-            raise UserError(f"cannot create the output folder {parent} ({exc.strerror}); pass --out DIR") from exc
+            raise UserError(f"cannot create the folder {parent} ({exc.strerror}); {_another(self.option)} where you "
+                            f"can write") from exc
         for number in range(1, 1000):
             candidate = _numbered(self.final, number)
-            claim = _claim(candidate)
+            claim = _claim(candidate, self.option)
             if isinstance(claim, _Claim) and not _is_taken(candidate):
                 self.final, self._claim = candidate, claim
                 self.staging = Path(tempfile.mkdtemp(prefix=f".{candidate.name}.{_host()}-{os.getpid()}.",
@@ -190,11 +230,11 @@ class StagedRun:
                 claim.release()  # written meanwhile: a numbered run moves on, a named one is refused
                 if not self.numbered:
                     self._remove_made_parents()
-                    check_run_dir(candidate)
+                    check_run_dir(candidate, self.option)
             elif not self.numbered:
                 self._remove_made_parents()
-                raise UserError(f"another run (process {claim}) is writing {candidate}; pass --out a new folder")
-        raise UserError(f"no free folder beside {self.final}; pass --out a new folder")
+                raise UserError(f"another run (process {claim}) is writing {candidate}; {_another(self.option)}")
+        raise UserError(f"no free folder beside {self.final}; {_another(self.option)}")
 
     def __exit__(self, kind, exc, traceback) -> bool:
         try:
@@ -208,6 +248,7 @@ class StagedRun:
             self._claim.release()
             self._remove_made_parents()
             return False
+        _open_to_umask(self.staging)
         wanted = self.final
         for number in range(1, 1000):
             candidate = _numbered(wanted, number)

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,47 @@ def test_two_processes_started_together_never_collide(tmp_path):
         assert sorted(p.name for p in parent.iterdir()) == expected
         if mode == "given":
             assert sorted(out.split(":")[0].split()[0] for out, _ in outputs) == ["refused", "wrote"], outputs
+
+
+@pytest.mark.parametrize("mask, folder_mode, file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600),
+                                                          (0o002, 0o775, 0o664)])
+def test_a_run_folder_and_its_files_follow_the_umask(tmp_path, mask, folder_mode, file_mode):
+    """mkdtemp makes the staging folder 0700, and libraries write some files 0600 through temporary files (diffusers'
+    safetensors): the finished run has the modes the user's umask gives, so colleagues can read shared results."""
+    previous = os.umask(mask)
+    try:
+        with StagedRun(tmp_path / "run") as staging:
+            (staging / "report.json").write_text("{}")
+            (staging / "sub").mkdir()
+            private = staging / "sub" / "weights.safetensors"
+            private.write_bytes(b"w")
+            private.chmod(0o600)
+    finally:
+        os.umask(previous)
+    run = tmp_path / "run"
+    assert run.stat().st_mode & 0o777 == folder_mode and (run / "sub").stat().st_mode & 0o777 == folder_mode
+    assert {(p.name, p.stat().st_mode & 0o777) for p in run.rglob("*") if p.is_file()} == {
+        ("report.json", file_mode), ("weights.safetensors", file_mode)}
+
+
+def test_a_place_files_cannot_be_made_in_says_so_and_names_the_commands_own_option(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("this user writes anywhere (root): /proc stands in below")
+        with pytest.raises(UserError, match=r"cannot write files in .*locked .*give another DIRECTORY"):
+            with StagedRun(locked / "run", option="DIRECTORY"):
+                pass
+    finally:
+        locked.chmod(0o700)
+
+
+def test_proc_is_no_place_for_a_run_and_the_message_names_the_argument():
+    with pytest.raises(UserError) as error:
+        with StagedRun(Path("/proc/dit-accel-test"), option="DIRECTORY"):
+            pass
+    message = str(error.value)
+    assert message.startswith("cannot write files in /proc (making .dit-accel-test.lock there failed")
+    assert "give another DIRECTORY, a new folder where you can write" in message and "--out" not in message

@@ -239,6 +239,19 @@ class BlockAdapter:
 
     # --- workloads ---------------------------------------------------------------------------------------
     def workload_from_video(self, frames: int, height: int, width: int, batch: int) -> Workload:
+        """The pass of a video of `frames` frames at `height` x `width`; a size off the patch grid's pixel multiple
+        runs floored, as the VAE and the patch embedding floor it, and the workload's source says so."""
+        workload = self._workload_from_video(frames, height, width, batch)
+        _, spatial = self.facts.vae_factors
+        _, ph, pw = patch_sizes(self.config)
+        runs = (height // (spatial * ph) * spatial * ph, width // (spatial * pw) * spatial * pw)
+        if runs != (height, width):
+            note = (f"; {height}x{width} runs as {runs[0]}x{runs[1]}: the patch grid takes multiples of "
+                    f"{spatial * ph}x{spatial * pw} pixels")
+            workload = dataclasses.replace(workload, source=workload.source + note)
+        return workload
+
+    def _workload_from_video(self, frames: int, height: int, width: int, batch: int) -> Workload:
         if self.spec.workload_from_video is not None:
             return self._checked(self.spec.workload_from_video(self, frames, height, width, batch))
         temporal, spatial = self.facts.vae_factors

@@ -148,7 +148,8 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
                    "MiniMax-H3); never fetched from a hub.")
 @click.option("--attn", type=RecipeParam(), default=None,
               help=f"Attention: {ATTENTION_HELP}. bf16/native leave the pipeline's own attention alone; fp8 is our "
-                   "FP8 kernel (sm_89+ GPUs). Default bf16, or fp8 with --compare.")
+                   "FP8 kernel (sm_89+ GPUs). Default native (the pipeline's own attention, in its dtype), or fp8 "
+                   "with --compare.")
 @click.option("--compare", type=RecipeParam(), default=None,
               help="Also run the same seed with this attention first (e.g. bf16); report per-frame PSNR/SSIM of "
                    "--attn against it and the speed-up.")
@@ -198,7 +199,7 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
     from ..pipelines.running import AttentionUnavailable, Request
     from ..pipelines.video_io import mp4_writer
 
-    attention = (attn or parse_recipe("fp8" if compare else "bf16")).with_options(
+    attention = (attn or parse_recipe("fp8" if compare else "native")).with_options(
         fp8_linear=linear == "fp8", compile_mode=compile_mode)  # the reference (--compare) runs as named
     if compare and attention.label == compare.label:
         raise UserError(f"--compare {compare.label} compares another attention against {compare.label}; "

@@ -51,6 +51,9 @@ def _adapter(model: str | None, preset: str | None, checkpoint: Path | None):
 
 def _stack_and_index(adapter, spec: str) -> tuple[tuple[str, ...], int]:
     """--block: "N" (block N of every stack), "STACK" (block 0 of that stack alone) or "STACK.N"."""
+    if spec.lstrip("-").isdigit() and spec.startswith("-"):
+        raise UserError(f"--block {spec}: block indices count from 0 (the first block); give 0 to "
+                        f"{min(count for _, count in adapter.stacks) - 1}, a stack or STACK.N")
     name, _, index = spec.rpartition(".") if not spec.isdigit() else ("", "", spec)
     if not name and not spec.isdigit():
         name, index = spec, "0"
@@ -237,8 +240,10 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
         # on the CPU a checkpoint's block too runs the short workload (its weights are full size)
         workload = adapter.default_workload(batch, scaled_down=device.type == "cpu")
     if compare_attn and click.get_current_context().get_parameter_source("attn") != ParameterSource.DEFAULT:
+        listed = attn.label in {recipe.label for recipe in compare_attn}
         raise UserError(f"--attn {attn.label} and --compare-attn do not combine: --compare-attn names every recipe "
-                        f"that runs; add {attn.label} to it")
+                        f"that runs; " + (f"it has {attn.label} already, so drop --attn" if listed
+                                          else f"add {attn.label} to it and drop --attn"))
     recipes = tuple(r.with_options(fp8_linear=linear == "fp8", compile_mode=compile_mode)
                     for r in compare_attn or [attn])
     if validate_blocks and recipes[0].fused_prologue:

@@ -26,7 +26,7 @@ from torch import nn
 from .attention import AttentionPatch, denoisers, patch_attention
 from .fp8_linear import Fp8LinearSwap, quantize_linears
 from .prologue import FusedPrologue, fused_prologue
-from .recipe import Recipe
+from .recipe import Recipe, parse_recipe
 from .rope import FusedRope, fused_rope
 
 if TYPE_CHECKING:
@@ -99,11 +99,12 @@ class AppliedRecipe:
 
 
 @contextlib.contextmanager
-def apply_recipe(target: Any, recipe: Recipe, *, adapter: BlockAdapter | None = None,
+def apply_recipe(target: Any, recipe: Recipe | str, *, adapter: BlockAdapter | None = None,
                  keep_compiled: bool = False) -> Iterator[AppliedRecipe]:
-    """`recipe` live on `target` (a block, a model or a pipeline; a pipeline's transformers are patched) for
-    the `with` body. `adapter`: the model family, needed for FP8 linears on a block (a whole diffusers model
-    names its own family in its config)."""
+    """`recipe` (a Recipe, or its name: "fp8+fp8-linear+compile") live on `target` (a block, a model or a pipeline;
+    a pipeline's transformers are patched) for the `with` body. `adapter`: the model family, needed for FP8 linears
+    on a block (a whole diffusers model names its own family in its config)."""
+    recipe = recipe if isinstance(recipe, Recipe) else parse_recipe(recipe)
     applied = AppliedRecipe(recipe, denoisers(target))
     try:
         if not recipe.is_default:

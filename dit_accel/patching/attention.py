@@ -113,7 +113,20 @@ class AttentionPatch:
 def patch_attention(model_or_pipeline: Any, backend: str = "fp8", *, keep_blocks: tuple[int, ...] = (),
                     keep_steps: tuple[int, ...] = ()) -> AttentionPatch:
     """Route every attention call of the model(s) to `backend`, but in `keep_blocks` (block indices,
-    negative from the end) and during `keep_steps` (0-based denoising steps). Returns the patch."""
+    negative from the end) and during `keep_steps` (0-based denoising steps). Returns the patch.
+
+    Calls the backend cannot take where it runs (masks it does not serve, autograd, head dims its kernel lacks) and
+    calls the device's crossover (or, without one, the conservative rule) routes away fall back to diffusers' own
+    backend, counted by reason in `summary()`. A backend that cannot run on the model's device at all (fp8 on the CPU
+    or a GPU before sm_89, a package not installed) is refused here, before anything is patched: a UserError, one
+    line saying why."""
+    for name, value in (("keep_blocks", keep_blocks), ("keep_steps", keep_steps)):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__") or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in value):
+            raise UserError(f"{name} takes a tuple of integer indices, e.g. (0, -1), not {value!r}")
+    if not isinstance(backend, str):
+        raise UserError(f"backend takes an attention name such as 'fp8' or 'cudnn', not {type(backend).__name__} "
+                        f"{backend!r}")
     patch = AttentionPatch(backend, tuple(keep_blocks), frozenset(keep_steps), holding=0 in keep_steps)
     hold = patch.hold_reason if keep_steps else None
     try:

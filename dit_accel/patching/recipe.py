@@ -75,6 +75,8 @@ def _label(recipe: Recipe, written: str) -> str:
 
 def parse_recipe(text: str, *, allow_options: bool = True) -> Recipe:
     """'fp8+rope' -> Recipe('fp8+rope', 'fp8', fused_rope=True); a UserError naming what is known."""
+    if not isinstance(text, str):
+        raise UserError(f"a recipe is a name such as 'fp8+fp8-linear+compile', not {type(text).__name__} {text!r}")
     written = text.strip()
     name, *options = written.split("+")
     for option in options:
@@ -82,6 +84,10 @@ def parse_recipe(text: str, *, allow_options: bool = True) -> Recipe:
             raise UserError(f"unknown option '+{option}' in {written!r}: the options are +rope (fused RoPE), +prologue "
                             "(QK-norm and RoPE in the FP8 prep), +fp8-linear (FP8 linears), +compile and +max-autotune "
                             "(torch.compile)")
+    repeated = sorted({option for option in options if options.count(option) > 1})
+    if repeated:
+        raise UserError(f"{written!r} names {', '.join('+' + o for o in repeated)} more than once; name each option "
+                        f"once")
     if options and not allow_options:
         raise UserError(f"{written!r}: options swap things into a model; bench-attention times attention alone, "
                         f"so name the backend without them ({name})")

@@ -55,11 +55,11 @@ def make_tiny_pipeline(family: str, directory: Path, seed: int = 0) -> dict:
         raise UserError(f"no tiny pipeline for {family!r}; choose one of: {', '.join(TINY_BUILDERS)}")
     directory = Path(directory)
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-        raise UserError(f"{directory} exists and is not an empty folder; pass a new folder")
+        raise UserError(f"{directory} exists and is not an empty folder; give another DIRECTORY, a new folder")
     from .loading import quiet_libraries
 
     quiet_libraries()
-    staged = StagedRun(directory)
+    staged = StagedRun(directory, option="DIRECTORY")
     with staged as staging:  # a failed build leaves nothing behind
         info = TINY_BUILDERS[family](staging, seed)
         (staging / DEFAULTS_FILE).write_text(json.dumps({"family": family, "seed": seed, **info["defaults"]},

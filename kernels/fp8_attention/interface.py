@@ -126,6 +126,8 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
     Raises Fp8AttentionUnsupported for inputs it cannot take; a (batch, head) whose q, k or v holds inf or NaN
     comes out NaN, as in torch's attention.
     """
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        _check(q, k, v, kernel, prologue, qk_int8)  # raises, naming the argument that is not a tensor
     spec = launch_spec(q, k, v, prologue)
     if (spec, kernel, qk_int8) not in _passed_checks:  # the checks read only what the spec holds
         _check(q, k, v, kernel, prologue, qk_int8)

@@ -92,6 +92,8 @@ def tensors_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, any_hea
     the CPU emulation takes any), batch, heads and sequence lengths, shared dtype and device, in that
     order. Reads only metadata, so it runs the same on real and fake tensors and dynamo can trace it."""
     for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            return f"fp8_attention: {name} is a {type(x).__name__}; pass a torch.Tensor [B, S, H, D]"
         if x.dim() != 4:
             return f"fp8_attention: {name} must be [B, S, H, D], got shape {tuple(x.shape)}"
         if x.dtype not in SUPPORTED_DTYPES:

@@ -3,6 +3,7 @@ no folder left (visible or hidden); Ctrl-C and SIGTERM end a run with one line (
 nothing; `--help` imports neither torch nor diffusers; a normal run prints no third-party noise."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -375,3 +376,66 @@ def test_the_bench_attention_help_values_are_the_librarys():
     assert (command.HELP_GPU_DEFAULT_SHAPE, command.HELP_CPU_DEFAULT_SHAPE) == (bench.GPU_DEFAULT_SHAPE,
                                                                                  bench.CPU_DEFAULT_SHAPE)
     assert command.INPUT_CHOICES == tuple(bench.INPUT_KINDS)
+
+
+# --- messages that say the true reason and only the options the command has ---------------------------------
+
+@pytest.mark.parametrize("command, words", [
+    (["profile-block", "--attn", "math", "--compare-attn", "native,math"], "it has math already, so drop --attn"),
+    (["profile-block", "--attn", "math", "--compare-attn", "native"], "add math to it and drop --attn"),
+    (["profile-block", "--block", "-1"], "--block -1: block indices count from 0 (the first block); give 0 to 49"),
+    (["profile-block", "--attn", "native+rope+rope"], "'native+rope+rope' names +rope more than once"),
+    (["profile-block", "--compare-attn", "cudnn,fp8+fp8-linear+fp8-linear"], "names +fp8-linear more than once"),
+])
+def test_profile_block_messages_name_the_true_reason(tmp_path, command, words):
+    outputs = tmp_path / "outputs"
+    result = CliRunner().invoke(main, [*command, *FAST, "--out", str(outputs / "run")])
+    _assert_one_error_line(result, outputs, words)
+
+
+def test_make_tiny_pipeline_in_a_place_it_cannot_write_names_its_own_argument(tmp_path):
+    result = CliRunner().invoke(main, ["make-tiny-pipeline", "wan", "/proc/dit-accel-tiny"])
+    _assert_one_error_line(result, tmp_path / "nothing", "cannot write files in /proc")
+    assert "give another DIRECTORY" in result.stderr and "--out" not in result.stderr
+
+
+def test_a_video_size_off_the_patch_grid_is_stated(tmp_path):
+    result = CliRunner().invoke(main, ["profile-block", "--frames", "9", "--height", "33", "--width", "64", "--runs",
+                                       "1", "--warmup", "0", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    source = json.loads((tmp_path / "run" / "report.json").read_text())["workload"]["source"]
+    assert source.endswith("33x64 runs as 32x64: the patch grid takes multiples of 32x32 pixels")
+
+
+def test_the_python_api_rejects_wrong_types_in_one_line():
+    from dit_accel.kernels.fp8_attention import Fp8AttentionUnsupported, fp8_attention
+    from dit_accel.patching import apply_recipe, parse_recipe, patch_attention
+    from testing import wan_block_and_inputs
+
+    block, _ = wan_block_and_inputs()
+    for call, words in [(lambda: parse_recipe(None), "a recipe is a name such as"),
+                        (lambda: patch_attention(block, 5), "backend takes an attention name"),
+                        (lambda: patch_attention(block, "math", keep_blocks="0"), "keep_blocks takes a tuple"),
+                        (lambda: patch_attention(block, "math", keep_steps=None), "keep_steps takes a tuple"),
+                        (lambda: patch_attention(None, "math"), "cannot patch a NoneType"),
+                        (lambda: apply_recipe(block, 3).__enter__(), "a recipe is a name such as")]:
+        with pytest.raises(UserError, match=words) as error:
+            call()
+        assert "\n" not in str(error.value)
+    with pytest.raises(Fp8AttentionUnsupported, match="q is a list; pass a torch.Tensor"):
+        fp8_attention([1], [2], [3])
+    with apply_recipe(block, "math") as applied:  # a name works where a Recipe does
+        assert applied.recipe == parse_recipe("math")
+
+
+@NO_GPU
+def test_patch_attention_refuses_a_backend_the_device_cannot_run_when_the_patch_is_made():
+    """As the README and the docstring say: fp8 on the CPU is refused at the call, in one line, nothing patched."""
+    from dit_accel.patching import patch_attention
+    from testing import wan_block_and_inputs
+
+    block, inputs = wan_block_and_inputs()
+    before = block(*inputs)
+    with pytest.raises(UserError, match="attention backend 'fp8' is unavailable here: the FP8 kernel needs a CUDA GPU"):
+        patch_attention(block, "fp8")
+    assert torch.equal(block(*inputs), before)

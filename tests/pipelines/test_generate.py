@@ -43,6 +43,8 @@ def test_generate_writes_a_playable_video_and_a_report(tiny_wan, tmp_path):
     assert all(ms > 0 for ms in stages["step_ms"])
     assert stages["denoise_ms"] + stages["text_encoding_ms"] + stages["vae_decode_ms"] <= stages["total_ms"]
     assert report["request"]["seed"] == 3 and report["comparison"] is None
+    # the pipeline's own attention in its dtype (fp32 on the CPU): named native, not bf16
+    assert report["runs"][0]["attention"] == "native" and "native attention, ms" in result.output
     assert report["outputs"][0]["frames"] == WAN_DEFAULTS["frames"]
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "video.mp4"]
 
