@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
 from ..report_io import console, to_json
 
@@ -24,13 +23,15 @@ def models(as_json: bool) -> None:
     if as_json:
         click.echo(to_json(rows))
         return
-    table = Table(title="Model families (dit-accel profile-block --model NAME [--preset PRESET])",
-                  caption="rows: of the default video's pass (video, text, audio); FP8 attention: our kernel")
-    for column in ("model", "presets", "default video", "rows", "block stacks", "heads x dim", "FP8 attention"):
-        table.add_column(column)
+    # One short block per family rather than a wide table: readable at 80 columns, and no name (a preset a user
+    # must type) is ever cut or folded; rich wraps the lines at spaces only.
+    console.print("[bold]Model families[/bold]: dit-accel profile-block --model NAME [--preset PRESET]\n"
+                  "[dim]rows: of the default video's pass; FP8 attention: whether our kernel serves it; --json for "
+                  "all of it as data[/dim]\n")
     for row in rows:
-        table.add_row(f"{row['family']}\n{row['model']}", ", ".join(row["presets"]), row["video"] or "packed rows",
-                      " + ".join(f"{n} {k}" for k, n in row["rows"].items()),
-                      "\n".join(f"{name} x {count}" for name, count in row["stacks"].items()),
-                      f"{row['heads']} x {'/'.join(map(str, row['head_dims']))}", row["fp8_attention"])
-    console.print(table)
+        console.print(f"[bold]{row['family']}[/bold] ({row['model']})   presets: {', '.join(row['presets'])}")
+        console.print(f"    default video: {row['video'] or 'packed rows'}; rows: "
+                      + " + ".join(f"{n} {k}" for k, n in row["rows"].items()))
+        console.print(f"    heads {row['heads']} x {'/'.join(map(str, row['head_dims']))}; block stacks: "
+                      + ", ".join(f"{name} x {count}" for name, count in row["stacks"].items()))
+        console.print(f"    FP8 attention: {row['fp8_attention']}")

@@ -253,30 +253,45 @@ def write_files(run_dir: Path, report: dict[str, Any], runs: list[BackendRun],
 
 
 # One colour per kind of work and per module, the same in every run's plot (not by rank, which changes
-# between runs): the kinds and the common modules each in their own tab20 slot (the two panels may share
-# colours), any other module by a stable hash of its name into the slots left.
+# between runs). Every named kind and module has its own hue or shade, no two alike: the kinds take tab20's ten
+# strong colours and then its light ones, the modules the light ones left and then tab20b's and tab20c's; a label
+# that is both (rope) keeps the kind's colour; any other module takes one of the slots left, by a stable hash.
 KIND_COLOURS = (*CATEGORIES, *GAPS_LABEL.values())
 MODULE_COLOURS = ("attention core", "qkv projection", "ffn", "output projection", "qk-norm", "cross-attention",
-                  "norms", "AdaLN modulation", "modulation + residual (block body)", "rope", "attention (other)")
+                  "norms", "AdaLN modulation", "modulation + residual (block body)", "attention (other)")
+
+
+def _palette() -> list[tuple[float, ...]]:
+    import matplotlib
+
+    tab20, tab20b, tab20c = (matplotlib.colormaps[name] for name in ("tab20", "tab20b", "tab20c"))
+    return ([tab20(i) for i in range(0, 20, 2)] + [tab20(i) for i in range(1, 20, 2)]
+            + [tab20b(i) for i in range(0, 20, 4)] + [tab20c(i) for i in range(0, 20, 4)]
+            + [tab20b(i) for i in range(2, 20, 4)] + [tab20c(i) for i in range(2, 20, 4)])
 
 
 def colour_of(label: str) -> tuple[float, ...]:
-    """`label`'s tab20 colour: its slot in KIND_COLOURS or MODULE_COLOURS, else one of the slots after
-    MODULE_COLOURS picked by a hash of the name."""
+    """`label`'s colour: its slot as a kind of work, else as a named module, else one of the slots after them picked
+    by a hash of the name."""
     import zlib
 
-    import matplotlib
+    palette = _palette()
+    named = (*KIND_COLOURS, *(m for m in MODULE_COLOURS if m not in KIND_COLOURS))
+    if label in named:
+        return palette[named.index(label)]
+    spare = len(palette) - len(named)
+    return palette[len(named) + zlib.crc32(label.encode()) % spare]
 
-    palette = matplotlib.colormaps["tab20"]
-    for names in (KIND_COLOURS, MODULE_COLOURS):
-        if label in names:
-            return palette(names.index(label))
-    spare = 20 - len(MODULE_COLOURS)
-    return palette(len(MODULE_COLOURS) + zlib.crc32(label.encode()) % spare)
+
+def bar_names(runs: list[dict[str, Any]]) -> list[str]:
+    """Each run's bar label: its recipe, and its stack where the model has several (a bar per recipe and stack)."""
+    several_stacks = len({run.get("stack") for run in runs}) > 1
+    return [f"{run['backend']}, {run['stack']}" if several_stacks else run["backend"] for run in runs]
 
 
 def plot_breakdown(path: Path, report: dict[str, Any]) -> None:
-    """Stacked bars of each backend's block time by kind of work, and by module."""
+    """Stacked bars of each run's block time by kind of work, and by module: one bar per recipe (and per stack, named
+    so, for a model of several), top to bottom in the terminal's order."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -284,6 +299,7 @@ def plot_breakdown(path: Path, report: dict[str, Any]) -> None:
 
     runs = report["runs"]
     scaled = bool(report.get("scaled_down"))
+    names = bar_names(runs)
     fig, axes = plt.subplots(2, 1, figsize=(11, 2 * (1.4 + 0.6 * len(runs))), squeeze=False)
     for ax, key, title in ((axes[0][0], "categories", "by kind of work"), (axes[1][0], "modules", "by module")):
         labels = list(dict.fromkeys(label for run in runs for label in run[key]))
@@ -294,7 +310,8 @@ def plot_breakdown(path: Path, report: dict[str, Any]) -> None:
                 ax.barh(y, ms, left=left, color=colour_of(label), label=label if y == 0 else None,
                         alpha=0.45 if scaled else 1.0, hatch="//" if scaled else None)
                 left += ms
-        ax.set_yticks(range(len(runs)), [r["backend"] for r in runs])
+        ax.set_yticks(range(len(runs)), names)
+        ax.invert_yaxis()  # the first run on top, as the terminal's tables list them
         ax.set_xlabel("ms per block" + ("*" if scaled else ""))
         ax.set_title(f"{report['header']['model']} block, {title}" + (" (SCALED-DOWN CPU RUN*)" if scaled else ""),
                      color="dimgray" if scaled else "black")

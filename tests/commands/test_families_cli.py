@@ -89,3 +89,23 @@ def test_models_lists_every_family(tmp_path):
     by_family = {row["family"]: row for row in rows}
     assert by_family["hunyuan-video"]["stacks"] == {"transformer_blocks": 20, "single_transformer_blocks": 40}
     assert by_family["wan"]["fp8_attention"] == "yes" and by_family["sana-video"]["fp8_attention"].startswith("no")
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_models_reads_at_80_and_100_columns_and_never_cuts_a_name(width, monkeypatch):
+    """The table was ~150 columns wide and cut preset names with "…" at 100; the default view is now a few lines per
+    family: no line past the width, no ellipsis, and every family, preset and stack name whole on one line."""
+    from rich.console import Console
+
+    from dit_accel.commands import models
+
+    narrow = Console(width=width, record=True, highlight=False)
+    monkeypatch.setattr(models, "console", narrow)
+    assert CliRunner().invoke(main, ["models"]).exit_code == 0
+    text = narrow.export_text()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width and "…" not in text
+    rows = json.loads(CliRunner().invoke(main, ["models", "--json"]).output)
+    for row in rows:
+        for name in (row["family"], *row["presets"], *row["stacks"]):
+            assert any(name in line for line in lines), name
