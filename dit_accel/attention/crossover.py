@@ -388,16 +388,17 @@ class ConservativeRule:
     the rest to diffusers' default backend, never "serve everything".
 
     What it stands on (the crossover data of the H200 and the H100, `crossover_data/`): our kernel's call costs a
-    fixed ~0.12-0.25 ms (its prep's launches and the host path: 0.116 ms at S 128 against cuDNN's 0.040 on the
-    H200), and its main loop pays off over long key sides only. It lost at every measured point with fewer than
-    4096 keys or fewer than 56 x 4096 query rows (B x H x Sq), and won at every point with at least 8192 keys and
-    56 x 4096 query rows (1.05-1.63x on the H200). Between those (4096 keys: 0.96-1.12x) the rule declines: a wrong
-    "decline" costs a few percent there, a wrong "serve" 2-5x on a short call. Calls outside the rule's backends
-    (fa4, fa3) are served as asked, as before."""
+    fixed ~0.1-0.25 ms (its prep's launches and the host path: 0.116 ms at S 128 against cuDNN's 0.040 on the
+    H200), and its main loop pays off over long key sides and many query rows only. On both GPUs it lost at every
+    measured point with fewer than 4096 keys or fewer than 56 x 4096 query rows (B x H x Sq; at best 0.98x), and
+    won at every point with at least 8192 keys and 56 x 8192 query rows (1.07-1.63x). Between those (0.93-1.31x)
+    the rule declines: a wrong "decline" costs up to a quarter of such a call, a wrong "serve" 2-5x on a short one.
+    Calls outside the rule's backends (fa4, fa3) are served as asked, as before.
+    """
 
     backends: tuple[str, ...] = ("fp8", "fp8-v1")
     min_seq_kv: int = 8192
-    min_query_rows: int = 56 * 4096
+    min_query_rows: int = 56 * 8192
     fallbacks: tuple[str, ...] = ("native",)
     source: str = "the conservative rule"
 

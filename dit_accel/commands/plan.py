@@ -67,6 +67,9 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     from ..planning.predict import Rates
 
     baseline = read_baseline(run)
+    origin = measured_elsewhere(read_run(run))
+    if origin:
+        console.print(f"[yellow]note:[/yellow] {origin}")
     here = gpu_of_device(baseline.device_name)
     targets = [gpu_named(key.strip()) for key in gpu_keys.split(",")] if gpu_keys else list(datasheets()[1].values())
     measured_link = baseline.ceilings["host_link"]
@@ -114,6 +117,21 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
                                         for row in plan_data[table]])
     render(plan_data)
     console.print(f"wrote {staged.final}/: plan.json, plan.csv")
+
+
+def measured_elsewhere(report: dict[str, Any]) -> str | None:
+    """One line saying a run was measured on another machine (a shipped example, a colleague's run): its GPU, host,
+    date and commit; None for a run of this machine."""
+    import socket
+
+    origin = report.get("provenance") or {}
+    host = (origin.get("host") or {}).get("name")
+    if host is None or host == socket.gethostname():
+        return None
+    commit = (origin.get("git") or {}).get("commit")
+    return (f"this run was measured on another machine ({report['device']['name']} on host {host}, "
+            f"{(origin.get('timestamp') or 'undated')[:10]}{f', dit-accel {commit[:7]}' if commit else ''}): the plan "
+            f"scales what it measured there")
 
 
 def _rerun_options(run: Path, baseline) -> list[str]:
