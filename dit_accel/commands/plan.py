@@ -67,9 +67,6 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     from ..planning.predict import Rates
 
     baseline = read_baseline(run)
-    origin = measured_elsewhere(read_run(run))
-    if origin:
-        console.print(f"[yellow]note:[/yellow] {origin}")
     here = gpu_of_device(baseline.device_name)
     targets = [gpu_named(key.strip()) for key in gpu_keys.split(",")] if gpu_keys else list(datasheets()[1].values())
     measured_link = baseline.ceilings["host_link"]
@@ -115,23 +112,34 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
         write_json(folder / "plan.json", plan_data)
         write_csv(folder / "plan.csv", [{"table": table, **row} for table in ("knobs", "gpus")
                                         for row in plan_data[table]])
+    origin = measured_elsewhere(read_run(run))
+    if origin:
+        console.print(f"[yellow]note:[/yellow] {origin}")
     render(plan_data)
     console.print(f"wrote {staged.final}/: plan.json, plan.csv")
 
 
 def measured_elsewhere(report: dict[str, Any]) -> str | None:
     """One line saying a run was measured on another machine (a shipped example, a colleague's run): its GPU, host,
-    date and commit; None for a run of this machine."""
+    date and commit; None for a run of this machine (same host name and platform, and its GPU here)."""
+    import platform
     import socket
 
-    origin = report.get("provenance") or {}
-    host = (origin.get("host") or {}).get("name")
-    if host is None or host == socket.gethostname():
+    import torch
+
+    origin = report.get("provenance")
+    if not origin:
+        return None  # a report that does not say where it was made
+    host = origin.get("host") or {}
+    gpus_here = {torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())}
+    if (host.get("name") == socket.gethostname() and host.get("platform") == platform.platform()
+            and report["device"]["name"] in gpus_here):
         return None
-    commit = (origin.get("git") or {}).get("commit")
-    return (f"this run was measured on another machine ({report['device']['name']} on host {host}, "
-            f"{(origin.get('timestamp') or 'undated')[:10]}{f', dit-accel {commit[:7]}' if commit else ''}): the plan "
-            f"scales what it measured there")
+    git = origin.get("git") or {}
+    code = f", dit-accel {git['commit'][:7]}{' with local changes' if git.get('dirty') else ''}" if git.get("commit") \
+        else ""
+    return (f"this run was measured on another machine ({report['device']['name']}, host {host.get('name')}, "
+            f"{(origin.get('timestamp') or 'undated')[:10]}{code}): the plan scales what it measured there")
 
 
 def _rerun_options(run: Path, baseline) -> list[str]:

@@ -100,7 +100,8 @@ def read_baseline(folder: Path) -> Baseline:
     report = read_run(folder)
     if report.get("run_kind") != "gpu":
         raise UserError(f"{folder} is a {report.get('run_kind', 'CPU')} run: predictions scale what a GPU measured, "
-                        "so profile the block on a GPU first")
+                        "so profile the block on a GPU first (or try a run measured on one: the repository's "
+                        "examples/h3-h100)")
     work = report.get("block_work")
     if not work or any(w is None for w in work.values()):
         raise UserError(f"{folder}'s report has no block_work (attention shapes, linears): it predates "

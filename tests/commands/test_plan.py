@@ -544,11 +544,11 @@ def test_without_crossover_data_fp8_attention_is_an_estimate_that_says_so(tmp_pa
     says it is an estimate and from what."""
     from dit_accel.planning.predict import ROOFLINE_FP8_ATTENTION
 
-    run, calls = _long_call_report(tmp_path, "NVIDIA H100 80GB HBM3")
+    run, calls = _long_call_report(tmp_path, "NVIDIA L40S")
     result = _plan(run, "--gpu", "h100-sxm", "--out", tmp_path / "p")
     assert result.exit_code == 0, result.output
     plan = json.loads((tmp_path / "p" / "plan.json").read_text())
-    assert plan["fp8_attention_estimated"] and plan["crossover"] == "no crossover data for NVIDIA H100 80GB HBM3"
+    assert plan["fp8_attention_estimated"] and plan["crossover"] == "no crossover data for NVIDIA L40S"
     row = next(r for r in plan["knobs"] if r["knobs"] == "fp8-attention")
     assert row["basis"] == "predicted from this run; FP8 attention estimated" and row["model"].startswith("ESTIMATED")
     parts = row["parts_ms"]["blocks"]
@@ -563,17 +563,54 @@ def test_the_run_folders_own_crossover_data_is_what_plan_reads(tmp_path):
     it."""
     from dit_accel.attention.crossover import RUN_FILE, packaged_for_gpu
 
-    run, calls = _long_call_report(tmp_path, "NVIDIA H100 80GB HBM3")
+    run, calls = _long_call_report(tmp_path, "NVIDIA L40S")
     packaged = packaged_for_gpu("NVIDIA H200")
     with open(packaged.source) as file:
         data = json.load(file)
-    data["device"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    data["device"]["gpu"] = "NVIDIA L40S"
     for point in data["points"]:  # our kernel a quarter slower than the H200 measured it (faster than cuDNN still)
         point["ms"]["fp8"] *= 1.25
     (run / RUN_FILE).write_text(json.dumps(data))
     assert _plan(run, "--gpu", "h100-sxm", "--out", tmp_path / "p").exit_code == 0
     plan = json.loads((tmp_path / "p" / "plan.json").read_text())
     assert not plan["fp8_attention_estimated"] and plan["crossover"].startswith(
-        f"crossover data of the run ({RUN_FILE}, NVIDIA H100 80GB HBM3")
+        f"crossover data of the run ({RUN_FILE}, NVIDIA L40S")
     parts = next(r for r in plan["knobs"] if r["knobs"] == "fp8-attention")["parts_ms"]["blocks"]
     assert parts["attention (fp8)"] == round(1.25 * packaged.ms[128, 30272, 30272]["fp8"], 2)
+
+
+@pytest.mark.parametrize("example", ["h3-h100", "kandinsky-5-h100"])
+def test_the_shipped_example_runs_plan_on_any_machine_and_say_where_they_were_measured(example, tmp_path):
+    """The repository's examples/ hold real GPU runs (H100, 2026-12-07): plan reads them on a machine without a GPU,
+    says first that they were measured elsewhere, routes our kernel's rates from their own crossover data, and puts
+    every knob row beside its measurement."""
+    from pathlib import Path
+
+    folder = Path(__file__).parents[2] / "examples" / example
+    result = _plan(folder, "--gpu", "rtx-5080,h200", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert text.startswith("note: this run was measured on another machine (NVIDIA H100 80GB HBM3, host ")
+    assert ("FP8 attention: crossover data of the run (crossover.json, NVIDIA H100 80GB HBM3 (measured 2026-12-07))"
+            in text)
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert not plan["fp8_attention_estimated"] and all("measured" in row for row in plan["knobs"][1:8])
+    assert {row["gpu"] for row in plan["gpus"]} == {"rtx-5080", "h200"}
+
+
+def test_a_run_of_this_machine_is_not_called_foreign(monkeypatch):
+    import platform
+    import socket
+
+    from dit_accel.commands.plan import measured_elsewhere
+
+    report = {"device": {"name": "NVIDIA H999"},
+              "provenance": {"host": {"name": socket.gethostname(), "platform": platform.platform()},
+                             "timestamp": "2026-12-07T10:00:00+00:00", "git": {"commit": "0123456789", "dirty": False}}}
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda index: "NVIDIA H999")
+    assert measured_elsewhere(report) is None
+    report["provenance"]["host"]["platform"] = "Linux-another-kernel"
+    assert measured_elsewhere(report) == ("this run was measured on another machine (NVIDIA H999, host "
+                                          f"{socket.gethostname()}, 2026-12-07, dit-accel 0123456): the plan scales "
+                                          "what it measured there")

@@ -29,7 +29,8 @@ def test_a_model_of_several_stacks_names_each_bar_by_recipe_and_stack_in_the_ter
 
     from dit_accel.profiling import render
 
-    runs = [{"backend": backend, "stack": stack, "categories": {"attention": {"ms": 1.0}}, "modules": {"ffn": {"ms": 1}}}
+    runs = [{"backend": backend, "stack": stack, "categories": {"attention": {"ms": 1.0}},
+             "modules": {"ffn": {"ms": 1.0}}}
             for backend in ("native", "fp8") for stack in ("transformer_blocks", "single_transformer_blocks")]
     assert render.bar_names(runs) == ["native, transformer_blocks", "native, single_transformer_blocks",
                                       "fp8, transformer_blocks", "fp8, single_transformer_blocks"]
