@@ -66,16 +66,23 @@ def _progress() -> Progress:
                     console=console, transient=True)
 
 
-def _run(pipe, request: Request, device: torch.device, attention: Recipe, warmup: bool) -> RunResult:
+def _run(pipe, request: Request, device: torch.device, attention: Recipe, warmup: bool, folder: Path) -> RunResult:
+    from ..patching.step_cache import load_mag_ratios, save_mag_ratios
     from ..pipelines.running import run_once, warm_up
 
+    mag_ratios = load_mag_ratios(folder) if _needs_mag_ratios(attention) else None
     if warmup:
         with console.status(f"warm-up call ({attention.label} attention, 1 step)"):
-            warm_up(pipe, request, device=device, attention=attention)
+            warm_up(pipe, request, device=device, attention=attention, mag_ratios=mag_ratios)
     with _progress() as progress:
         task = progress.add_task(f"denoising ({attention.label} attention)", total=request.steps)
-        return run_once(pipe, request, device=device, attention=attention,
-                        on_step=lambda done: progress.update(task, completed=done))
+        run = run_once(pipe, request, device=device, attention=attention, mag_ratios=mag_ratios,
+                       on_step=lambda done: progress.update(task, completed=done))
+    for cache in run.attention_summary.get("step_cache", ()):
+        if cache["calibration"]:
+            path = save_mag_ratios(folder, cache["calibration"], request.steps)
+            console.print(f"MagCache: {len(cache['calibration'])} ratios measured, kept for +cache=mag in {path}")
+    return run
 
 
 def _stage_table(runs: list[RunResult], dtype_name: str) -> Table:
@@ -120,6 +127,34 @@ def _stage_table(runs: list[RunResult], dtype_name: str) -> Table:
     row("other (latents, post-processing)", [t.other_ms for t in times])
     row("total", [t.total_ms for t in times])
     return table
+
+
+def _needs_mag_ratios(attention: Recipe) -> bool:
+    return attention.cache is not None and attention.cache.method == "mag" and not attention.cache.calibrate
+
+
+def check_mag_ratios(attention: Recipe, folder: Path) -> None:
+    """A UserError before the pipeline loads when `+cache=mag` has no ratios measured for this pipeline yet."""
+    from ..patching.step_cache import load_mag_ratios
+
+    if _needs_mag_ratios(attention) and load_mag_ratios(folder) is None:
+        calibrate = attention.label.replace(attention.cache.label, attention.cache.label + ":calibrate")
+        raise UserError(f"{attention.label}: MagCache needs this pipeline's ratios, measured once; run --attn "
+                        f"{calibrate} first (it skips nothing and keeps them)")
+
+
+def _cache_line(attention: str, cache: dict, graphs_compiled: int) -> str:
+    """What a run's step cache ran: its passes, the share of the work it hooks that was computed, the steps where it
+    skipped some, and the graphs torch.compile made during the run (after the warm-up: recompiles)."""
+    steps = cache["per_step"]
+    skipped = [i + 1 for i, step in enumerate(steps) if step["computed"] < step["full"]]
+    shown = ", ".join(map(str, skipped[:12])) + (f" and {len(skipped) - 12} more" if len(skipped) > 12 else "")
+    work = cache["work_computed"]
+    return (f"{attention}: {cache['method']} over {cache['passes']} transformer passes, "
+            f"{'all' if work is None else f'{work:.0%} of'} the work it hooks ({cache['hooked_modules']} modules a "
+            f"pass) computed" + (f"; steps with work skipped: {shown or 'none'}" if steps else "")
+            + (f"; torch.compile made {graphs_compiled} graph(s) during the run" if "+compile" in attention
+               or "+max-autotune" in attention or graphs_compiled else ""))
 
 
 def _quality_table(quality: dict, reference: str, attention: str) -> Table:
@@ -239,10 +274,11 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
         check_offload(offload, device)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         check_video_fits(request, len(order))
-        for choice in order:  # FP8 linears: refused before the pipeline loads, not after the reference ran
+        for choice in order:  # FP8 linears, MagCache's ratios: refused before the pipeline loads
             reason = choice.fp8_linear and fp8_linear_unavailable_reason(device, dtype)
             if reason:
                 raise UserError(f"{choice.label}: {reason}")
+            check_mag_ratios(choice, folder.path)
         settings = GenerateSettings(folder, request, device, dtype, order, warmup, offload, group, skip_crossover)
         with (staged if group is None or group.is_main else _scratch_dir()) as run_dir:
             report = _generate(settings, run_dir)
@@ -349,7 +385,7 @@ def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
         pipe = load_pipeline(s.folder, device=s.device, dtype=s.dtype, offload=s.offload)
         if s.group:
             apply_ulysses(pipe, s.group.degree)
-    runs = [_run(pipe, s.request, s.device, choice, s.warmup) for choice in s.attention]
+    runs = [_run(pipe, s.request, s.device, choice, s.warmup, s.folder.path) for choice in s.attention]
     files, videos = write_outputs(run_dir, runs)
     streaming = None
     if s.offload == "stream":
@@ -365,6 +401,8 @@ def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
                           f"{sum(patch['fallback_calls'].values())} on diffusers' default (report.json has why)")
         for note in patch.get("notes", ()):
             console.print(f"note: {note}")
+        for cache in patch.get("step_cache", ()):
+            console.print(_cache_line(run.attention, cache, run.graphs_compiled))
     comparison = None
     if len(runs) == 2:
         comparison = compare_runs(*runs)

@@ -15,6 +15,8 @@ from types import ModuleType
 
 import click
 
+from ..patching.step_cache import cache_help
+
 DTYPE_CHOICES = ("bf16", "fp16", "fp32")
 # The model families of `adapters.FAMILIES`, as text so that --help imports no adapter (and no diffusers);
 # a test checks they agree.
@@ -156,7 +158,7 @@ ATTENTION_BACKENDS = ("native", "flash", "cudnn", "efficient", "math", "fa4", "f
                       "fp8-int8qk", "sage2", "cudnn-fp8")
 ATTENTION_HELP = (f"{', '.join(ATTENTION_BACKENDS)}; alias bf16 (= native); options +rope, +prologue, +fp8-linear, "
                   f"+compile, +max-autotune (fused RoPE or QK-norm + RoPE in the FP8 prep for MiniMax-H3, torchao FP8 "
-                  f"linears, torch.compile)")
+                  f"linears, torch.compile), +cache=METHOD (generate: a step cache, {cache_help()})")
 
 
 def linear_option():

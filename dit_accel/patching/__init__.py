@@ -15,6 +15,8 @@ family's policy), `fp8_linear_unavailable_reason`.
 (NAME[+rope | +prologue][+fp8-linear][+compile]).
 `apply.py`: `apply_recipe` (a recipe on a block, a model or a pipeline, every swap undone together),
 `AppliedRecipe`.
+`step_cache.py`: `apply_step_cache`, `parse_cache`, `CACHE_METHODS`: diffusers' step caches on a transformer
+(`+cache=...`), every family's blocks described to them, what ran counted per step.
 
 The names are imported on first use (PEP 562 `__getattr__`), not at package import: importing
 `dit_accel.patching.model_globals` (as `dit_accel.attention.routing` does) must not import
@@ -33,6 +35,7 @@ _EXPORTS = {  # public name -> the submodule defining it
     "quantize_linears": "fp8_linear", "fp8_linear_unavailable_reason": "fp8_linear",
     "Recipe": "recipe", "parse_recipe": "recipe",
     "apply_recipe": "apply", "AppliedRecipe": "apply",
+    "apply_step_cache": "step_cache", "parse_cache": "step_cache", "CACHE_METHODS": "step_cache",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -7,7 +7,9 @@
 The one place a recipe is applied: profile-block runs its blocks under it, generate its pipelines. In order:
 the attention backend (`patch_attention`; the model's own attention, `native` with no option, is left
 alone), the fused RoPE (`+rope`) or the fused prologue (`+prologue`), FP8 linears (`+fp8-linear`: torchao,
-the bf16 weights kept and put back on exit), torch.compile (`+compile`, `+max-autotune`). On exit, even
+the bf16 weights kept and put back on exit), a step cache (`+cache=...`: diffusers' hooks on each transformer,
+`step_cache`; a pipeline's only, since it works across denoising steps), torch.compile (`+compile`,
+`+max-autotune`: last, so the compiled code holds the cache's hooks). On exit, even
 by an exception, every swap is undone in reverse order; a model compiled here is uncompiled (and dynamo's
 caches, which hold the compiled graphs and with them their weights, are dropped) unless `keep_compiled`,
 which generate asks for so that its warm-up call's compile serves the timed call. A block stack (an
@@ -23,11 +25,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 from torch import nn
 
+from ..errors import UserError
 from .attention import AttentionPatch, denoisers, patch_attention
 from .fp8_linear import Fp8LinearSwap, quantize_linears
 from .prologue import FusedPrologue, fused_prologue
 from .recipe import Recipe, parse_recipe
 from .rope import FusedRope, fused_rope
+from .step_cache import AppliedCache, apply_step_cache
 
 if TYPE_CHECKING:
     from ..adapters import BlockAdapter
@@ -44,10 +48,14 @@ class AppliedRecipe:
     rope: FusedRope | None = None
     prologue: FusedPrologue | None = None
     linears: list[Fp8LinearSwap] = field(default_factory=list)  # one per model and block stack
+    caches: list[AppliedCache] = field(default_factory=list)  # one per transformer of the pipeline
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def step_callback(self, pipeline: Any, step_index: int, timestep: Any, callback_kwargs: dict) -> dict:
-        """diffusers `callback_on_step_end`: advances the attention patch's step (kept steps)."""
+        """diffusers `callback_on_step_end`: advances the attention patch's step (kept steps) and records what the
+        step cache ran in the step."""
+        for cache in self.caches:
+            cache.step_done()
         if self.attention is None:
             return callback_kwargs
         return self.attention.step_callback(pipeline, step_index, timestep, callback_kwargs)
@@ -62,6 +70,8 @@ class AppliedRecipe:
             summary["prologue"] = self.prologue.summary()
         if self.linears:
             summary["fp8_linears"] = [swap.as_dict() for swap in self.linears]
+        if self.caches:
+            summary["step_cache"] = [cache.summary() for cache in self.caches]
         return summary
 
     def notes(self) -> list[str]:
@@ -100,10 +110,13 @@ class AppliedRecipe:
 
 @contextlib.contextmanager
 def apply_recipe(target: Any, recipe: Recipe | str, *, adapter: BlockAdapter | None = None,
-                 keep_compiled: bool = False) -> Iterator[AppliedRecipe]:
+                 keep_compiled: bool = False, steps: int | None = None,
+                 mag_ratios: list[float] | None = None) -> Iterator[AppliedRecipe]:
     """`recipe` (a Recipe, or its name: "fp8+fp8-linear+compile") live on `target` (a block, a model or a pipeline;
     a pipeline's transformers are patched) for the `with` body. `adapter`: the model family, needed for FP8 linears
-    on a block (a whole diffusers model names its own family in its config)."""
+    on a block (a whole diffusers model names its own family in its config). For a step cache: `steps`, the
+    denoising steps the call runs (MagCache interpolates its ratios to them), and `mag_ratios` (MagCache's,
+    measured with `+cache=mag:calibrate`)."""
     recipe = recipe if isinstance(recipe, Recipe) else parse_recipe(recipe)
     applied = AppliedRecipe(recipe, denoisers(target))
     try:
@@ -121,6 +134,18 @@ def apply_recipe(target: Any, recipe: Recipe | str, *, adapter: BlockAdapter | N
                 for swap in _quantize(model, adapter):
                     applied.linears.append(swap)
                     applied._undo.append(swap.restore)
+        if recipe.cache is not None:
+            timestep = (lambda: target.current_timestep) if hasattr(type(target), "current_timestep") else None
+            for model in applied.models:
+                try:
+                    family = _family_of(model)
+                except UserError:  # a diffusers transformer of no family we serve: the cache derives what it needs
+                    family = None
+                cache = apply_step_cache(model, recipe.cache, steps=steps, timestep=timestep, mag_ratios=mag_ratios,
+                                         what=family.display_name if family else type(model).__name__,
+                                         passes_per_step=family.passes_per_step if family else None)
+                applied.caches.append(cache)
+                applied._undo.append(cache.undo)
         if recipe.compile_mode is not None:
             compiled, own = _compile(applied.models, recipe.compile_mode)
             if (compiled or own) and not keep_compiled:
@@ -136,7 +161,7 @@ def compile_failures_as_user_errors(what: str, hint: str) -> Iterator[None]:
     trace) as one UserError line: what failed, the error's first line, and `hint`."""
     from torch._dynamo.exc import TorchDynamoException
 
-    from ..errors import UserError, first_line
+    from ..errors import first_line
 
     try:
         yield
@@ -152,16 +177,26 @@ def _quantize(model: nn.Module, adapter: BlockAdapter | None) -> list[Fp8LinearS
     from diffusers import ModelMixin
 
     if isinstance(model, ModelMixin):
-        from ..adapters import adapter_for_config
-
-        name = type(model).__name__  # a model built in code has no `_class_name` in its config
-        adapter = adapter or adapter_for_config({**model.config, "_class_name": name}, name)
+        adapter = adapter or _family_of(model)
         return [quantize_linears(model, adapter.for_stack(stack), keep_original=True,
                                  prefix=adapter.for_stack(stack).block_key_template.format(index="*"))
                 for stack, _ in adapter.stacks]
     if adapter is None:
         raise ValueError("FP8 linears on a bare block need its family's adapter")
     return [quantize_linears(model, adapter, keep_original=True)]
+
+
+def _family_of(model: nn.Module) -> BlockAdapter | None:
+    """The family adapter of a whole diffusers transformer, from its config (None for anything else). UserError for a
+    diffusers model of no served family."""
+    from diffusers import ModelMixin
+
+    if not isinstance(model, ModelMixin):
+        return None
+    from ..adapters import adapter_for_config
+
+    name = type(model).__name__  # a model built in code has no `_class_name` in its config
+    return adapter_for_config({**model.config, "_class_name": name}, name)
 
 
 def _compile(models: list[nn.Module], mode: str) -> tuple[list[nn.Module], list]:

@@ -1,7 +1,7 @@
 """The one vocabulary of what to run a model with: the names `--attn` / `--compare-attn` take in
 profile-block and generate, and `--backends` in bench-attention.
 
-    NAME[+rope | +prologue][+fp8-linear][+compile | +max-autotune]
+    NAME[+rope | +prologue][+fp8-linear][+compile | +max-autotune][+cache=METHOD[:PARAMS]]
 
 NAME is an attention backend of `attention.backends.BACKENDS` (native, flash, cudnn, efficient,
 math, fa4, fa3, fa3-fp8, fp8, fp8-v1, cudnn-fp8) or an alias:
@@ -14,7 +14,9 @@ takes none):
     attention's prep (`patching.prologue`), which then reads the raw projections;
   - `+fp8-linear`: the block's large linear layers in FP8 through torchao (`patching.fp8_linear`);
   - `+compile` / `+max-autotune`: the block (or the pipeline's transformers) compiled by
-    torch.compile with inductor, mode "default" or "max-autotune".
+    torch.compile with inductor, mode "default" or "max-autotune";
+  - `+cache=METHOD[:PARAMS]`: a step cache of diffusers on the pipeline's transformers (`patching.step_cache`:
+    fbc, taylorseer, mag, pab, faster), which reuses work across denoising steps; generate only.
 `--linear fp8` and `--compile [MODE]` add the same options to every name of a run.
 
 Kernel variants behind the fp8 names: `fp8` picks the sm_90 wgmma kernel on sm_90 and the v1
@@ -27,10 +29,12 @@ from dataclasses import dataclass
 
 from ..attention.backends import BACKENDS, get_backend
 from ..errors import UserError
+from .step_cache import CacheSpec, cache_help, parse_cache
 
 ALIASES = {"bf16": "native"}
 COMPILE_MODES = {"compile": "default", "max-autotune": "max-autotune"}  # option -> torch.compile mode
 OPTIONS = ("rope", "prologue", "fp8-linear", *COMPILE_MODES)
+CACHE_PREFIX = "cache="  # +cache=METHOD[:PARAMS]: a step cache (`step_cache.parse_cache` reads what follows)
 PROLOGUE_BACKENDS = ("fp8", "fp8-v1")  # the backends whose op takes the fused prologue
 
 
@@ -45,12 +49,13 @@ class Recipe:
     fp8_linear: bool = False
     compile_mode: str | None = None  # torch.compile mode, None for eager
     fused_prologue: bool = False
+    cache: CacheSpec | None = None  # a step cache (`+cache=...`), None for none
 
     @property
     def is_default(self) -> bool:
         """The model's own attention, nothing swapped in (generate leaves such a model unpatched)."""
         return self.backend == "native" and not (self.fused_rope or self.fused_prologue or self.fp8_linear
-                                                 or self.compile_mode)
+                                                 or self.compile_mode or self.cache)
 
     def with_options(self, *, fp8_linear: bool = False, compile_mode: str | None = None) -> "Recipe":
         """This recipe with the run-wide `--linear fp8` / `--compile MODE` added (the label says so); a UserError
@@ -70,6 +75,8 @@ def _label(recipe: Recipe, written: str) -> str:
                                          ("fp8-linear", recipe.fp8_linear)) if on]
     if recipe.compile_mode:
         options.append(next(o for o, mode in COMPILE_MODES.items() if mode == recipe.compile_mode))
+    if recipe.cache:
+        options.append(recipe.cache.label)
     return "+".join([name, *options])
 
 
@@ -79,16 +86,20 @@ def parse_recipe(text: str, *, allow_options: bool = True) -> Recipe:
         raise UserError(f"a recipe is a name such as 'fp8+fp8-linear+compile', not {type(text).__name__} {text!r}")
     written = text.strip()
     name, *options = written.split("+")
+    caches = [parse_cache(option.removeprefix(CACHE_PREFIX)) for option in options if option.startswith(CACHE_PREFIX)]
+    options = [option for option in options if not option.startswith(CACHE_PREFIX)]
     for option in options:
         if option not in OPTIONS:
             raise UserError(f"unknown option '+{option}' in {written!r}: the options are +rope (fused RoPE), +prologue "
                             "(QK-norm and RoPE in the FP8 prep), +fp8-linear (FP8 linears), +compile and +max-autotune "
-                            "(torch.compile)")
+                            "(torch.compile), +cache=METHOD (a step cache)")
+    if len(caches) > 1:
+        raise UserError(f"{written!r} names {len(caches)} step caches; keep one +cache=...")
     repeated = sorted({option for option in options if options.count(option) > 1})
     if repeated:
         raise UserError(f"{written!r} names {', '.join('+' + o for o in repeated)} more than once; name each option "
                         f"once")
-    if options and not allow_options:
+    if (options or caches) and not allow_options:
         raise UserError(f"{written!r}: options swap things into a model; bench-attention times attention alone, "
                         f"so name the backend without them ({name})")
     modes = [COMPILE_MODES[o] for o in options if o in COMPILE_MODES]
@@ -102,7 +113,7 @@ def parse_recipe(text: str, *, allow_options: bool = True) -> Recipe:
         raise UserError(f"{written!r}: +prologue feeds QK-norm and RoPE to our FP8 attention's prep, so it needs "
                         f"{' or '.join(PROLOGUE_BACKENDS)}, not {backend}")
     recipe = Recipe(written, backend, "rope" in options, "fp8-linear" in options, modes[0] if modes else None,
-                    fused_prologue="prologue" in options)
+                    fused_prologue="prologue" in options, cache=caches[0] if caches else None)
     return dataclasses.replace(recipe, label=_label(recipe, written))
 
 
@@ -118,13 +129,18 @@ def vocabulary_help() -> str:
     """One line for --help: the names and the options."""
     aliases = ", ".join(f"{alias} (= {name})" for alias, name in ALIASES.items())
     return (f"{', '.join(BACKENDS)}; alias {aliases}; options {', '.join('+' + o for o in OPTIONS)} "
-            f"(fused RoPE or QK-norm + RoPE in the FP8 prep for MiniMax-H3, torchao FP8 linears, torch.compile)")
+            f"(fused RoPE or QK-norm + RoPE in the FP8 prep for MiniMax-H3, torchao FP8 linears, torch.compile), "
+            f"+cache=METHOD (generate: a step cache, {cache_help()})")
 
 
 def check_recipes(recipes, device, dtype, adapter=None) -> None:
     """A UserError before anything is loaded when a recipe cannot run on `device` in `dtype` (or, given
     the model family's `adapter`, on its blocks: the fused RoPE and prologue serve MiniMax-H3 only)."""
     for recipe in recipes:
+        if recipe.cache is not None and adapter is not None:
+            raise UserError(f"{recipe.label}: +{recipe.cache.label} reuses work across the denoising steps of a whole "
+                            f"pipeline; profile-block times one block of one pass, so run it with dit-accel generate "
+                            f"(and predict it with dit-accel plan --cache-skip)")
         for option, on in (("rope", recipe.fused_rope), ("prologue", recipe.fused_prologue)):
             if on and adapter is not None and not adapter.fused_rope_supported:
                 raise UserError(f"{recipe.label}: +{option} serves MiniMax-H3's attention processor, which "

@@ -2,6 +2,8 @@
 header printed at the top, and report.json's content."""
 from __future__ import annotations
 
+import re
+
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +36,18 @@ class GenerateSettings:
     skip_crossover: bool = False  # --skip-crossover: route by the conservative rule where the GPU has no data
 
 
+def file_tag(label: str) -> str:
+    """A recipe's label as a file name's part: `fp8+cache=fbc:0.12` -> `fp8+cache-fbc-0.12` (no `=` or `:`)."""
+    return re.sub(r"[^A-Za-z0-9.+_-]", "-", label)
+
+
 def write_outputs(run_dir: Path, runs: list[RunResult]) -> tuple[list[str], list[dict[str, Any]]]:
     """video[_<attention>].mp4 per run (with its soundtrack as a WAV, muxed in, where there is one).
     Returns (file names, per-run output records)."""
     files: list[str] = []
     videos = []
     for run in runs:
-        suffix = "" if len(runs) == 1 else f"_{run.attention}"
+        suffix = "" if len(runs) == 1 else f"_{file_tag(run.attention)}"
         sound = None
         if run.audio is not None:
             sound = write_wav(run_dir / f"audio{suffix}.wav", run.audio, run.sample_rate)

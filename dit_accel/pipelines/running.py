@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -53,6 +54,7 @@ class RunResult:
     attention_summary: dict = field(default_factory=dict)
     audio: np.ndarray | None = None  # [channels, samples] float in [-1, 1], from pipelines that make sound
     sample_rate: int | None = None
+    graphs_compiled: int = 0  # graphs torch.compile made during the call (after a warm-up: recompiles)
 
     def as_dict(self) -> dict:
         audio = None if self.audio is None else {
@@ -60,7 +62,8 @@ class RunResult:
             "seconds": self.audio.shape[1] / self.sample_rate}
         return {"attention": self.attention, "frames": int(self.frames.shape[0]),
                 "height": int(self.frames.shape[1]), "width": int(self.frames.shape[2]), "fps": self.fps,
-                "audio": audio, "stages": self.times.as_dict(), "attention_patch": self.attention_summary}
+                "audio": audio, "stages": self.times.as_dict(), "attention_patch": self.attention_summary,
+                "graphs_compiled": self.graphs_compiled}
 
 
 class AttentionUnavailable(UserError):
@@ -197,11 +200,16 @@ def _frames_of(output: Any) -> np.ndarray:
 
 
 def run_once(pipe: Any, request: Request, *, device: torch.device, attention: Recipe,
-             on_step: Callable[[int], None] | None = None) -> RunResult:
+             on_step: Callable[[int], None] | None = None, mag_ratios: list[float] | None = None) -> RunResult:
     """Run the pipeline once with `attention` (`patching.apply_recipe`), undone before returning; torch.compile
     stays on the transformers (dynamo recompiles by itself when a later patch changes what they call), so a
-    warm-up call's compile serves the timed call."""
-    with apply_recipe(pipe, attention, keep_compiled=True) as applied:
+    warm-up call's compile serves the timed call. A step cache in the recipe counts what it ran per step; the
+    graphs torch.compile made during the call are counted (`RunResult.graphs_compiled`). `mag_ratios`: MagCache's,
+    for `+cache=mag`."""
+    from torch._dynamo.utils import counters
+
+    graphs_before = counters["stats"]["unique_graphs"]
+    with apply_recipe(pipe, attention, keep_compiled=True, steps=request.steps, mag_ratios=mag_ratios) as applied:
         generator = torch.Generator(device=device).manual_seed(request.seed)
         modular = _is_modular(pipe)
         steps_from_callback = not modular and "callback_on_step_end" in _accepts(pipe)
@@ -212,20 +220,26 @@ def run_once(pipe: Any, request: Request, *, device: torch.device, attention: Re
             timer.step_end()
             return callback_kwargs
 
-        with torch.inference_mode(), timer:
+        calibrating = attention.cache is not None and attention.cache.calibrate
+        # MagCache's calibration prints its ratios for a user to copy: the run keeps them itself
+        quiet = contextlib.redirect_stdout(io.StringIO()) if calibrating else contextlib.nullcontext()
+        with torch.inference_mode(), timer, quiet:
             if modular:
                 output = _call_h3(pipe, request, generator)
             else:
                 output = _call_diffusion(pipe, _diffusion_call(pipe, request, generator, step_callback))
         summary = {} if attention.is_default else {**applied.summary(), "notes": applied.notes()}
+    graphs = counters["stats"]["unique_graphs"] - graphs_before
     fps = float(getattr(pipe, "fps", None) or DEFAULT_FPS)
     if not modular:
-        return RunResult(attention.label, _frames_of(output), fps, timer.times, summary)
+        return RunResult(attention.label, _frames_of(output), fps, timer.times, summary, graphs_compiled=graphs)
     audio = output["audio"][0].float().cpu().numpy()  # [1, channels, samples] -> [channels, samples]
     return RunResult(attention.label, _as_frames(output["videos"]), fps, timer.times, summary, audio=audio,
-                     sample_rate=int(output["sampling_rate"]))
+                     sample_rate=int(output["sampling_rate"]), graphs_compiled=graphs)
 
 
-def warm_up(pipe: Any, request: Request, *, device: torch.device, attention: Recipe) -> None:
+def warm_up(pipe: Any, request: Request, *, device: torch.device, attention: Recipe,
+            mag_ratios: list[float] | None = None) -> None:
     """One untimed one-step call, so first-call costs (kernel compiles, allocator growth) stay out of the timings."""
-    run_once(pipe, Request(**{**request.as_dict(), "steps": 1}), device=device, attention=attention)
+    run_once(pipe, Request(**{**request.as_dict(), "steps": 1}), device=device, attention=attention,
+             mag_ratios=mag_ratios)

@@ -288,6 +288,6 @@ def test_fp8_linears_on_the_cpu_are_refused_before_the_pipeline_loads(tiny_wan, 
     result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--linear", "fp8", "--device", "cpu",
                                        "--out", str(out)])
     assert result.exit_code == 2, result.output
-    assert result.output.startswith("error: bf16+fp8-linear: FP8 linear layers need a CUDA GPU") and \
+    assert result.output.startswith("error: native+fp8-linear: FP8 linear layers need a CUDA GPU") and \
         result.output.count("\n") == 1, result.output
     assert not out.parent.exists() or not any(out.parent.iterdir())
