@@ -57,9 +57,13 @@ class SkipRatio(FiniteFloat):
                    "the run's options, into a profile-block_verify folder of its own; with --memory-budget also the "
                    "whole transformer streamed: the baseline, our FP8 attention, the full recipe) and put measured "
                    "beside predicted.")
+@click.option("--check", "check_evidence", is_flag=True,
+              help="Also predict, from this run, each published measurement of attention and GEMM on other GPUs "
+                   "(planning/data/measurements.json: source and quote each) and print it beside the published "
+                   "figure with the error: how far the other-GPU rows' model carries.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for plan.json and plan.csv (default: outputs/plan_<run>_<time>).")
-def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip, verify, out_dir):
+def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip, verify, check_evidence, out_dir):
     """Predict what each knob and each other GPU would give, from one profile-block run."""
     from ..attention.crossover import for_run
     from ..planning.gpus import datasheets, gpu_named, gpu_of_device
@@ -108,6 +112,13 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     plan_data = build_plan(baseline, rates, (crossover, crossover_note), here, targets, memory_budget, host_link_gbps,
                            gpus, link_gbps, cache_skip)
     plan_data["verified_in"], plan_data["not_verified"] = verified_in, not_verified
+    from ..planning.evidence import check, evidence_note
+
+    checks = check(baseline, here)
+    for row in plan_data["gpus"]:
+        row["evidence"] = evidence_note(row["gpu"], checks)
+    if check_evidence:
+        plan_data["evidence"] = [c.as_dict() for c in checks]
     with staged as folder:
         write_json(folder / "plan.json", plan_data)
         write_csv(folder / "plan.csv", [{"table": table, **row} for table in ("knobs", "gpus")
@@ -116,6 +127,8 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     if origin:
         console.print(f"[yellow]note:[/yellow] {origin}")
     render(plan_data)
+    if check_evidence:
+        console.print(_evidence_table(checks, baseline.device_name))
     console.print(f"wrote {staged.final}/: plan.json, plan.csv")
 
 
@@ -398,12 +411,15 @@ def render(plan_data: dict[str, Any]) -> None:
                   else f"[dim]FP8 attention: {plan_data['crossover']}[/dim]")
     gpus = Table(title="Other GPUs (datasheet-scaled from this run: compute by tensor rate, memory-bound work by "
                        "bandwidth, at the efficiencies measured here)")
-    for column in ("GPU", "knobs", "block ms", "video", "memory", "fits", "note"):
+    for column in ("GPU", "knobs", "block ms", "video", "memory", "fits", "note", "published evidence (--check)"):
         gpus.add_column(column)
+    shown = set()
     for row in plan_data["gpus"]:
+        evidence = row.get("evidence", "") if row["gpu"] not in shown else ""
+        shown.add(row["gpu"])
         gpus.add_row(row["gpu"], row["knobs"], " / ".join(f"{v:.2f}" for v in row.get("block_ms", {}).values()) or "—",
                      _minutes(row.get("video_s")), f"{row['memory_gib']:.1f} GiB" if "memory_gib" in row else "—",
-                     row.get("fits", "—"), row.get("note", ""))
+                     row.get("fits", "—"), row.get("note", ""), evidence)
     console.print(gpus)
     for entry in plan_data["ranking"]:
         error = (f"error measured with {entry['error_from']}: attention {entry['attention_rel_err']:.2%}, block "
@@ -412,6 +428,20 @@ def render(plan_data: dict[str, Any]) -> None:
         console.print(f"  {entry['knob']}: {_minutes(entry['video_s'])} a video; {error}")
     for line in plan_data["assumptions"]:
         console.print(f"[dim]assumes: {line}[/dim]")
+
+
+def _evidence_table(checks, device_name: str) -> Table:
+    table = Table(title=f"Published measurements beside the model's prediction from this run ({device_name}): "
+                        f"TFLOP/s (attention share: % of the block); error of the predicted time")
+    for column in ("GPU", "kind", "what ran", "shape", "published", "predicted", "error"):
+        table.add_column(column, justify="right" if column in ("published", "predicted", "error") else "left")
+    for c in checks:
+        m = c.measurement
+        error = "—" if c.error is None else (f"{c.error:+.1f} pt" if m.kind == "attention_share" else f"{c.error:+.0%}")
+        table.add_row(m.gpu, f"{m.kind} {m.dtype}"[:24], m.what_ran[:34], m.label,
+                      "—" if c.published is None else f"{c.published:.4g}",
+                      "—" if c.predicted is None else f"{c.predicted:.4g}", error if c.why_none is None else c.why_none)
+    return table
 
 
 def _memory(row: dict[str, Any]) -> str:

@@ -51,6 +51,7 @@ class Measured:
     block_ms: dict[str, float]
     attention_rel_err: float | None
     output_rel_l2: float | None
+    attention_tflops: float | None = None  # its first stack's attention, as the profile classified it
 
 
 @dataclass
@@ -134,6 +135,8 @@ def read_baseline(folder: Path) -> Baseline:
             continue
         these = [r for r in runs if r["backend"].split(" of ")[0] == label]
         output = these[0].get("output_vs_reference") or {}
+        attention = these[0]["categories"].get("attention") or {}
         baseline.measured.append(Measured(label, recipe_knobs, {r["stack"]: r["block_ms"] for r in these},
-                                          these[0].get("attention_rel_err"), output.get("rel_l2")))
+                                          these[0].get("attention_rel_err"), output.get("rel_l2"),
+                                          attention.get("tflops")))
     return baseline

@@ -4,6 +4,7 @@ read, and bad inputs are one line."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -584,8 +585,6 @@ def test_the_shipped_example_runs_plan_on_any_machine_and_say_where_they_were_me
     """The repository's examples/ hold real GPU runs (H100, 2026-12-07): plan reads them on a machine without a GPU,
     says first that they were measured elsewhere, routes our kernel's rates from their own crossover data, and puts
     every knob row beside its measurement."""
-    from pathlib import Path
-
     folder = Path(__file__).parents[2] / "examples" / example
     result = _plan(folder, "--gpu", "rtx-5080,h200", "--out", tmp_path / "p")
     assert result.exit_code == 0, result.output
@@ -614,3 +613,52 @@ def test_a_run_of_this_machine_is_not_called_foreign(monkeypatch):
     assert measured_elsewhere(report) == ("this run was measured on another machine (NVIDIA H999, host "
                                           f"{socket.gethostname()}, 2026-12-07, dit-accel 0123456): the plan scales "
                                           "what it measured there")
+
+
+def test_published_measurements_are_predicted_from_a_saved_run_exactly(tmp_path):
+    """plan --check on the shipped H100 run: each published figure beside the datasheet model's prediction, which
+    reproduces by hand: the RTX 5080's cuDNN attention at the run's baseline attention rate times the 5080's dense
+    bf16 rate over the H100's; the run's GEMM rate likewise for the 5090's bf16 GEMM."""
+    from dit_accel.planning.evidence import measurements
+
+    folder = Path(__file__).parents[2] / "examples" / "h3-h100"
+    result = _plan(folder, "--gpu", "rtx-5080", "--check", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    assert "Published measurements beside the model's prediction" in result.output
+    checks = json.loads((tmp_path / "p" / "plan.json").read_text())["evidence"]
+    assert len(checks) == len(measurements())
+    report = json.loads((folder / "report.json").read_text())
+    attention = report["runs"][0]["categories"]["attention"]
+    gpus = datasheets()[1]
+    h100, rtx5080 = gpus["h100-sxm"], gpus["rtx-5080"]
+    cudnn = next(c for c in checks if c["gpu"] == "rtx-5080" and c["kind"] == "attention" and c["dtype"] == "bf16")
+    expected = attention["flops"] / (attention["ms"] * 1e9) * rtx5080.bf16_tflops / h100.bf16_tflops
+    assert cudnn["predicted"] == pytest.approx(expected, rel=1e-12)
+    assert cudnn["published"] == pytest.approx(26.274848309248e12 / 226.2e-3 / 1e12, rel=1e-9)  # 226.2 ms
+    assert cudnn["error"] == pytest.approx(cudnn["published"] / expected - 1, rel=1e-12)
+    rows = json.loads((tmp_path / "p" / "plan.json").read_text())["gpus"]
+    assert rows[0]["evidence"].startswith("4 published measurement(s) check it")
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda e: {**e, "gpu": "rtx-9090"}, "GPU 'rtx-9090' is not in the datasheet table"),
+    (lambda e: {**e, "source": ""}, "has no source or no quote"),
+    (lambda e: {**e, "quote": "  "}, "has no source or no quote"),
+    (lambda e: {**e, "unit": "furlongs"}, "kind must be one of"),
+])
+def test_a_measurement_of_an_unknown_gpu_or_without_a_source_is_refused_in_one_line(change, words):
+    from dit_accel.planning import evidence
+
+    data = json.loads((Path(evidence.__file__).parent / "data" / "measurements.json").read_text())
+    data["measurements"][0] = change(data["measurements"][0])
+    with pytest.raises(UserError, match=words) as error:
+        evidence.measurements(data, "test data")
+    assert "\n" not in str(error.value)
+
+
+def test_every_shipped_measurement_has_a_source_a_quote_and_a_gpu_of_the_table():
+    from dit_accel.planning.evidence import measurements
+
+    entries = measurements()
+    assert entries and all(m.source and m.quote for m in entries)
+    assert all(m.tflops is not None or m.kind == "attention_share" for m in entries)
