@@ -116,7 +116,9 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
 
     checks = check(baseline, here)
     for row in plan_data["gpus"]:
-        row["evidence"] = evidence_note(row["gpu"], checks)
+        row["evidence"] = evidence_note(row["gpu"], checks) + (
+            f"; thin: no published fraction for its {', '.join(row['thin_evidence'])}, the datasheet ratio alone"
+            if row.get("thin_evidence") else "")
     if check_evidence:
         plan_data["evidence"] = [c.as_dict() for c in checks]
     with staged as folder:
@@ -232,7 +234,7 @@ def build_plan(baseline, rates, routing, here, targets, memory_budget, host_link
     from ..planning.gpus import datasheets
     from ..planning.predict import (ASSUMPTIONS, FP8_ATTENTION_ESTIMATE, GIB, KNOB_MODELS, fits, knob_sets,
                                     on_other_gpu, predict_block, pass_ms_of, resident_bytes, streamed_bytes,
-                                    streamed_pass_ms, video_seconds)
+                                    streamed_pass_ms, thin_evidence, video_seconds)
 
     crossover, crossover_note = routing
     measured = {m.knobs: m for m in baseline.measured}
@@ -279,6 +281,9 @@ def build_plan(baseline, rates, routing, here, targets, memory_budget, host_link
                 row["note"] = missing
                 gpu_rows.append(row)
                 continue
+            thin = sorted({kind for b in blocks.values() for kind in thin_evidence(b, here, target)})
+            if thin:
+                row["thin_evidence"] = thin
             memory = resident_bytes(baseline, knobs)
             where = fits(baseline, knobs, target.memory_gb * 1e9)
             block_ms = {s: ms for s, (ms, _) in scaled.items()}
@@ -409,8 +414,8 @@ def render(plan_data: dict[str, Any]) -> None:
     console.print(table)
     console.print(f"[yellow]FP8 attention {FP8_ATTENTION_ESTIMATE}[/yellow]" if plan_data["fp8_attention_estimated"]
                   else f"[dim]FP8 attention: {plan_data['crossover']}[/dim]")
-    gpus = Table(title="Other GPUs (datasheet-scaled from this run: compute by tensor rate, memory-bound work by "
-                       "bandwidth, at the efficiencies measured here)")
+    gpus = Table(title="Other GPUs (scaled from this run: compute by the datasheet's tensor rate and the published "
+                       "fraction of it its class reaches, memory-bound work by bandwidth)")
     for column in ("GPU", "knobs", "block ms", "video", "memory", "fits", "note", "published evidence (--check)"):
         gpus.add_column(column)
     shown = set()
@@ -438,6 +443,7 @@ def _evidence_table(checks, device_name: str) -> Table:
     for c in checks:
         m = c.measurement
         error = "—" if c.error is None else (f"{c.error:+.1f} pt" if m.kind == "attention_share" else f"{c.error:+.0%}")
+        error += " (basis)" if c.basis else ""
         table.add_row(m.gpu, f"{m.kind} {m.dtype}"[:24], m.what_ran[:34], m.label,
                       "—" if c.published is None else f"{c.published:.4g}",
                       "—" if c.predicted is None else f"{c.predicted:.4g}", error if c.why_none is None else c.why_none)

@@ -17,13 +17,14 @@ datasheet model carries, per GPU and kind.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from ..errors import UserError
-from .gpus import Gpu, datasheets
+from .gpus import Gpu, attainable_basis, datasheets
 from .measured import Baseline
 
 SCHEMA = "dit-accel gpu measurements 1"
@@ -34,6 +35,7 @@ LOW_PRECISION = ("fp8", "int8")  # a dtype naming either runs at the datasheet's
 
 @dataclass(frozen=True)
 class Measurement:
+    id: str
     gpu: str
     kind: str
     what_ran: str
@@ -101,10 +103,33 @@ def measurements(data: Any = None, source: str = "data/measurements.json") -> li
         if entry.get("kind") not in KINDS or entry.get("unit") not in UNITS.get(entry.get("kind"), ()):
             raise UserError(f"{where}: kind must be one of {', '.join(KINDS)} with a unit of "
                             f"{UNITS.get(entry.get('kind'), ('?',))}")
-        checked.append(Measurement(entry["gpu"], entry["kind"], entry.get("what_ran") or "", entry.get("dtype") or "",
-                                   dict(entry.get("shape") or {}), float(entry["value"]), entry["unit"],
-                                   entry["source"], entry["quote"], entry.get("notes")))
+        checked.append(Measurement(
+            entry.get("id") or f"entry {index}", entry["gpu"], entry["kind"], entry.get("what_ran") or "",
+            entry.get("dtype") or "", dict(entry.get("shape") or {}), float(entry["value"]), entry["unit"],
+            entry["source"], entry["quote"], entry.get("notes")))
     return checked
+
+
+@functools.cache
+def attainable(arch_class: str, kind: str, precision: str) -> float | None:
+    """The fraction of its dense datasheet rate that work of `kind` in `precision` reaches on a GPU of `arch_class`:
+    the median of the published measurements the datasheet table names as its basis, each over its GPU's rate; None
+    where the table names none (the evidence is thin)."""
+    ids = attainable_basis().get(arch_class, {}).get(f"{kind}_{precision}")
+    if not ids:
+        return None
+    by_id = {m.id: m for m in measurements()}
+    gpus = datasheets()[1]
+    fractions = sorted(by_id[i].tflops / gpus[by_id[i].gpu].tflops(precision) for i in ids)
+    middle = len(fractions) // 2
+    return fractions[middle] if len(fractions) % 2 else (fractions[middle - 1] + fractions[middle]) / 2
+
+
+def in_basis(m: Measurement) -> bool:
+    """Whether `m` is one of the figures its GPU class's attainable fraction is made from (then it is no check of
+    the model)."""
+    gpu = datasheets()[1][m.gpu]
+    return m.id in attainable_basis().get(gpu.arch_class, {}).get(f"{m.kind}_{m.precision}", ())
 
 
 @dataclass(frozen=True)
@@ -116,6 +141,7 @@ class Check:
     published: float | None
     predicted: float | None
     why_none: str | None = None
+    basis: bool = False  # the figure is one its class's attainable fraction is made from: no check of the model
 
     @property
     def error(self) -> float | None:
@@ -131,13 +157,13 @@ class Check:
         m = self.measurement
         return {"gpu": m.gpu, "kind": m.kind, "what_ran": m.what_ran, "dtype": m.dtype, "shape": m.label,
                 "published": self.published, "predicted": self.predicted, "error": self.error,
-                "why_none": self.why_none, "source": m.source}
+                "why_none": self.why_none, "basis": self.basis, "source": m.source}
 
 
 def check(baseline: Baseline, here: Gpu | None, entries: list[Measurement] | None = None) -> list[Check]:
     """Each published measurement beside what the model predicts from `baseline` (a run's baseline, on the GPU whose
     datasheet entry is `here`)."""
-    from .predict import Rates, on_other_gpu, predict_block
+    from .predict import Rates, compute_scale, on_other_gpu, predict_block
 
     entries = measurements() if entries is None else entries
     if here is None:
@@ -167,18 +193,17 @@ def check(baseline: Baseline, here: Gpu | None, entries: list[Measurement] | Non
             attention_here = sum(ms for part, ms in blocks.parts.items() if part.startswith("attention"))
             share = None
             if scaled:
-                attention_there = attention_here * here.bf16_tflops / there.bf16_tflops
-                share = 100.0 * attention_there / scaled
+                share = 100.0 * attention_here * compute_scale("attention", "bf16", here, there)[0] / scaled
             results.append(Check(m, m.value, share, why))
             continue
         rate = run_rates[m.kind, m.precision]
-        rate_here, rate_there = here.tflops(m.precision), there.tflops(m.precision)
+        scale, _ = compute_scale(m.kind, m.precision, here, there)
         if rate is None:
             results.append(Check(m, m.tflops, None, f"the run measured no {m.precision} {m.kind}"))
-        elif not rate_here or not rate_there:
+        elif scale is None:
             results.append(Check(m, m.tflops, None, f"no dense {m.precision} rate in the datasheet table"))
         else:
-            results.append(Check(m, m.tflops, rate * rate_there / rate_here))
+            results.append(Check(m, m.tflops, rate / scale, basis=in_basis(m) and here.arch_class != there.arch_class))
     return results
 
 
@@ -191,7 +216,7 @@ def _fp8_attention_rate(baseline: Baseline) -> float | None:
 def evidence_note(gpu_key: str, checks: list[Check]) -> str:
     """What the published measurements say of the model on one GPU: the errors of its checks, or that none checks it
     (a thin row)."""
-    mine = [c for c in checks if c.measurement.gpu == gpu_key and c.error is not None and
+    mine = [c for c in checks if c.measurement.gpu == gpu_key and c.error is not None and not c.basis and
             c.measurement.kind != "attention_share"]
     if not mine:
         return "no published measurement checks this GPU's row"

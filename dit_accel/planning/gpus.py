@@ -29,19 +29,32 @@ class Gpu:
     host_link_gbps: float  # per direction
     nvlink_gbps: float | None  # per direction
     sources: dict[str, Any]
+    arch_class: str  # its class in the table's `attainable` section (geforce, hopper, ...): "class" in the file
 
     def tflops(self, precision: str) -> float | None:
         return self.fp8_tflops if precision == "fp8" else self.bf16_tflops
 
 
 @cache
+def _data() -> dict[str, Any]:
+    return json.loads((resources.files(__package__) / "data" / "gpus.json").read_text())
+
+
+@cache
 def datasheets() -> tuple[tuple[str, ...], dict[str, Gpu]]:
     """(the file's conventions, the GPUs by key)."""
-    data = json.loads((resources.files(__package__) / "data" / "gpus.json").read_text())
+    data = _data()
     fields = Gpu.__dataclass_fields__
-    gpus = {g["key"]: Gpu(**{k: tuple(v) if k == "match" else v for k, v in g.items() if k in fields})
-            for g in data["gpus"]}
+    gpus = {g["key"]: Gpu(**{k: tuple(v) if k == "match" else v for k, v in g.items() if k in fields},
+                          arch_class=g["class"]) for g in data["gpus"]}
     return tuple(data["conventions"]), gpus
+
+
+def attainable_basis() -> dict[str, dict[str, Any]]:
+    """The table's `attainable` section: per class, per kind of work (attention_bf16, attention_fp8, gemm_bf16,
+    gemm_fp8), the ids of the published measurements its fraction is the median of, and why (`evidence` computes
+    the fractions)."""
+    return _data()["attainable"]["classes"]
 
 
 def gpu_named(key: str) -> Gpu:

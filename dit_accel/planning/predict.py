@@ -231,10 +231,14 @@ def predict_block(stack: StackBaseline, baseline: Baseline, knobs: frozenset[str
 
 
 ASSUMPTIONS = (
-    "this GPU's kinds of work keep the fraction of their ceiling measured here on every other GPU (compute by the "
-    "datasheet's dense tensor rate, memory-bound work by its bandwidth); kernel gaps and host time unchanged",
+    "this GPU's kinds of work keep the fraction of their ceiling measured here on every other GPU of its class "
+    "(compute by the datasheet's dense tensor rate, memory-bound work by its bandwidth), and on a GPU of another "
+    "class that fraction times the ratio of the two classes' attainable fractions where published measurements give "
+    "both (gpus.json's `attainable`: GeForce cards run attention near their FP32-accumulate rate, Hopper at ~65%); "
+    "kernel gaps and host time unchanged",
     "FP8 attention elsewhere: our sm_90 kernel's efficiency carried over; on sm_89 and sm_120 (RTX 4090, 5080, "
-    "5090, PRO 6000, L40S) the package runs its mma.sync kernel instead, not measured there",
+    "5090, PRO 6000, L40S) the package runs its mma.sync kernel, which the GeForce class's FP8 attention fraction "
+    "stands for (the seed's kernel of the same design and FlashInfer's, on an RTX 5080)",
     "streaming: the host link measured here (a pinned copy onto the GPU), elsewhere the datasheet's link at the "
     "fraction of this GPU's datasheet link measured here",
     "memory: every block's weights, the transformer outside them and the measured block's activations; FP8 linears "
@@ -243,20 +247,50 @@ ASSUMPTIONS = (
 )
 
 
+def compute_scale(kind: str, precision: str, here: Gpu, there: Gpu) -> tuple[float | None, bool]:
+    """How much longer compute-bound work of `kind` (attention, or any other tensor-core work: GEMMs, convolutions)
+    in `precision` takes on `there` than here: the dense datasheet rates' ratio, times the ratio of the fractions of
+    those rates such work reaches on each GPU's class (`evidence.attainable`: FP32-accumulate GeForce cards run
+    attention near their rate, Hopper at ~65% of its); (None, _) without a rate; the flag says the classes'
+    fractions were not both known (the rates' ratio alone: thin evidence)."""
+    from .evidence import attainable
+
+    rate_here, rate_there = here.tflops(precision), there.tflops(precision)
+    if not rate_here or not rate_there:
+        return None, True
+    fraction_here, fraction_there = (attainable(gpu.arch_class, kind, precision) for gpu in (here, there))
+    if here.arch_class == there.arch_class or fraction_here is None or fraction_there is None:
+        return rate_here / rate_there, here.arch_class != there.arch_class
+    return rate_here * fraction_here / (rate_there * fraction_there), False
+
+
+def thin_evidence(block: BlockPrediction, here: Gpu, there: Gpu) -> list[str]:
+    """The compute-bound parts of `block` whose scaling to `there` lacks a published attainable fraction for one of
+    the two GPUs' classes (`compute_scale`'s flag): their rows carry the run's efficiency over unchanged."""
+    thin = []
+    for part, kind in block.bound.items():
+        if kind in ("bf16", "fp8"):
+            work = "attention" if part.startswith("attention") else "gemm"
+            if compute_scale(work, kind, here, there)[1] and f"{work} {kind}" not in thin:
+                thin.append(f"{work} {kind}")
+    return thin
+
+
 def on_other_gpu(block: BlockPrediction, here: Gpu, there: Gpu) -> tuple[float | None, str | None]:
-    """The block's ms on `there`: each compute-bound part by the datasheet tensor rates' ratio, each memory-bound
-    part by the bandwidths' (the efficiency measured here carried over), the rest unchanged; (None, why) when a
-    datasheet lacks a rate the block needs."""
+    """The block's ms on `there`: each compute-bound part by `compute_scale` (the efficiency measured here carried
+    over, in the ratio of the two GPU classes' attainable fractions where the published measurements give both),
+    each memory-bound part by the bandwidths' ratio, the rest unchanged; (None, why) when a datasheet lacks a rate
+    the block needs."""
     ms = 0.0
     for part, value in block.parts.items():
         kind = block.bound[part]
         if kind in ("bf16", "fp8"):
-            rate_here, rate_there = here.tflops(kind), there.tflops(kind)
-            if not rate_here or not rate_there:
-                missing = here if not rate_here else there
+            scale, _ = compute_scale("attention" if part.startswith("attention") else "gemm", kind, here, there)
+            if scale is None:
+                missing = here if not here.tflops(kind) else there
                 return None, (f"no dense {kind} rate for {missing.name} in the table (none sourced, or no {kind} "
                               f"tensor cores)")
-            ms += value * rate_here / rate_there
+            ms += value * scale
         elif kind == "memory":
             ms += value * here.memory_gbps / there.memory_gbps
         else:
