@@ -253,7 +253,7 @@ def compute_scale(kind: str, precision: str, here: Gpu, there: Gpu) -> tuple[flo
     those rates such work reaches on each GPU's class (`evidence.attainable`: FP32-accumulate GeForce cards run
     attention near their rate, Hopper at ~65% of its); (None, _) without a rate; the flag says the classes'
     fractions were not both known (the rates' ratio alone: thin evidence)."""
-    from .evidence import attainable
+    from .published import attainable
 
     rate_here, rate_there = here.tflops(precision), there.tflops(precision)
     if not rate_here or not rate_there:

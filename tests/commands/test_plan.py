@@ -146,7 +146,7 @@ def test_compile_fuses_around_the_convolutions_and_bare_matmuls_too(tmp_path):
 def test_convolutions_scale_with_the_tensor_rate_on_another_gpu(tmp_path):
     """Convolution time (no FLOPs counted) is tensor-core work: on the B200 it scales by the dense bf16 rates' ratio
     and the two classes' attainable GEMM fractions, like the GEMMs; kernel gaps stay as measured."""
-    from dit_accel.planning.evidence import attainable
+    from dit_accel.planning.published import attainable
 
     run = _report(tmp_path)
     report = json.loads((run / "report.json").read_text())
@@ -622,7 +622,7 @@ def test_published_measurements_are_predicted_from_a_saved_run_exactly(tmp_path)
     """plan --check on the shipped H100 run: each published figure beside the model's prediction, which reproduces
     by hand: the RTX 5080's cuDNN attention at the run's baseline attention rate times the 5080's dense bf16 rate
     over the H100's, and the GeForce class's attainable attention fraction over Hopper's."""
-    from dit_accel.planning.evidence import measurements
+    from dit_accel.planning.published import measurements
 
     folder = Path(__file__).parents[2] / "examples" / "h3-h100"
     result = _plan(folder, "--gpu", "rtx-5080", "--check", "--out", tmp_path / "p")
@@ -668,17 +668,17 @@ def test_a_gpu_row_whose_class_has_no_published_fraction_says_its_evidence_is_th
     (lambda e: {**e, "unit": "furlongs"}, "kind must be one of"),
 ])
 def test_a_measurement_of_an_unknown_gpu_or_without_a_source_is_refused_in_one_line(change, words):
-    from dit_accel.planning import evidence
+    from dit_accel.planning import published
 
-    data = json.loads((Path(evidence.__file__).parent / "data" / "measurements.json").read_text())
+    data = json.loads((Path(published.__file__).parent / "data" / "measurements.json").read_text())
     data["measurements"][0] = change(data["measurements"][0])
     with pytest.raises(UserError, match=words) as error:
-        evidence.measurements(data, "test data")
+        published.measurements(data, "test data")
     assert "\n" not in str(error.value)
 
 
 def test_every_shipped_measurement_has_a_source_a_quote_and_a_gpu_of_the_table():
-    from dit_accel.planning.evidence import measurements
+    from dit_accel.planning.published import measurements
 
     entries = measurements()
     assert entries and all(m.source and m.quote for m in entries)
