@@ -1,5 +1,7 @@
 """dit-accel: profile and accelerate video diffusion-transformer inference."""
-__version__ = "0.1.0"
+from .version import __version__
+
+__all__ = ["__version__", "fused_rope", "patch_attention"]
 
 
 def patch_attention(*args, **kwargs):

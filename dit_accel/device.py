@@ -14,7 +14,6 @@ import torch
 
 from .cache import cache_root
 from .errors import UserError
-from .patching.fp8_linear import MIN_CAPABILITY as FP8_MIN_CAPABILITY
 from .timing import time_region
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -98,6 +97,7 @@ def apply_memory_budget(device: torch.device, budget_bytes: int) -> None:
 # --- ceilings -----------------------------------------------------------------------------------
 
 FP8 = "fp8"  # the precision of work on e4m3 operands; other work is in the ceilings' `dtype`
+FP8_MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (sm_89), Hopper (sm_90), Blackwell (sm_100, sm_120)
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,14 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import fcntl
+import json
 import os
 import re
 import shutil
 import socket
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .errors import UserError
 
@@ -269,3 +271,29 @@ class StagedRun:
                 folder.rmdir()
             except OSError:
                 break
+
+
+# --- reading a finished run ---------------------------------------------------------------------------
+
+REPORT_NAME = "report.json"
+RUN_KEYS = ("backend", "block_ms", "categories", "modules", "extrapolation")  # what a profile-block run has
+
+
+def read_run(folder: Path) -> dict[str, Any]:
+    """The report.json of a profile-block run folder; a UserError naming what is wrong otherwise."""
+    if not folder.is_dir():
+        raise UserError(f"{folder} is not a folder; give a profile-block run folder (outputs/profile-block_...)")
+    path = folder / REPORT_NAME
+    if not path.is_file():
+        raise UserError(f"{folder} has no {REPORT_NAME}: it is not a profile-block run folder")
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"cannot read {path}: {str(exc).splitlines()[0]}; it may be truncated, rerun "
+                        f"profile-block") from None
+    runs = report.get("runs") if isinstance(report, dict) else None
+    if not isinstance(runs, list) or not runs or not isinstance(report.get("header"), dict) or \
+            not all(isinstance(run, dict) and all(key in run for key in RUN_KEYS) for run in runs):
+        raise UserError(f"{path} is not a profile-block report (no runs with block_ms, categories and modules); "
+                        f"give a profile-block run folder")
+    return report

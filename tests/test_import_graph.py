@@ -1,4 +1,5 @@
-"""No import cycles in dit_accel (with `kernels/`, installed as `dit_accel.kernels`), read from the source.
+"""The package's layers hold (every import runs down the order `LAYERS`, as docs/design.md states it), and there are
+no import cycles in dit_accel (with `kernels/`, installed as `dit_accel.kernels`), read from the source.
 
 Every import statement counts, wherever it is: at module level, inside a function (a deferred import
 still ties the two modules together), under `if TYPE_CHECKING:`. An import names the module it loads:
@@ -13,6 +14,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# The layers, top first: a module imports its own layer or those below, never one above (docs/design.md says what
+# each holds). "dit_accel" is the package's root: its public API, above the library it exposes.
+LAYERS = (
+    ("dit_accel", "__main__", "cli", "commands"),
+    ("pipelines", "profiling", "planning"),
+    ("patching",),
+    ("loading",),
+    ("adapters",),
+    ("attention",),
+    ("seams",),
+    ("device", "timing", "run_dir", "room", "report_io", "errors", "cache", "quiet", "version"),
+    ("kernels",),
+)
+SHARED_BY_COMMANDS = "dit_accel.commands.options"  # the one command module the others import
 # Source folder -> the package name it installs as (setup.py maps `kernels/` to `dit_accel.kernels`).
 PACKAGES = {ROOT / "dit_accel": "dit_accel", ROOT / "kernels": "dit_accel.kernels"}
 
@@ -86,6 +101,38 @@ def test_the_package_has_no_import_cycle():
     graph = check_no_import_cycles(PACKAGES)
     assert {"dit_accel", "dit_accel.profiling.session", "dit_accel.kernels.fp8_attention.interface"} <= set(graph)
     assert "dit_accel.profiling.results" in graph["dit_accel.profiling.session"]  # edges are seen
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the package (or top-level module) `module` belongs to."""
+    parts = module.split(".")
+    part = "dit_accel" if len(parts) == 1 else parts[1]
+    return next(i for i, names in enumerate(LAYERS) if part in names)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that runs up the layers, and every command module importing another (one command running
+    another's code), as "importer -> imported"."""
+    found = [f"{module} -> {target}" for module, targets in sorted(graph.items()) for target in sorted(targets)
+             if layer_of(target) < layer_of(module)]
+    found += [f"{module} -> {target}" for module, targets in sorted(graph.items()) for target in sorted(targets)
+              if module.startswith("dit_accel.commands.") and target.startswith("dit_accel.commands.")
+              and target != SHARED_BY_COMMANDS]
+    return found
+
+
+def test_every_import_runs_down_the_layers_with_no_exception():
+    graph = import_graph(PACKAGES)
+    assert all(layer_of(module) is not None for module in graph)  # every package has its layer
+    assert upward_imports(graph) == []
+
+
+def test_the_layer_check_sees_an_import_up_a_layer_and_a_command_running_another():
+    graph = {"dit_accel.attention.routing": {"dit_accel.patching.apply"}, "dit_accel.patching.apply": set(),
+             "dit_accel.commands.plan": {"dit_accel.commands.profile_block", "dit_accel.commands.options"},
+             "dit_accel.commands.profile_block": set(), "dit_accel.commands.options": set()}
+    assert upward_imports(graph) == ["dit_accel.attention.routing -> dit_accel.patching.apply",
+                                     "dit_accel.commands.plan -> dit_accel.commands.profile_block"]
 
 
 def test_the_checker_finds_a_cycle_through_relative_deferred_and_package_imports(tmp_path):

@@ -111,34 +111,10 @@ INPUT_KINDS = {
 
 def make_inputs(shape: AttentionShape, *, dtype: torch.dtype, device: torch.device, generator: torch.Generator,
                 inputs: str = "normal") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fresh q, k, v of `shape` in `dtype`, of one of INPUT_KINDS (`reference.random_qkv`, or for
-    "block" the block's own, `block_qkv`)."""
-    if inputs == "block":
-        return block_qkv(shape, dtype=dtype, device=device, seed=int(generator.initial_seed()))
+    """Fresh random q, k, v of `shape` in `dtype`, of one of INPUT_KINDS but "block" (`reference.random_qkv`); a
+    block's own q/k/v come from the caller (`bench_shape(make_qkv=...)`: bench-attention builds the block)."""
     return random_qkv(shape.batch, shape.seq_q, shape.seq_kv, shape.heads, shape.head_dim, inputs == "outliers",
                       device=device, dtype=dtype, generator=generator, flat_rows=inputs == "flat")
-
-
-def block_qkv(shape: AttentionShape, *, dtype: torch.dtype, device: torch.device,
-              seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The q, k, v the MiniMax-H3 block (synthetic weights from `seed`; on the CPU its scaled-down
-    config) feeds its self-attention at S = shape.seq_q: flat rows (max probability ~0.001 at S =
-    30272), per-head scales after QK-norm and RoPE, what FP8 attention meets in a real model."""
-    from ..adapters import adapter_for_preset
-    from ..loading.block import synthetic_block
-    from ..profiling.attention_error import capture_attention_inputs
-
-    adapter = adapter_for_preset("minimax-h3")
-    if device.type == "cpu":
-        adapter = adapter.scaled_down()
-    heads, head_dim = adapter.config["num_attention_heads"], adapter.config["attention_head_dim"]
-    if (shape.heads, shape.head_dim) != (heads, head_dim) or shape.seq_q != shape.seq_kv:
-        raise UserError(f"--inputs block feeds the {adapter.display_name} block's own q/k/v: give self-attention "
-                        f"shapes Bx{heads}xSx{head_dim} on this device, not {shape.label}")
-    block = synthetic_block(adapter, 0, device, dtype, seed=seed).block
-    workload = adapter.workload_from_seq_len(shape.seq_q, shape.batch)
-    block_inputs = adapter.make_inputs(workload, device, dtype, torch.Generator(device=device).manual_seed(seed))
-    return capture_attention_inputs(block, block_inputs, adapter)
 
 
 # --- measuring ----------------------------------------------------------------------------------
@@ -190,7 +166,9 @@ def bench_bytes(shape: AttentionShape, dtype: torch.dtype, backends: list[Attent
 
 
 def bench_shape(shape: AttentionShape, backends: list[AttentionBackend], *, dtype: torch.dtype, device: torch.device,
-                warmup: int, runs: int, seed: int, inputs: str = "normal", timing_only: bool = False) -> list[BenchRow]:
+                warmup: int, runs: int, seed: int, inputs: str = "normal", timing_only: bool = False,
+                make_qkv: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+                ) -> list[BenchRow]:
     """Every backend on one fresh set of inputs of `shape`; unavailable ones, and ones that raise, become rows
     saying why.
 
@@ -198,9 +176,11 @@ def bench_shape(shape: AttentionShape, backends: list[AttentionBackend], *, dtyp
     backend's rows (end to end, and for two-phase backends prep alone and kernel alone) are timed together in
     `runs` interleaved rounds after `warmup` calls of each (`timing.time_interleaved`), so the GPU's clock
     ramp and its L2 fall on every backend alike, not on the first ones listed. timing_only: end-to-end times
-    alone (no reference, no error, no phase rows), as the crossover measurement wants them."""
+    alone (no reference, no error, no phase rows), as the crossover measurement wants them. make_qkv(shape, dtype=,
+    device=, seed=): the q, k, v to time instead of random ones (a block's own)."""
     generator = torch.Generator(device=device).manual_seed(seed)
-    q, k, v = make_inputs(shape, dtype=dtype, device=device, generator=generator, inputs=inputs)
+    q, k, v = (make_qkv(shape, dtype=dtype, device=device, seed=seed) if make_qkv is not None
+               else make_inputs(shape, dtype=dtype, device=device, generator=generator, inputs=inputs))
     reference = reference_name = None
     if not timing_only:
         ref_dtype = reference_dtype(shape.scores, device)

@@ -56,7 +56,7 @@ Why this seam: it needs no edit of diffusers or of the model, covers every atten
 processor makes (self- and cross-attention alike), keeps diffusers' own checks and fallbacks, and
 is undone completely. The router is installed once per model file, reference-counted across
 nested or concurrent uses, and the original global is put back when the last user leaves (the
-swap itself is `dit_accel.patching.model_globals`, shared with the fused RoPE).
+swap itself is `dit_accel.seams.model_globals`, shared with the fused RoPE).
 Restoring is last-in first-out: undo swaps in the reverse order they were made.
 """
 from __future__ import annotations
@@ -73,8 +73,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import UserError
-from ..patching.counts import CallCounts, CountedCalls, module_device
-from ..patching.model_globals import ModelGlobalSwap, Namespace, model_file
+from ..seams.counts import CallCounts, CountedCalls
+from ..seams.model_globals import ModelGlobalSwap, Namespace, model_file
+from ..seams.placement import module_device
 from . import key_padding
 from .backends import BACKENDS, TORCH_SDPA_KERNELS, AttentionBackend, BackendCannotServe, get_backend
 from .crossover import ConservativeRule, Crossover, crossover_for
@@ -93,7 +94,7 @@ class RoutedBackend(CountedCalls):
     default backend instead, or, for a "routed: ..." reason, to the diffusers backend the crossover measured
     faster at their shape (or the conservative rule chose). Every dispatch made by a processor holding
     this object counts in exactly one of the two, also inside a torch.compile'd model
-    (`patching.counts.CallCounts`: 0-d tensors on the model's device, bumped in place).
+    (`seams.counts.CallCounts`: 0-d tensors on the model's device, bumped in place).
     """
 
     backend: AttentionBackend

@@ -128,7 +128,8 @@ def _bench(shapes_text, choices, dtype, inputs, outliers, warmup, runs, seed, de
             console.print(f"[dim]{shape.label} ({number} of {len(shapes)}): the reference, then {len(backends)} "
                           f"backend(s), {warmup} warm-up call(s) and {runs} interleaved rounds...[/dim]")
             rows += bench_shape(shape, backends, dtype=dtype, device=device, inputs=inputs,
-                                warmup=warmup, runs=runs, seed=seed)
+                                warmup=warmup, runs=runs, seed=seed,
+                                make_qkv=block_qkv if inputs == "block" else None)
             console.print(f"[dim]{shape.label}: done in {time.perf_counter() - started:.1f} s[/dim]")
         write_json(staging / "report.json", {
             "command_line": command_line(),
@@ -234,6 +235,31 @@ def _crossover_grid(crossover, head_dim: int) -> Table:
             cells.append(" ".join(f"{e['picks']} {_number(e['ratio'], '.2f', suffix='x')}".strip() for e in entries))
         table.add_row(str(seq_q), *cells)
     return table
+
+
+def block_qkv(shape: "AttentionShape", *, dtype: "torch.dtype", device: "torch.device",
+              seed: int) -> "tuple[torch.Tensor, torch.Tensor, torch.Tensor]":
+    """The q, k, v the MiniMax-H3 block (synthetic weights from `seed`; on the CPU its scaled-down
+    config) feeds its self-attention at S = shape.seq_q: flat rows (max probability ~0.001 at S =
+    30272), per-head scales after QK-norm and RoPE, what FP8 attention meets in a real model: `--inputs block`'s
+    q/k/v, built here, where the block's family, weights and capture are at hand."""
+    import torch
+
+    from ..adapters import adapter_for_preset
+    from ..loading.block import synthetic_block
+    from ..profiling.attention_error import capture_attention_inputs
+
+    adapter = adapter_for_preset("minimax-h3")
+    if device.type == "cpu":
+        adapter = adapter.scaled_down()
+    heads, head_dim = adapter.config["num_attention_heads"], adapter.config["attention_head_dim"]
+    if (shape.heads, shape.head_dim) != (heads, head_dim) or shape.seq_q != shape.seq_kv:
+        raise UserError(f"--inputs block feeds the {adapter.display_name} block's own q/k/v: give self-attention "
+                        f"shapes Bx{heads}xSx{head_dim} on this device, not {shape.label}")
+    block = synthetic_block(adapter, 0, device, dtype, seed=seed).block
+    workload = adapter.workload_from_seq_len(shape.seq_q, shape.batch)
+    block_inputs = adapter.make_inputs(workload, device, dtype, torch.Generator(device=device).manual_seed(seed))
+    return capture_attention_inputs(block, block_inputs, adapter)
 
 
 def _title(info: DeviceInfo, dtype_name: str, input_kind: str, is_cpu_run: bool) -> str:

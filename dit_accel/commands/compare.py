@@ -6,7 +6,6 @@ extrapolation, attention_rel_err, output_vs_reference), so it imports neither to
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,34 +14,13 @@ from rich.table import Table
 
 from ..errors import UserError
 from ..report_io import console
+from ..run_dir import read_run
 
-REPORT_NAME = "report.json"
-RUN_KEYS = ("backend", "block_ms", "categories", "modules", "extrapolation")  # what a profile-block run has
 # Workload and set-up facts that make two runs' times incomparable when they differ.
 SAME_SETUP = (("model", lambda r: r["header"].get("model")),
               ("workload", lambda r: r.get("workload", {}).get("seq_len")),
               ("batch", lambda r: r.get("workload", {}).get("batch")), ("dtype", lambda r: r.get("dtype")),
               ("device", lambda r: r["header"].get("device")), ("run kind", lambda r: r.get("run_kind")))
-
-
-def read_run(folder: Path) -> dict[str, Any]:
-    """The report.json of a profile-block run folder; a UserError naming what is wrong otherwise."""
-    if not folder.is_dir():
-        raise UserError(f"{folder} is not a folder; give a profile-block run folder (outputs/profile-block_...)")
-    path = folder / REPORT_NAME
-    if not path.is_file():
-        raise UserError(f"{folder} has no {REPORT_NAME}: it is not a profile-block run folder")
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"cannot read {path}: {str(exc).splitlines()[0]}; it may be truncated, rerun "
-                        f"profile-block") from None
-    runs = report.get("runs") if isinstance(report, dict) else None
-    if not isinstance(runs, list) or not runs or not isinstance(report.get("header"), dict) or \
-            not all(isinstance(run, dict) and all(key in run for key in RUN_KEYS) for run in runs):
-        raise UserError(f"{path} is not a profile-block report (no runs with block_ms, categories and modules); "
-                        f"give a profile-block run folder")
-    return report
 
 
 def pick_run(report: dict[str, Any], backend: str | None, folder: Path) -> dict[str, Any]:

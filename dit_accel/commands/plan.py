@@ -17,8 +17,7 @@ from rich.table import Table
 
 from ..errors import UserError, first_line
 from ..report_io import console, write_csv, write_json
-from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, check_run_dir, default_run_name
-from .compare import read_run
+from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, check_run_dir, default_run_name, read_run
 from .options import AtLeast, FiniteFloat, MemorySize, OptionError
 
 
@@ -163,25 +162,57 @@ def _rerun_options(run: Path, baseline) -> list[str]:
     return baseline.rerun_options
 
 
+def _profile_again(run: Path, baseline, out: Path, recipes: list[str], **more) -> Path:
+    """A profile-block session again on the run's block and inputs (its report's `rerun`: model, preset or
+    checkpoint, block, workload, dtype, runs, seed; `rerun_options` for reports written before it), with `recipes`
+    and `more` (validate, offload, memory budget, keep_going), into `out`, through the library profile-block runs
+    on (`profiling.request`); the folder it wrote."""
+    import torch
+
+    from ..patching.recipe import parse_recipe
+    from ..profiling.memory import check_fits
+    from ..profiling.progress import NO_PROGRESS
+    from ..profiling.request import ProfileRequest, profile_settings, run_profile
+
+    report = read_run(run)
+    fields = {"recipes": tuple(parse_recipe(name) for name in recipes), **more}
+    request = (ProfileRequest.from_rerun(report["rerun"], **fields) if report.get("rerun")
+               else ProfileRequest.from_rerun_options(_rerun_options(run, baseline), **fields))
+    console.print(f"[dim]--verify: profile-block {' '.join(request.rerun_options(request.dtype))} "
+                  f"--compare-attn {','.join(recipes)}"
+                  + "".join(f" --{k.replace('_', '-')}={v[0] if k == 'memory_budget' else v}" for k, v in more.items()
+                            if k != "keep_going") + ("  --keep-going" if more.get("keep_going") else "")
+                  + f" (into {out})[/dim]")
+    settings = profile_settings(request)
+    budget = request.memory_budget
+    estimate = check_fits(settings, budget[1] if budget else None, budget[0] if budget else None)
+    staged = StagedRun(out, numbered=True)
+    try:
+        with console.status(f"--verify: profiling {settings.adapter.display_name}'s block with {len(recipes)} "
+                            f"recipe(s)"), staged as run_dir:
+            profiled = run_profile(settings, run_dir, NO_PROGRESS, estimate=estimate,
+                                   memory_budget_bytes=budget[1] if budget else None,
+                                   on_note=lambda note: console.print(f"[yellow]note:[/yellow] {note}"))
+    except torch.OutOfMemoryError as exc:
+        raise UserError(f"--verify ran out of {'the ' + budget[0] + ' budget' if budget else 'GPU memory'} profiling "
+                        f"the block again; plan without --verify, or with a larger --memory-budget") from exc
+    for note in profiled.result.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    return staged.final
+
+
 def _verify_run(run: Path, baseline, out: Path) -> Path:
-    """profile-block again with the options that built the run's block and inputs (its report's rerun_options:
-    model, preset or checkpoint, block, workload, dtype, runs, seed), the baseline's attention and every knob
-    combination this GPU can run side by side, into `out`."""
+    """The run's block and inputs again with the baseline's attention and every knob combination this GPU can run
+    side by side, into `out`."""
     import torch
 
     from ..planning.predict import knob_sets
-    from .profile_block import profile_block
 
     if not torch.cuda.is_available():
         raise UserError("--verify runs the knobs on this machine's GPU, and it has none; plan without --verify here")
-    options = _rerun_options(run, baseline)
     recipes = [name for name in (_recipe_of(knobs, baseline) for knobs in knob_sets())
                if _runs_here(name, baseline, f"--verify leaves {name} out")]
-    console.print(f"[dim]--verify: profile-block {' '.join(options)} --compare-attn {','.join(recipes)} "
-                  f"--keep-going[/dim]")
-    profile_block.main([*options, "--compare-attn", ",".join(recipes), "--keep-going", "--out", str(out)],
-                       standalone_mode=False)
-    return out
+    return _profile_again(run, baseline, out, recipes, keep_going=True)
 
 
 def _recipe_of(knobs: frozenset, baseline) -> str:
@@ -218,13 +249,8 @@ def _streamed_recipes(baseline) -> list[str]:
 def _verify_streaming(run: Path, baseline, recipe: str, budget, out: Path) -> Path:
     """The whole transformer with its blocks streamed under `budget`, under `recipe` (what profile-block --validate
     model --offload stream measures of its first recipe), into `out`."""
-    from .profile_block import profile_block
-
-    options = [*_rerun_options(run, baseline), "--compare-attn", recipe, "--validate", "model",
-               "--offload", "stream", "--memory-budget", budget.text, "--out", str(out)]
-    console.print(f"[dim]--verify: profile-block {' '.join(options[:-2])}[/dim]")
-    profile_block.main(options, standalone_mode=False)
-    return out
+    return _profile_again(run, baseline, out, [recipe], validate="model", offload="stream",
+                          memory_budget=(budget.text, budget.nbytes))
 
 
 def build_plan(baseline, rates, routing, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,

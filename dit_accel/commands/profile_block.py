@@ -36,36 +36,6 @@ def precheck(checkpoint: Path | None = None, **_) -> None:
         transformer_folder(checkpoint)
 
 
-def _adapter(model: str | None, preset: str | None, checkpoint: Path | None):
-    from ..adapters import adapter_for_config, adapter_for_preset, read_transformer_config
-    from ..loading.checkpoint import CONFIG_NAME, transformer_folder
-
-    if checkpoint is None:
-        return adapter_for_preset(model or DEFAULT_FAMILY, preset)
-    folder = transformer_folder(checkpoint)
-    adapter = adapter_for_config(read_transformer_config(folder / CONFIG_NAME), str(folder))
-    if model and model != adapter.family:
-        raise UserError(f"--model {model} does not match the checkpoint, which is {adapter.family}; drop --model")
-    return adapter
-
-
-def _stack_and_index(adapter, spec: str) -> tuple[tuple[str, ...], int]:
-    """--block: "N" (block N of every stack), "STACK" (block 0 of that stack alone) or "STACK.N"."""
-    if spec.lstrip("-").isdigit() and spec.startswith("-"):
-        raise UserError(f"--block {spec}: block indices count from 0 (the first block); give 0 to "
-                        f"{min(count for _, count in adapter.stacks) - 1}, a stack or STACK.N")
-    name, _, index = spec.rpartition(".") if not spec.isdigit() else ("", "", spec)
-    if not name and not spec.isdigit():
-        name, index = spec, "0"
-    stacks = dict(adapter.stacks)
-    if name and name not in stacks:
-        raise UserError(f"--block {spec}: {adapter.display_name} has no block stack {name!r}; its stacks are "
-                        f"{', '.join(stacks)}")
-    if not index.isdigit():
-        raise UserError(f"--block {spec}: give a block index (N), a stack ({', '.join(stacks)}) or STACK.N")
-    return ((name,) if name else ()), int(index)
-
-
 def _validate_count(ctx, param, value):
     """--validate: a number of blocks (0: none) or `model` (the whole transformer)."""
     if value == "model":
@@ -198,47 +168,11 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
     """
     import torch
 
-    from ..attention.crossover import measure_here
-    from ..device import apply_memory_budget, device_ceilings, pick_device
-    from ..loading.offload import check_offload
-    from ..patching.recipe import check_recipes
+    from ..device import apply_memory_budget
     from ..profiling.memory import check_fits
-    from ..profiling.render import render, write_files
-    from ..profiling.report import build_report
-    from ..profiling.session import ProfileSettings, run_session
+    from ..profiling.render import render
+    from ..profiling.request import ProfileRequest, profile_settings, run_profile
 
-    if outside_mode == "measure" and outside_ms is not None:
-        raise UserError("--outside measure measures the time outside the blocks and --outside-ms states it; "
-                        "give one of them")
-    video = (frames, height, width)
-    if any(v is not None for v in video) and (None in video or seq_len is not None):
-        raise UserError("give the workload either as --seq-len or as all of --frames, --height and --width")
-    device = pick_device(device_name)
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    if offload == "stream" and not validate_blocks:
-        raise UserError("--offload stream streams the blocks of the --validate pass; add --validate N "
-                        "(--validate 50: the whole H3 block stack) or --validate model (the whole transformer)")
-    check_offload(offload, device)
-
-    adapter = _adapter(model, preset, checkpoint)
-    scaled_down = device.type == "cpu" and checkpoint is None
-    if scaled_down:
-        adapter = adapter.scaled_down()
-    stacks, block_index = _stack_and_index(adapter, block_spec)
-    validate_model = validate_blocks == "model"
-    if validate_model:
-        validate_blocks = sum(count for _, count in adapter.stacks)
-    elif validate_blocks and len(stacks or adapter.stacks) > 1:
-        raise UserError(f"--validate N chains the blocks of one stack, and {adapter.display_name} has "
-                        f"{len(adapter.stacks)} ({', '.join(name for name, _ in adapter.stacks)}); use --validate "
-                        f"model (the whole transformer) or name one stack with --block")
-    if frames is not None:
-        workload = adapter.workload_from_video(frames, height, width, batch)
-    elif seq_len is not None:
-        workload = adapter.workload_from_seq_len(seq_len, batch)
-    else:
-        # on the CPU a checkpoint's block too runs the short workload (its weights are full size)
-        workload = adapter.default_workload(batch, scaled_down=device.type == "cpu")
     if compare_attn and click.get_current_context().get_parameter_source("attn") != ParameterSource.DEFAULT:
         listed = attn.label in {recipe.label for recipe in compare_attn}
         raise UserError(f"--attn {attn.label} and --compare-attn do not combine: --compare-attn names every recipe "
@@ -246,34 +180,17 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
                                           else f"add {attn.label} to it and drop --attn"))
     recipes = tuple(r.with_options(fp8_linear=linear == "fp8", compile_mode=compile_mode)
                     for r in compare_attn or [attn])
-    if validate_blocks and recipes[0].fused_prologue:
-        raise UserError(f"--validate runs its blocks under the first recipe, and {recipes[0].label} adds the fused "
-                        f"prologue, which it does not apply; put another recipe first in --compare-attn, or drop "
-                        f"--validate")
-    check_recipes(recipes, device, dtype, adapter)
-    if text_encoder_config is not None and "text" not in (stages or ()):
-        raise UserError("--text-encoder-config is read by the text stage: add --stages text (or --stages all)")
-    stage_specs = tuple(adapter.pipeline_stages(workload, stages, scaled_down=scaled_down,
-                                                text_encoder_config=text_encoder_config)) if stages else ()
-    # The options that rebuild this run's block and inputs on another call (`dit-accel plan --verify`).
     from .options import DTYPE_NAMES
 
-    rerun = [f"--{name}={value}" for name, value in (
-        ("model", model), ("preset", preset), ("checkpoint", checkpoint), ("block", block_spec), ("seq-len", seq_len),
-        ("frames", frames), ("height", height), ("width", width), ("batch", batch), ("warmup", warmup),
-        ("runs", runs), ("steps", steps), ("guidance-passes", guidance_passes), ("device", device_name),
-        ("seed", seed), ("dtype", DTYPE_NAMES[dtype] if dtype is not None else None)) if value is not None]
-    settings = ProfileSettings(
-        adapter, workload, dtype, device, recipes, checkpoint=checkpoint, rerun_options=tuple(rerun),
-        block_index=block_index, stacks=stacks, warmup=warmup, runs=runs, steps=steps, guidance_passes=guidance_passes,
-        outside_ms=outside_ms,
-        # A whole-video figure wants the pass whole: --stages measures outside the blocks unless it is stated.
-        # --validate model compares with blocks x block + outside: it measures outside the blocks too.
-        measure_outside=outside_mode == "measure" or bool((stages or validate_model) and outside_ms is None),
-        validate_blocks=validate_blocks, validate_model=validate_model,
-        offload=offload, memory_budget=memory_budget.text if memory_budget else None, trace=trace, seed=seed,
-        scaled_down=scaled_down, stages=stage_specs, keep_going=keep_going)
-
+    settings = profile_settings(ProfileRequest(
+        recipes, model=model, preset=preset, checkpoint=checkpoint, block=block_spec, seq_len=seq_len, frames=frames,
+        height=height, width=width, batch=batch, dtype=DTYPE_NAMES[dtype] if dtype is not None else None,
+        warmup=warmup, runs=runs, steps=steps, guidance_passes=guidance_passes, outside_ms=outside_ms,
+        outside_mode=outside_mode, stages=stages, text_encoder_config=text_encoder_config, validate=validate_blocks,
+        offload=offload, memory_budget=(memory_budget.text, memory_budget.nbytes) if memory_budget else None,
+        trace=trace, device=device_name, seed=seed, keep_going=keep_going))
+    device, adapter, workload = settings.device, settings.adapter, settings.workload
+    validate_blocks = settings.validate_blocks
     staged = StagedRun(out or DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", adapter.family),
                        numbered=out is None)
     if memory_budget and device.type != "cuda":
@@ -285,18 +202,11 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
     progress = contextlib.nullcontext(NO_PROGRESS) if quiet else _TerminalProgress(err_console if as_json else console)
     try:
         with progress as shown, staged as run_dir:
-            # Measured (once per device) before the budget applies: the measurement itself takes ~4 GiB.
-            with shown.stage("device ceilings (GEMM, FP8 GEMM where the GPU has one, copy and host link; measured "
-                             "once per device, then cached)"):
-                ceilings, ceilings_cached = device_ceilings(device, dtype, refresh=refresh_ceilings)
-            routing = measure_here(device, skip=skip_crossover, progress=shown)
-            if routing.replaced:
-                print_note(f"{routing.replaced}: measured again", out_console)
-            if memory_budget:
-                apply_memory_budget(device, memory_budget.nbytes)
-            result = run_session(settings, run_dir, shown)
-            report = build_report(settings, result, ceilings, ceilings_cached, estimate, routing)
-            write_files(run_dir, report, result.runs, result.stages, routing)
+            profiled = run_profile(settings, run_dir, shown, refresh_ceilings=refresh_ceilings,
+                                   skip_crossover=skip_crossover, estimate=estimate,
+                                   memory_budget_bytes=memory_budget.nbytes if memory_budget else None,
+                                   on_note=lambda note: print_note(note, out_console))
+            report, result, ceilings = profiled.report, profiled.result, profiled.ceilings
     except torch.OutOfMemoryError as exc:
         budget = f"the {memory_budget.text} budget" if memory_budget else "this GPU's memory"
         raise UserError(f"out of memory: the {adapter.display_name} block at S={workload.seq_len} (batch "

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..errors import UserError
+from ..seams.placement import ONLOAD_DEVICE
 from .block import tensor_bytes
 
 
@@ -35,14 +36,7 @@ def check_offload(offload: str, device: torch.device) -> None:
 
 
 _ALIGN = 256  # bytes; every tensor of a packed module starts on this boundary
-_ONLOAD_DEVICE = "_dit_accel_onload_device"  # set by `stream_blocks` on each block it streams
 _OWN_FORWARD = "_dit_accel_own_forward"  # the `OwnForward` of each block `stream_blocks` streams
-
-
-def onload_device(module: nn.Module) -> torch.device | None:
-    """The device `stream_blocks` brings the weights of `module` (or of the streamed modules inside it) to for their
-    forward (between calls they live in host memory, so their parameters' device is the CPU), or None."""
-    return next((vars(m)[_ONLOAD_DEVICE] for m in module.modules() if _ONLOAD_DEVICE in vars(m)), None)
 
 
 class OwnForward:
@@ -200,7 +194,7 @@ def stream_blocks(model: nn.Module, device: torch.device) -> int:
                                num_blocks_per_group=1, use_stream=cuda, non_blocking=cuda, record_stream=cuda,
                                block_modules=[])
     for block in (block for stack in stacks.values() for block in stack):
-        vars(block)[_ONLOAD_DEVICE] = device
+        vars(block)[ONLOAD_DEVICE] = device
     return stack_bytes(model)
 
 

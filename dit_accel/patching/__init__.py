@@ -6,21 +6,18 @@
 chosen blocks and steps on the original), `AttentionPatch`, `denoisers`, `block_list`.
 `rope.py`: `fused_rope` (MiniMax-H3's rotary embedding on the fused Triton kernel), `FusedRope`.
 `prologue.py`: `fused_prologue` (MiniMax-H3's QK-norm and RoPE inside the FP8 attention's prep).
-`counts.py`: `CallCounts`, the counters that keep counting inside compiled graphs.
-`model_globals.py`: the one mechanism under both, a reference-counted reversible swap of a global
-of a model file.
 `fp8_linear.py`: `quantize_linears` (a block's large linears in FP8 through torchao, by the
 family's policy), `fp8_linear_unavailable_reason`.
 `recipe.py`: `Recipe`, `parse_recipe`: the names every command's --attn takes
-(NAME[+rope | +prologue][+fp8-linear][+compile]).
+(NAME[+rope | +prologue][+fp8-linear][+compile][+cache=METHOD]).
 `apply.py`: `apply_recipe` (a recipe on a block, a model or a pipeline, every swap undone together),
 `AppliedRecipe`.
 `step_cache.py`: `apply_step_cache`, `parse_cache`, `CACHE_METHODS`: diffusers' step caches on a transformer
 (`+cache=...`), every family's blocks described to them, what ran counted per step.
 
-The names are imported on first use (PEP 562 `__getattr__`), not at package import: importing
-`dit_accel.patching.model_globals` (as `dit_accel.attention.routing` does) must not import
-`.attention`, which imports `dit_accel.attention.routing` back.
+The swaps and counters they share live in `dit_accel.seams`. The names are imported on first use (PEP 562
+`__getattr__`), not at package import: `--help` reads the recipe vocabulary (`step_cache.cache_help`) through this
+package without loading torch or diffusers.
 """
 from __future__ import annotations
 

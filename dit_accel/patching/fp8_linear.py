@@ -52,9 +52,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..device import FP8_MIN_CAPABILITY
 from ..errors import UserError
 
-MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (sm_89), Hopper (sm_90), Blackwell (sm_100, sm_120)
 GEMM_MULTIPLE = 16  # cuBLAS FP8 GEMMs need K and N to be multiples of 16 (torchao's `_fp8_mm_compat`)
 ACTIVATION_AMAX_FLOOR = 1e-12  # a row's amax floor: an all-zero row gets a tiny scale, not 0 (0/0 = NaN)
 INSTALL_HINT = "pip install 'dit-accel[fp8]'"
@@ -75,7 +75,7 @@ def fp8_linear_unavailable_reason(device: torch.device | str, dtype: torch.dtype
     device = torch.device(device)
     if device.type != "cuda":  # first: on a CPU, no --dtype would help
         return (f"FP8 linear layers need a CUDA GPU with FP8 tensor cores (compute capability "
-                f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}+: L4/L40/RTX 4090, H100/H200, B200); {device} has "
+                f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}+: L4/L40/RTX 4090, H100/H200, B200); {device} has "
                 "none; run on such a GPU or leave FP8 linears off")
     if dtype != torch.bfloat16:
         return (f"FP8 linear layers need a bfloat16 block (torchao's per-row float8 path takes bf16 weights "
@@ -83,10 +83,10 @@ def fp8_linear_unavailable_reason(device: torch.device | str, dtype: torch.dtype
     if not torch.cuda.is_available():
         return f"{device} asked for, but this machine has no CUDA GPU; run on one with FP8 tensor cores"
     capability = torch.cuda.get_device_capability(device)
-    if capability < MIN_CAPABILITY:
+    if capability < FP8_MIN_CAPABILITY:
         name = torch.cuda.get_device_name(device)
         return (f"{name} (sm_{capability[0]}{capability[1]}) has no FP8 tensor cores (FP8 GEMMs need compute "
-                f"capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}+); leave FP8 linears off on this GPU")
+                f"capability {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}+); leave FP8 linears off on this GPU")
     return _torchao_missing()
 
 

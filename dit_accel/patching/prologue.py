@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .counts import CallCounts, CountedCalls
+from ..seams.counts import CallCounts, CountedCalls
 
 PROCESSOR_CLASS = "MiniMaxH3AttnProcessor"  # the diffusers processor whose __call__ the wrapper reproduces
 PROCESSOR_MODULE = "diffusers.models.transformers.transformer_minimax_h3"

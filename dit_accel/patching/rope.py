@@ -17,7 +17,7 @@ torch.compile'd graph the dispatcher steps aside, uncounted: the original is tra
 fuses it with the QK-norm before it into one kernel. The global belongs to the model file, so while a handle is
 live every model of that file in the process gets the dispatcher, not only the one passed. Installs are
 reference-counted across nested handles, and the original global comes back when the last one leaves
-(`model_globals.ModelGlobalSwap`, shared with attention routing).
+(`seams.model_globals.ModelGlobalSwap`, shared with attention routing).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import torch
 
 from ..errors import UserError
 from ..kernels.rope import apply_rotary_emb_fused, is_available, unsupported_reason
-from .model_globals import ModelGlobalSwap, model_file
+from ..seams.model_globals import ModelGlobalSwap, model_file
 
 ROPE_GLOBAL = "_apply_rotary_emb"
 

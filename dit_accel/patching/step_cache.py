@@ -45,7 +45,7 @@ from ..errors import UserError
 if TYPE_CHECKING:  # torch and diffusers load when a cache is applied: the vocabulary (--help) needs neither
     from torch import nn
 
-    from .counts import CallCounts
+    from ..seams.counts import CallCounts
 
 COUNT_HOOK = "dit_accel_step_cache_count"  # the counters' hook name in diffusers' HookRegistry
 CONTEXT_HOOK = "dit_accel_step_cache_context"  # the per-pass cache context, where the pipeline sets none
@@ -452,7 +452,8 @@ def apply_step_cache(model: nn.Module, spec: CacheSpec, *, what: str, steps: int
     import diffusers.hooks as hooks
     from diffusers.hooks import HookRegistry
 
-    from .counts import CallCounts, module_device
+    from ..seams.counts import CallCounts
+    from ..seams.placement import module_device
 
     method = CACHE_METHODS[spec.method]
     if any(m._diffusers_hook.get_hook(name) is not None for m in model.modules() if hasattr(m, "_diffusers_hook")

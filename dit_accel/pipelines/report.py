@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from ..version import __version__
 from ..device import DeviceInfo
 from ..report_io import command_line, provenance
 from .loading import PipelineFolder

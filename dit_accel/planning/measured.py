@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..commands.compare import read_run
+from ..run_dir import read_run
 from ..errors import UserError
 from ..patching.recipe import parse_recipe
 

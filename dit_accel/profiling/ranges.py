@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..adapters import ModuleRange
-from ..patching.model_globals import Namespace
+from ..seams.model_globals import Namespace
 
 RANGE_PREFIX = "dit-accel/"
 _OPEN_LABELS: list[str] = []  # labels of the ranges open right now, innermost last

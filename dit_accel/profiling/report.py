@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
+from ..version import __version__
 from ..adapters.stages import STAGE_KEYS, StageSkip
 from ..attention.backends import BACKENDS
 from ..device import Ceilings, DeviceInfo
@@ -78,6 +78,7 @@ def build_report(settings: ProfileSettings, result: SessionResult, ceilings: Cei
     warnings = [w for w in (timing_noise(r.profile.timing, r.backend) for r in runs) if w]
     return {
         "dit_accel_version": __version__, "command": command_line(), "rerun_options": list(s.rerun_options),
+        "rerun": dict(s.rerun),
         "provenance": provenance(seed=s.seed, device=s.device),
         "run_kind": "gpu" if s.device.type == "cuda" else ("cpu-scaled-down" if s.scaled_down else "cpu"),
         "scaled_down": s.scaled_down, "scaled_down_note": SCALED_DOWN_NOTE if s.scaled_down else None,

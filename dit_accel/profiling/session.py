@@ -57,6 +57,7 @@ class ProfileSettings:
     stages: tuple[StageSpec | StageSkip, ...] = ()  # --stages: those to measure and those skipped, in pipeline order
     stacks: tuple[str, ...] = ()  # the block stacks profiled (a block of each); empty: every stack of the model
     rerun_options: tuple[str, ...] = ()  # the command's options that rebuild this block and its inputs
+    rerun: dict[str, Any] = field(default_factory=dict)  # the same as `request.ProfileRequest` fields
     keep_going: bool = False  # a recipe torch cannot compile on a block is left out (`SessionResult.skipped`)
 
     def stack_names(self) -> tuple[str, ...]:

@@ -164,14 +164,14 @@ def test_flat_inputs_give_near_uniform_softmax_rows():
 
 def test_block_inputs_are_the_h3_blocks_own_qkv_and_other_shapes_are_refused():
     """On the CPU the scaled-down H3 block (4 heads of 128) feeds its attention; the shape must match."""
+    from dit_accel.commands.bench_attention import block_qkv
+
     shape = AttentionShape.parse("1x4x96x128")
-    q, k, v = bench.make_inputs(shape, dtype=torch.float32, device=CPU, inputs="block",
-                                generator=torch.Generator().manual_seed(0))
+    q, k, v = block_qkv(shape, dtype=torch.float32, device=CPU, seed=0)
     assert q.shape == k.shape == v.shape == (1, 96, 4, 128)
     assert torch.isfinite(q).all() and not torch.equal(q, k)
     with pytest.raises(UserError, match="Bx4xSx128"):
-        bench.make_inputs(AttentionShape.parse("1x2x96x64"), dtype=torch.float32, device=CPU, inputs="block",
-                          generator=torch.Generator().manual_seed(0))
+        block_qkv(AttentionShape.parse("1x2x96x64"), dtype=torch.float32, device=CPU, seed=0)
 
 
 def test_bench_attention_on_block_inputs_end_to_end(tmp_path):

@@ -683,3 +683,21 @@ def test_every_shipped_measurement_has_a_source_a_quote_and_a_gpu_of_the_table()
     entries = measurements()
     assert entries and all(m.source and m.quote for m in entries)
     assert all(m.tflops is not None or m.kind == "attention_share" for m in entries)
+
+
+def test_verify_profiles_the_runs_block_again_through_the_library_not_the_command(tmp_path, monkeypatch):
+    """plan --verify's runs go through `profiling.request` (the library profile-block itself runs on), rebuilt from
+    the report's `rerun`: here on the CPU, a scaled-down run profiled again with two recipes into a folder of its own
+    (the GPU check before it is --verify's own)."""
+    from dit_accel.commands import plan as plan_command
+    from dit_accel.run_dir import read_run
+
+    run = tmp_path / "run"
+    assert CliRunner().invoke(main, ["profile-block", "--seq-len", "64", "--runs", "1", "--warmup", "0", "--out",
+                                     str(run)]).exit_code == 0
+    assert read_run(run)["rerun"]["seq_len"] == 64
+    monkeypatch.chdir(tmp_path)
+    again = plan_command._profile_again(run, None, tmp_path / "again", ["native", "math"], keep_going=True)
+    report = read_run(again)
+    assert [r["backend"] for r in report["runs"]] == ["native", "math"]
+    assert report["rerun"] == read_run(run)["rerun"] and report["workload"] == read_run(run)["workload"]

@@ -107,8 +107,7 @@ def test_a_streamed_module_computes_on_the_device_its_blocks_stream_to():
     """Streamed blocks' parameters live on the host between calls, so patches ask `module_device`, which answers
     the device stream_blocks brings them to, for the model, its stack and each block (a CUDA device stands in
     for the CPU stream here, which cannot be told from the parameters' device otherwise)."""
-    from dit_accel.loading.offload import onload_device
-    from dit_accel.patching.counts import module_device
+    from dit_accel.seams.placement import module_device, onload_device
 
     chain, _ = tiny_h3_chain()
     assert onload_device(chain) is None

@@ -197,7 +197,7 @@ def test_the_fp8_backend_emits_the_op_when_traced_and_refuses_grad_first_either_
 def test_the_counters_live_on_the_device_the_model_computes_on(op_backend):
     """A GPU model's counters are GPU tensors: a CPU counter would be a CPU kernel in its compiled graph (a C++
     toolchain check and build on each process's first compile, and no CUDA graphs); the meta device stands in."""
-    from dit_accel.patching.counts import CallCounts
+    from dit_accel.seams.counts import CallCounts
 
     assert CallCounts.on_device_of(torch.nn.Linear(2, 2, device="meta")).device == torch.device("meta")
     assert CallCounts.on_device_of(torch.nn.ReLU()).device == torch.device("cpu")  # no parameters: the CPU

@@ -25,17 +25,7 @@ from collections import Counter
 import torch
 from torch import nn
 
-
-def module_device(module: nn.Module) -> torch.device:
-    """The device `module` computes on: the one its blocks stream to (`offload.stream_blocks`), else its first
-    parameter's (the CPU for a module without parameters)."""
-    from ..loading.offload import onload_device
-
-    streamed_to = onload_device(module)
-    if streamed_to is not None:
-        return streamed_to
-    parameter = next(module.parameters(), None)
-    return parameter.device if parameter is not None else torch.device("cpu")
+from .placement import module_device
 
 
 class CallCounts:
