@@ -98,6 +98,7 @@ def test_a_folder_that_appears_while_the_run_writes_moves_the_results_to_a_visib
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "run-2"]  # nothing hidden left
 
 
+@pytest.mark.slow
 def test_two_processes_started_together_never_collide(tmp_path):
     """Default-named runs both finish, in `run` and `run-2`; runs given the same --out: one wins, the other is
     refused in one line, and neither leaves a hidden folder."""

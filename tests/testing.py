@@ -8,6 +8,22 @@ import torch
 import torch.nn.functional as F
 
 DATA = Path(__file__).parent / "data"  # public configs and index copied from the real models, and fixtures
+FAST_FAMILIES = ("minimax-h3", "wan")  # the fast tier's families: the packed one and the generic path's reference
+
+
+def slow_beyond(cases, keep: int) -> list:
+    """`cases` (parametrize's argument values, tuples or single values) as pytest parameters, those from index `keep`
+    on marked `slow`: the fast tier runs the first few, the full suite all."""
+    return [pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=() if i < keep else pytest.mark.slow)
+            for i, case in enumerate(cases)]
+
+
+def every_family() -> list:
+    """Every served family as a pytest parameter, those past FAST_FAMILIES marked `slow` (the full suite runs them
+    all; the fast tier, `pytest -m "not slow"`, the two)."""
+    from dit_accel.adapters import FAMILIES
+
+    return [pytest.param(name, marks=() if name in FAST_FAMILIES else pytest.mark.slow) for name in FAMILIES]
 
 
 # ---------------------------------------------------------------- attention test doubles

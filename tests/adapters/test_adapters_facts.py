@@ -1,6 +1,8 @@
 """The pipeline facts each family's adapter derives are the pipeline's own where diffusers has them."""
 import inspect
 
+import pytest
+
 from dit_accel.adapters import FAMILIES, adapter_for_preset
 
 
@@ -13,6 +15,7 @@ def test_wan_steps_and_guidance_match_the_wan_pipeline():
     assert parameters["guidance_scale"].default > 1 and wan.passes_per_step == 2  # CFG on by default: two passes
 
 
+@pytest.mark.slow
 def test_every_family_states_its_facts_and_their_sources():
     for name in FAMILIES:
         adapter = adapter_for_preset(name)

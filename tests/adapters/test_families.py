@@ -7,7 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from dit_accel.adapters import FAMILIES, Family, adapter_for_config, adapter_for_preset
+from testing import every_family
+
+from dit_accel.adapters import Family, adapter_for_config, adapter_for_preset
 from dit_accel.adapters.family import InputContext, LatentGrid, Preset
 from dit_accel.adapters.inputs import forward_arguments
 from dit_accel.adapters.linears import RULE
@@ -21,7 +23,7 @@ TEXT_ALONE = {("kandinsky-5", "text_transformer_blocks"), ("kandinsky-6", "video
               ("kandinsky-6", "audio_text_transformer_blocks")}  # stacks whose blocks see the prompt's rows alone
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", every_family())
 def test_the_family_derives_its_stacks_inputs_calls_linears_and_ranges(name):
     adapter = adapter_for_preset(name).scaled_down()
     workload = adapter.default_workload(1, scaled_down=True)
@@ -57,7 +59,7 @@ def test_the_family_derives_its_stacks_inputs_calls_linears_and_ranges(name):
                 block.get_submodule(path)  # every range names modules the block has
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", every_family())
 def test_the_block_inputs_are_captured_and_run_in_bf16(name):
     """In the dtype a GPU run uses: inputs the model casts to its own dtype from ours (HunyuanVideo 1.5's time
     projection follows the timestep's dtype) must be made in it, as the pipeline makes them."""
@@ -71,7 +73,7 @@ def test_the_block_inputs_are_captured_and_run_in_bf16(name):
     assert hidden.dtype == torch.bfloat16 and torch.isfinite(hidden).all()
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", every_family())
 def test_the_pipeline_facts_say_where_they_came_from(name):
     facts = adapter_for_preset(name).facts
     frames, height, width = facts.video

@@ -103,6 +103,7 @@ def test_backend_that_cannot_serve_falls_back_with_its_reason(monkeypatch):
     assert torch.equal(during, before)
 
 
+@pytest.mark.slow
 @torch.no_grad()
 @pytest.mark.parametrize("family", ["wan", "allegro"])
 def test_a_call_the_metadata_check_refuses_falls_back_inside_one_compiled_graph(family, monkeypatch):
@@ -425,6 +426,7 @@ def test_a_chosen_call_that_raises_leaves_no_choice_behind(fake_backend, monkeyp
         restore_attention_backend(swap)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kept_first", [True, False])
 def test_compiled_kept_and_chosen_blocks_of_one_class_each_get_their_own_graph(routed_sdpa, kept_first):
     """Blocks compiled one by one (diffusers' regional compilation) share their class's graph unless a guard tells

@@ -231,6 +231,7 @@ def test_data_in_another_dtype_routes_nothing(fixture_data, fake_fp8):
     assert routed.served_calls == 2 and routed.fallback_total == 0
 
 
+@pytest.mark.slow
 def test_a_compiled_model_routes_per_shape_in_one_graph(fixture_data, monkeypatch):
     """fullgraph=True over the router with crossover data: no graph break, one compile, the refiner's
     3-token calls (nearest (4, 4): math) routed and the 13-row main calls (nearest (16, 16)) served by

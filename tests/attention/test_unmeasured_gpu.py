@@ -158,6 +158,7 @@ def test_a_corrupt_or_foreign_cache_is_refused_in_one_line_and_measured_again(cp
     path.unlink()
 
 
+@pytest.mark.slow
 def test_profile_block_measures_it_first_and_keeps_it_in_the_run(cpu_as_unmeasured_gpu, fake_fp8, tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(main, ["profile-block", "--attn", "fp8", "--runs", "1", "--warmup", "0", "--seq-len",

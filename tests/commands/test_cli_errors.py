@@ -231,6 +231,7 @@ def _wait_for_staging(parent: Path, proc: subprocess.Popen, timeout: float = 90)
     raise AssertionError("no staging folder appeared")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, exit_code, line", [(signal.SIGTERM, 143, "terminated"),
                                                      (signal.SIGINT, 130, "interrupted")])
 def test_a_signal_mid_run_leaves_nothing_behind(tmp_path, signum, exit_code, line):
@@ -350,6 +351,7 @@ def test_the_model_family_choices_are_the_adapters():
     assert MODEL_FAMILIES == tuple(FAMILIES) and DEFAULT_FAMILY == LIBRARY_DEFAULT
 
 
+@pytest.mark.slow
 @NO_GPU
 def test_a_run_prints_no_third_party_noise(tiny_wan, tmp_path):
     """In a fresh process (diffusers, torchao and torch imported anew), an error found after the imports

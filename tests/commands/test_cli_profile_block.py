@@ -205,6 +205,7 @@ def test_bad_numbers_are_one_line_errors(tmp_path, args, message):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_wan_extrapolates_two_passes_a_step_and_the_option_overrides(tmp_path):
     result = run_cli("profile-block", "--model", "wan", *FAST, "--out", tmp_path / "wan")
     assert result.exit_code == 0, result.output
@@ -256,6 +257,7 @@ def test_rope_option_also_applies_to_the_validate_chain(tmp_path):
     assert "RoPE call(s) of native+rope ran diffusers' own function" in result.output  # CPU tensors fall back
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep_going", [True, False])
 def test_a_recipe_torch_cannot_compile_is_left_out_with_keep_going(tmp_path, monkeypatch, keep_going):
     """A compile that fails on the block (as torchao's FP8 linears on Mochi's under torch 2.11): with --keep-going

@@ -30,6 +30,7 @@ def compare(*args):
     return CliRunner().invoke(main, ["compare", *map(str, args)])
 
 
+@pytest.mark.slow
 def test_two_runs_side_by_side(two_runs):
     a, b = two_runs
     result = compare(a, b)

@@ -10,6 +10,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from testing import every_family
+
 from dit_accel.adapters import FAMILIES, adapter_for_preset
 from dit_accel.cli import main
 
@@ -23,7 +25,7 @@ def _run(tmp_path, *args):
     return json.loads((out / "report.json").read_text()), list(csv.DictReader((out / "ops.csv").open())), result
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", every_family())
 def test_every_family_profiles_a_block_of_each_stack(name, tmp_path, fake_backend):
     adapter = adapter_for_preset(name)
     # the routed backend first: the block's ranges are derived while its swaps are in place
@@ -67,6 +69,7 @@ def test_a_stack_can_be_named_and_validate_n_needs_one(tmp_path):
     assert result.exit_code == 2 and "has no block stack 'nope'" in result.output
 
 
+@pytest.mark.slow
 def test_a_sectioned_video_costs_each_section_its_steps(tmp_path):
     """HunyuanVideo FramePack makes 129 frames as 4 sections of 33, each denoised by its own 50 steps: one pass
     is one section behind its packed history, and the video costs 200 steps of it. --seq-len cannot say a
@@ -81,6 +84,7 @@ def test_a_sectioned_video_costs_each_section_its_steps(tmp_path):
     assert result.exit_code == 2 and "not --seq-len" in result.output and not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow
 def test_models_lists_every_family(tmp_path):
     result = CliRunner().invoke(main, ["models", "--json"])
     assert result.exit_code == 0, result.output
@@ -91,6 +95,7 @@ def test_models_lists_every_family(tmp_path):
     assert by_family["wan"]["fp8_attention"] == "yes" and by_family["sana-video"]["fp8_attention"].startswith("no")
 
 
+@pytest.mark.slow
 def test_models_reads_at_80_columns_and_never_cuts_a_name(monkeypatch):
     """The table was ~150 columns wide and cut preset names with "…" at 100; the default view is now a few lines per
     family: at 80 columns no line past the width, no ellipsis, and every family, preset and stack name whole on one

@@ -685,6 +685,7 @@ def test_every_shipped_measurement_has_a_source_a_quote_and_a_gpu_of_the_table()
     assert all(m.tflops is not None or m.kind == "attention_share" for m in entries)
 
 
+@pytest.mark.slow
 def test_verify_profiles_the_runs_block_again_through_the_library_not_the_command(tmp_path, monkeypatch):
     """plan --verify's runs go through `profiling.request` (the library profile-block itself runs on), rebuilt from
     the report's `rerun`: here on the CPU, a scaled-down run profiled again with two recipes into a folder of its own

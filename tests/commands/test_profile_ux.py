@@ -64,6 +64,7 @@ def test_ten_million_rows_are_refused_in_one_line_before_anything_is_allocated(t
     assert list(outputs.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_default_scaled_down_run_fits_and_the_suggested_length_does():
     adapter = _scaled_down()
     estimate = memory.check_fits(_settings(adapter, 1024))
@@ -126,6 +127,7 @@ print(json.dumps({"measured": measured, "estimate": estimate.as_dict()}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="measures the RSS high-water mark (Linux)")
 def test_the_cpu_estimate_covers_a_measured_session(tmp_path):
     """Calibration guard: a whole scaled-down session's RSS peak stays under the estimate, and the

@@ -28,6 +28,7 @@ print(json.dumps(done))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_compiles(arch, tmp_path):
     # KEEP=ptx makes the compiled object expose its PTX (dumped under tmp_path)

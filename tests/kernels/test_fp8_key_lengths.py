@@ -101,6 +101,7 @@ print(json.dumps(loads))
 """
 
 
+@pytest.mark.slow
 def test_both_kernels_compile_with_key_lengths(tmp_path):
     """On the CPU for sm_90a: each kernel variant compiled with key lengths reads them from global memory (more
     global loads than without)."""

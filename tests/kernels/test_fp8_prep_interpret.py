@@ -13,6 +13,7 @@ import importlib.util
 
 import pytest
 import torch
+from testing import slow_beyond
 
 if torch.cuda.is_available():
     pytest.skip("interpreter tests run where there is no CUDA GPU", allow_module_level=True)
@@ -35,7 +36,7 @@ tk = _interpreted_kernels()
 
 from dit_accel.kernels.fp8_attention.memo import BoundedMemo  # noqa: E402
 from dit_accel.kernels.fp8_attention.prep import Prologue, apply_prologue, prep_triton  # noqa: E402
-from testing import add_special_heads, count_launches, force_path, in_layout  # noqa: E402
+from testing import add_special_heads, count_launches, force_path, in_layout  # noqa: E402, slow_beyond
 
 
 @pytest.fixture(autouse=True)
@@ -134,7 +135,7 @@ def with_and_without_special_heads(cases, seq):
     return [(*case, special) for case in cases for special in (False, True) if special or seq(case) < 1000]
 
 
-@pytest.mark.parametrize("b, h, sq, skv, d, layout, special", with_and_without_special_heads([
+@pytest.mark.parametrize("b, h, sq, skv, d, layout, special", slow_beyond(with_and_without_special_heads([
     (1, 1, 1, 1, 64, "contiguous"),
     (2, 3, 17, 65, 128, "contiguous"),
     (1, 10, 64, 129, 64, "contiguous"),
@@ -143,7 +144,7 @@ def with_and_without_special_heads(cases, seq):
     (2, 1, 65, 1000, 64, "contiguous"),
     (2, 3, 129, 129, 128, "qkv"),
     (1, 10, 1000, 1000, 64, "qkv"),
-], seq=lambda case: max(case[2:4])))
+], seq=lambda case: max(case[2:4])), keep=3))
 def test_one_launch_matches_two_launches(monkeypatch, b, h, sq, skv, d, layout, special):
     q, k, v = make_inputs(b, sq, skv, h, d, layout)
     if special:
@@ -154,12 +155,12 @@ def test_one_launch_matches_two_launches(monkeypatch, b, h, sq, skv, d, layout, 
         check_special_heads(one, b, h)
 
 
-@pytest.mark.parametrize("b, h, s, d, rotary, layout, special", [
+@pytest.mark.parametrize("b, h, s, d, rotary, layout, special", slow_beyond([
     (1, 1, 1, 64, 64, "contiguous", False),
     (2, 3, 17, 128, 96, "qkv", True),
     (1, 10, 65, 128, 128, "qkv", False),  # a full group of 8 heads and a partial one
     (1, 3, 64, 64, 32, "heads-major", True),
-])
+], keep=2))
 def test_prologue_prep_matches_the_plain_prep_of_its_spec(monkeypatch, b, h, s, d, rotary, layout, special):
     """The prologue's two launches (even with the one launch forced) against the plain prep of
     `apply_prologue`'s fp32 q and k. Both round through the interpreter's `_codes`, so only the prologue's
@@ -180,12 +181,12 @@ def test_prologue_prep_matches_the_plain_prep_of_its_spec(monkeypatch, b, h, s, 
         assert ((a - r).abs() <= step).all() and (a != r).float().mean() < 1e-2, name
 
 
-@pytest.mark.parametrize("b, h, sq, skv, d, layout, special", [
+@pytest.mark.parametrize("b, h, sq, skv, d, layout, special", slow_beyond([
     (1, 1, 1, 1, 64, "contiguous", False),
     (2, 3, 17, 65, 128, "contiguous", True),
     (1, 2, 200, 129, 64, "heads-major", True),  # a query block past Sq's last row; a 1-key scale group
     (1, 3, 300, 300, 128, "qkv", True),  # two launches
-])
+], keep=2))
 def test_int8_qk_prep_matches_the_torch_spec_bit_for_bit(monkeypatch, b, h, sq, skv, d, layout, special):
     """INT8 Q/K (`prep_reference(qk_int8=True)` is the spec): one and two launches, codes and group scales bit
     for bit; an inf or NaN group (`add_special_heads`) has a NaN scale, its codes 0 where the value was not

@@ -62,6 +62,7 @@ print(json.dumps(done))
 """
 
 
+@pytest.mark.slow
 def test_sm90_compiles(tmp_path):
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
     result = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True,

@@ -9,6 +9,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from testing import slow_beyond
+
 from dit_accel.adapters import BlockAdapter, adapter_for_preset
 from dit_accel.loading.block import synthetic_block
 from dit_accel.cli import main
@@ -323,7 +325,7 @@ def test_each_streamed_block_is_prefetched_while_the_one_before_runs(fake_side_s
 _GRAPHS = {"minimax-h3": 1, "wan": 1, "cogvideox": 2}
 
 
-@pytest.mark.parametrize("family", list(_GRAPHS))
+@pytest.mark.parametrize("family", slow_beyond(list(_GRAPHS), keep=1))
 @pytest.mark.parametrize("target", ["blocks", "model"], ids=["validate-stack", "generate-model"])
 @pytest.mark.parametrize("attention", ["native", "fake"])
 def test_streamed_blocks_compiled_share_one_graph(fake_side_stream, routed_sdpa, family, target, attention):

@@ -133,6 +133,7 @@ def test_profile_block_compares_an_eager_and_a_compiled_recipe(tmp_path):
     assert COMPILED_CPU_NOTE in " ".join(result.output.split())
 
 
+@pytest.mark.slow
 def test_two_compiled_recipes_report_no_false_recompiles(tmp_path):
     """dynamo's graph counter is process-wide: the second compiled recipe's count starts from its own compile."""
     import json

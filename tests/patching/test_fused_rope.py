@@ -201,6 +201,7 @@ def test_a_same_named_rotary_function_with_another_contract_is_not_touched(monke
         fused_rope(attention)
 
 
+@pytest.mark.slow
 def test_importing_the_module_does_not_import_triton():
     code = "import sys, dit_accel.patching.rope, dit_accel.kernels.rope; assert 'triton' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from testing import tiny_h3_transformer
+from testing import every_family, tiny_h3_transformer
 
-from dit_accel.adapters import FAMILIES, adapter_for_preset
+from dit_accel.adapters import adapter_for_preset
 from dit_accel.adapters.building import synthetic_weights
 from dit_accel.adapters.capture import block_stacks
 from dit_accel.adapters.stages import build_on_meta
@@ -68,7 +68,7 @@ def _steps(model, kwargs, applied, timestep, *, contexts: bool):
     return outputs
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", every_family())
 def test_every_family_runs_each_cache_or_is_refused_and_comes_back_bit_identical(family):
     adapter, model, kwargs = _tiny(family)
     with torch.no_grad():
@@ -149,6 +149,7 @@ def test_registrations_are_put_back():
     assert TransformerBlockRegistry._registry[WanTransformerBlock] is before[WanTransformerBlock]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text, settled", [("fbc:0.5", 2), ("taylorseer:interval=2:warmup=1", 5)])
 def test_a_compiled_model_under_a_cache_does_not_recompile_from_step_to_step(text, settled):
     """torch.compile over a transformer with a cache on: its first computed and first cached passes compile their

@@ -123,6 +123,7 @@ def test_profile_block_outside_measure_adds_it_to_every_extrapolation(tmp_path):
     assert report["memory_estimate"]["outside_bytes"] == outside["param_bytes"]
 
 
+@pytest.mark.slow
 def test_outside_measure_and_outside_ms_conflict_in_one_line(tmp_path):
     out = tmp_path / "run"
     result = subprocess.run([sys.executable, "-m", "dit_accel", "profile-block", "--device", "cpu", "--outside",

@@ -95,6 +95,7 @@ def test_h3_vae_stage_runs_with_each_recipe_attention():
     assert {"attention core", "ffn", "qkv projection"} <= set(m.runs[0].profile.by_range())
 
 
+@pytest.mark.slow
 def test_wan_vae_stage_is_measured_once_its_attention_not_patched():
     spec = _stage("wan", "vae")
     assert not spec.attention_routed and "not diffusers' dispatch_attention_fn" in spec.attention_note
@@ -120,6 +121,7 @@ def test_conv_kernels_are_convolution_not_attention():
     assert classify("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7") == "attention"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
 def test_whole_video_table_on_the_cpu(tmp_path):
     out = tmp_path / "run"

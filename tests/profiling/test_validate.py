@@ -127,6 +127,7 @@ def test_validate_model_runs_the_backend_in_the_blocks_only(fake_backend):
     assert v.peak_memory_bytes is None  # a CPU run
 
 
+@pytest.mark.slow
 def test_profile_block_validate_model_end_to_end(tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", "--seq-len", "32", "--runs", "1",
