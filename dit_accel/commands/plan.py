@@ -464,13 +464,18 @@ def render(plan_data: dict[str, Any]) -> None:
 def _evidence_table(checks, device_name: str) -> Table:
     table = Table(title=f"Published measurements beside the model's prediction from this run ({device_name}): "
                         f"TFLOP/s (attention share: % of the block); error of the predicted time")
-    for column in ("GPU", "kind", "what ran", "shape", "published", "predicted", "error"):
-        table.add_column(column, justify="right" if column in ("published", "predicted", "error") else "left")
+    # its id in the shipped list (GPU, kind, number), whole: the name plan.json and measurements.json give it
+    table.add_column("measurement", no_wrap=True, min_width=max((len(c.measurement.id) for c in checks), default=0))
+    table.add_column("precision", max_width=24)
+    table.add_column("what ran", no_wrap=True, overflow="ellipsis", max_width=34)  # whole in plan.json
+    table.add_column("shape")
+    for column in ("published", "predicted", "error"):
+        table.add_column(column, justify="right")
     for c in checks:
         m = c.measurement
         error = "—" if c.error is None else (f"{c.error:+.1f} pt" if m.kind == "attention_share" else f"{c.error:+.0%}")
         error += " (basis)" if c.basis else ""
-        table.add_row(m.gpu, f"{m.kind} {m.dtype}"[:24], m.what_ran[:34], m.label,
+        table.add_row(m.id, m.dtype, m.what_ran, m.label,
                       "—" if c.published is None else f"{c.published:.4g}",
                       "—" if c.predicted is None else f"{c.predicted:.4g}", error if c.why_none is None else c.why_none)
     return table

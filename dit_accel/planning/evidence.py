@@ -46,7 +46,7 @@ class Check:
 
     def as_dict(self) -> dict[str, Any]:
         m = self.measurement
-        return {"gpu": m.gpu, "kind": m.kind, "what_ran": m.what_ran, "dtype": m.dtype, "shape": m.label,
+        return {"id": m.id, "gpu": m.gpu, "kind": m.kind, "what_ran": m.what_ran, "dtype": m.dtype, "shape": m.label,
                 "published": self.published, "predicted": self.predicted, "error": self.error,
                 "why_none": self.why_none, "basis": self.basis, "source": m.source}
 
@@ -113,6 +113,6 @@ def evidence_note(gpu_key: str, checks: list[Check]) -> str:
         return "no published measurement checks this GPU's row"
     worst = max(mine, key=lambda c: abs(c.error))
     return (f"{len(mine)} published measurement(s) check it: time error {min(c.error for c in mine):+.0%} to "
-            f"{max(c.error for c in mine):+.0%} (worst: {worst.measurement.kind} {worst.measurement.what_ran[:40]})")
+            f"{max(c.error for c in mine):+.0%} (worst: {worst.measurement.id})")
 
 

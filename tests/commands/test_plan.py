@@ -648,6 +648,7 @@ def test_published_measurements_are_predicted_from_a_saved_run_exactly(tmp_path)
     assert cudnn["error"] == pytest.approx(cudnn["published"] / expected - 1, rel=1e-12)
     rows = json.loads((tmp_path / "p" / "plan.json").read_text())["gpus"]
     assert rows[0]["evidence"].startswith("2 published measurement(s) check it")  # the rest are its class's basis
+    assert rows[0]["evidence"].endswith("(worst: rtx-5080/attention/1)")  # named as --check's table names it
     assert abs(cudnn["error"]) < 0.15  # the RTX 5080's cuDNN attention: +9%, its share of the block within 1 point
     share = next(c for c in checks if c["kind"] == "attention_share")
     assert abs(share["error"]) < 5
