@@ -84,19 +84,24 @@ def test_a_sectioned_video_costs_each_section_its_steps(tmp_path):
     assert result.exit_code == 2 and "not --seq-len" in result.output and not (tmp_path / "s").exists()
 
 
-@pytest.mark.slow
-def test_models_lists_every_family(tmp_path):
+@pytest.fixture(scope="module")
+def models_rows():
+    """`models --json`, run once for the tests that read it (it builds every family's transformer on meta)."""
     result = CliRunner().invoke(main, ["models", "--json"])
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.output)
-    assert [row["family"] for row in rows] == list(FAMILIES)
-    by_family = {row["family"]: row for row in rows}
+    return json.loads(result.output)
+
+
+@pytest.mark.slow
+def test_models_lists_every_family(models_rows):
+    assert [row["family"] for row in models_rows] == list(FAMILIES)
+    by_family = {row["family"]: row for row in models_rows}
     assert by_family["hunyuan-video"]["stacks"] == {"transformer_blocks": 20, "single_transformer_blocks": 40}
     assert by_family["wan"]["fp8_attention"] == "yes" and by_family["sana-video"]["fp8_attention"].startswith("no")
 
 
 @pytest.mark.slow
-def test_models_reads_at_80_columns_and_never_cuts_a_name(monkeypatch):
+def test_models_reads_at_80_columns_and_never_cuts_a_name(monkeypatch, models_rows):
     """The table was ~150 columns wide and cut preset names with "…" at 100; the default view is now a few lines per
     family: at 80 columns no line past the width, no ellipsis, and every family, preset and stack name whole on one
     line."""
@@ -111,7 +116,6 @@ def test_models_reads_at_80_columns_and_never_cuts_a_name(monkeypatch):
     text = narrow.export_text()
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= width and "…" not in text
-    rows = json.loads(CliRunner().invoke(main, ["models", "--json"]).output)
-    for row in rows:
+    for row in models_rows:
         for name in (row["family"], *row["presets"], *row["stacks"]):
             assert any(name in line for line in lines), name
