@@ -9,10 +9,10 @@ from . import minimax_h3, wan
 from .base import BlockAdapter, ModuleRange, TransformerInputs, Workload
 from .building import read_config
 from .capture import AttentionCall
-from .families import NEW_FAMILIES
+from .families import GENERIC_FAMILIES
 from .family import Family
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (minimax_h3.FAMILY, wan.FAMILY, *NEW_FAMILIES)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (minimax_h3.FAMILY, wan.FAMILY, *GENERIC_FAMILIES)}
 DEFAULT_FAMILY = minimax_h3.FAMILY.name
 
 __all__ = ["DEFAULT_FAMILY", "FAMILIES", "AttentionCall", "BlockAdapter", "Family", "ModuleRange",

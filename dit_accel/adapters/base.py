@@ -33,7 +33,7 @@ from .family import Family, InputContext, LatentGrid, PipelineFacts
 from .inputs import forward_arguments
 from .linears import Fp8Policy, fp8_policy
 from .ranges import ModuleRange, derive_ranges
-from .stages import StageSkip, StageSpec, build_on_meta, text_encoder_stage
+from .stage_specs import StageSkip, StageSpec, build_on_meta, text_encoder_stage
 from .workload import TransformerInputs, Workload, check_video_rows, patch_grid, patch_sizes
 
 __all__ = ["AttentionCall", "BlockAdapter", "ModuleRange", "TransformerInputs", "Workload", "check_video_rows",
@@ -482,7 +482,7 @@ class BlockAdapter:
 
     def pipeline_stages(self, workload: Workload, keys: tuple[str, ...], *, scaled_down: bool,
                         text_encoder_config: Path | None = None) -> list[StageSpec | StageSkip]:
-        """The family pipeline's stages named in `keys` ("text", "vae", "audio"; `adapters.stages`), each a
+        """The family pipeline's stages named in `keys` ("text", "vae", "audio"; `adapters.stage_specs`), each a
         `StageSpec` sized for the video `workload` is one pass of (scaled down on the CPU), or a `StageSkip`
         saying why it cannot be measured here."""
         def vae() -> StageSpec | StageSkip:

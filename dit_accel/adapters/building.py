@@ -5,7 +5,7 @@ their init runs on meta) and their computed buffers (RoPE tables) real, on the C
 the dtype diffusers gives a parameter loaded with `torch_dtype=dtype` (its `_keep_in_fp32_modules`).
 `synthetic_weights`: a meta model's parameters made real with random weights of realistic scale.
 `read_config`: a local model's config.json. The block adapters (`base`) and the pipeline stages
-(`stages`) both build and type their models so.
+(`stage_specs`) both build and type their models so.
 """
 from __future__ import annotations
 

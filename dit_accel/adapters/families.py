@@ -243,7 +243,7 @@ def _anyflow_inputs(ctx: InputContext) -> dict[str, Any]:
             "r_timestep": torch.full((g.batch, g.frames), 250.0, device=ctx.device)}
 
 
-NEW_FAMILIES = (
+GENERIC_FAMILIES = (
     Family(
         name="hunyuan-video", display_name="HunyuanVideo", transformer="HunyuanVideoTransformer3DModel",
         pipeline="HunyuanVideoPipeline", presets=presets("HunyuanVideoTransformer3DModel", "hunyuanvideo"),

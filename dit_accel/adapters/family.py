@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 if TYPE_CHECKING:
-    from .stages import StageSpec
+    from .stage_specs import StageSpec
     from .workload import TransformerInputs, Workload
 
 
@@ -134,7 +134,7 @@ class Family:
     transformer_inputs: Callable[..., TransformerInputs] | None = None
     default_seq_len: int | None = None
     check_workload: Callable[..., None] | None = None  # (adapter, workload): a one-line refusal, where one is known
-    # The pipeline's stages beside the denoiser (`stages.py`): the VAE decode of (adapter, workload, scaled_down),
+    # The pipeline's stages beside the denoiser (`stage_specs.py`): the VAE decode of (adapter, workload, scaled_down),
     # where built; the text encoder's name; why its audio decode is not measured.
     vae_stage: Callable[..., StageSpec] | None = None
     text_encoder: str = ""

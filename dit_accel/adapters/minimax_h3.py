@@ -17,7 +17,7 @@ from diffusers.models.autoencoders import autoencoder_kl_minimax_h3 as h3_vae
 from .base import BlockAdapter, TransformerInputs, Workload, check_video_rows
 from .family import Family, Preset
 from .ranges import ModuleRange
-from .stages import StageSpec, build_on_meta, vae_decode
+from .stage_specs import StageSpec, build_on_meta, vae_decode
 from .workload import ceil_div
 
 TAG_VIDEO, TAG_TEXT, TAG_AUDIO = 0, 1, 2  # `token_tags` values (diffusers' MiniMax-H3 docstring)

@@ -13,7 +13,7 @@ from ..errors import UserError
 from .base import BlockAdapter, Workload
 from .family import Family, InputContext, Preset, presets
 from .ranges import ModuleRange
-from .stages import StageSpec, build_on_meta, vae_decode
+from .stage_specs import StageSpec, build_on_meta, vae_decode
 
 WAN21_14B_CONFIG = {
     "_class_name": "WanTransformer3DModel",

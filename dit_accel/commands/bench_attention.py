@@ -298,7 +298,7 @@ def check_bench_fits(shape: "AttentionShape", dtype: "torch.dtype", backends: li
     import dataclasses
 
     from ..attention.bench import bench_bytes
-    from ..room import FIXED_BYTES, MARGIN, GiB, memory_room
+    from ..headroom import FIXED_BYTES, MARGIN, GiB, memory_room
     from .options import DTYPE_NAMES
 
     found = memory_room(device)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # torch and diffusers load when a command runs, not for --hel
     from rich.progress import Progress
 
     from ..patching.recipe import Recipe
-    from ..pipelines.report import GenerateSettings
+    from ..pipelines.generate_report import GenerateSettings
     from ..pipelines.running import Request, RunResult
 
 DEFAULT_PROMPT = "a red fox running through fresh snow at sunset, wide shot"
@@ -228,9 +228,9 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
     from ..loading.offload import check_offload
     from ..patching.fp8_linear import fp8_linear_unavailable_reason
     from ..patching.recipe import parse_recipe
-    from ..pipelines.loading import inspect_pipeline_folder
+    from ..pipelines.pipeline_folder import inspect_pipeline_folder
     from ..pipelines.parallel import UNEVEN_SEQUENCE, start_ulysses, stop_ulysses
-    from ..pipelines.report import GenerateSettings
+    from ..pipelines.generate_report import GenerateSettings
     from ..pipelines.running import AttentionUnavailable, Request
     from ..pipelines.video_io import mp4_writer
 
@@ -312,7 +312,7 @@ def check_video_fits(request: "Request", runs: int) -> None:
     cannot work is refused in one line with the most frames that would fit, not by an allocation failure."""
     import torch
 
-    from ..room import GiB, memory_room
+    from ..headroom import GiB, memory_room
 
     if None in (request.frames, request.height, request.width):
         return  # the pipeline's own defaults: its sizes are the ones it was made for
@@ -368,9 +368,9 @@ def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
     from ..attention.backends import BACKENDS
     from ..attention.crossover import measure_here
     from ..loading.offload import host_to_device_gbps
-    from ..pipelines.loading import load_pipeline, streamed_bytes
+    from ..pipelines.pipeline_folder import load_pipeline, streamed_bytes
     from ..pipelines.parallel import apply_ulysses
-    from ..pipelines.report import build_header, build_report, compare_runs, streaming_figures, write_outputs
+    from ..pipelines.generate_report import build_header, build_report, compare_runs, streaming_figures, write_outputs
     from ..report_io import write_json
 
     s = settings

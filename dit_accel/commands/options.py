@@ -184,7 +184,7 @@ def skip_crossover_option():
                              "serves long calls only) and `plan` estimates FP8 attention.")
 
 
-# `adapters.stages.STAGE_KEYS`, as text (a test checks they agree).
+# `adapters.stage_specs.STAGE_KEYS`, as text (a test checks they agree).
 STAGE_CHOICES = ("text", "vae", "audio")
 
 

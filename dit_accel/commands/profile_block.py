@@ -2,7 +2,7 @@
 
 This module parses the options into `profiling.session.ProfileSettings`, checks the memory
 estimate (`profiling.memory`) and prints, with the session's progress; the work is
-`profiling.session.run_session`, the report's content `profiling.report`, its drawing and files
+`profiling.session.run_session`, the report's content `profiling.block_report`, its drawing and files
 `profiling.render`."""
 from __future__ import annotations
 

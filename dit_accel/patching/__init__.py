@@ -2,7 +2,7 @@
 
     from dit_accel.patching import apply_recipe, patch_attention, fused_rope, quantize_linears, parse_recipe
 
-`attention.py`: `patch_attention` (route a model's or pipeline's attention to a backend, keeping
+`attention_patch.py`: `patch_attention` (route a model's or pipeline's attention to a backend, keeping
 chosen blocks and steps on the original), `AttentionPatch`, `denoisers`, `block_list`.
 `rope.py`: `fused_rope` (MiniMax-H3's rotary embedding on the fused Triton kernel), `FusedRope`.
 `prologue.py`: `fused_prologue` (MiniMax-H3's QK-norm and RoPE inside the FP8 attention's prep).
@@ -25,8 +25,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {  # public name -> the submodule defining it
-    "patch_attention": "attention", "AttentionPatch": "attention", "denoisers": "attention",
-    "block_list": "attention", "BLOCK_LIST_NAMES": "attention",
+    "patch_attention": "attention_patch", "AttentionPatch": "attention_patch", "denoisers": "attention_patch",
+    "block_list": "attention_patch", "BLOCK_LIST_NAMES": "attention_patch",
     "fused_rope": "rope", "FusedRope": "rope",
     "fused_prologue": "prologue", "FusedPrologue": "prologue",
     "quantize_linears": "fp8_linear", "fp8_linear_unavailable_reason": "fp8_linear",

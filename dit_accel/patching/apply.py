@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .attention import AttentionPatch, denoisers, patch_attention
+from .attention_patch import AttentionPatch, denoisers, patch_attention
 from .fp8_linear import Fp8LinearSwap, quantize_linears
 from .prologue import FusedPrologue, fused_prologue
 from .recipe import Recipe, parse_recipe

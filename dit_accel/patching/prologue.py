@@ -153,7 +153,7 @@ def fused_prologue(model_or_pipeline: Any) -> FusedPrologue:
     model (or a pipeline's transformers) until the handle is unpatched. Patch the attention to
     `fp8` first (the prologue serves only calls routed to our kernel). Raises UserError when the
     model has no MiniMax-H3 attention."""
-    from .attention import denoisers
+    from .attention_patch import denoisers
 
     models = denoisers(model_or_pipeline)
     handle = FusedPrologue(counts=CallCounts.on_device_of(models[0]))

@@ -3,8 +3,8 @@ profile-block and generate, and `--backends` in bench-attention.
 
     NAME[+rope | +prologue][+fp8-linear][+compile | +max-autotune][+cache=METHOD[:PARAMS]]
 
-NAME is an attention backend of `attention.backends.BACKENDS` (native, flash, cudnn, efficient,
-math, fa4, fa3, fa3-fp8, fp8, fp8-v1, cudnn-fp8) or an alias:
+NAME is an attention backend of `attention.backends.BACKENDS` (`vocabulary_help()` lists them, as every command's
+--help does) or an alias:
   - `bf16`: generate's historic name for the model's own attention, left as it is; it means
     `native` (diffusers' default: torch SDPA, which picks its kernel) and is reported as typed.
 Options (in any order; they apply to models, so bench-attention, which times attention alone,

@@ -126,7 +126,7 @@ def _rope_model_files(model: torch.nn.Module) -> list[ModuleType]:
 def fused_rope(model_or_pipeline: Any) -> FusedRope:
     """Send the rotary embeddings of a MiniMax-H3 model (or a pipeline's transformers) to the fused
     kernel until the returned handle is unpatched. Raises UserError when it has no such attention."""
-    from .attention import denoisers
+    from .attention_patch import denoisers
 
     modules = {m.__name__: m for model in denoisers(model_or_pipeline) for m in _rope_model_files(model)}
     if not modules:

@@ -7,8 +7,8 @@ and frame quality metrics. One concern per module:
   tiny_skyreels_v2.py, tiny_cogvideox.py   tiny random SkyReelsV2Pipeline and CogVideoXPipeline
   tiny_parts.py  the T5-family text encoder, word tokenizer and folder description they share
   tiny.py        the registry `make-tiny-pipeline` reads, and the defaults file it writes
-  loading.py     checking and opening a local pipeline folder
-  stages.py      per-stage timing from hooks          running.py  one call with an attention choice
+  pipeline_folder.py   checking and opening a local pipeline folder
+  stage_timer.py       per-stage timing from hooks    running.py  one call with an attention choice
   video_io.py    MP4 (and WAV) writing                 quality.py  per-frame PSNR and SSIM
   parallel.py    --ulysses: diffusers' context parallelism under torchrun
 """

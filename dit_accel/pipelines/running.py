@@ -26,7 +26,7 @@ import torch
 from ..errors import UserError
 from ..patching.apply import apply_recipe, compile_failures_as_user_errors
 from ..patching.recipe import Recipe
-from .stages import StageTimer, StageTimes
+from .stage_timer import StageTimer, StageTimes
 
 DEFAULT_FPS = 16  # Wan's; a pipeline with an `fps` attribute says its own
 

@@ -56,7 +56,7 @@ def make_tiny_pipeline(family: str, directory: Path, seed: int = 0) -> dict:
     directory = Path(directory)
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise UserError(f"{directory} exists and is not an empty folder; give another DIRECTORY, a new folder")
-    from .loading import quiet_libraries
+    from .pipeline_folder import quiet_libraries
 
     quiet_libraries()
     staged = StagedRun(directory, option="DIRECTORY")
@@ -73,7 +73,7 @@ def _point_modular_index_at(folder: Path, saved_to: Path) -> None:
     `pretrained_model_name_or_path` in modular_model_index.json; the build saved into a staging folder that
     became `folder`, so those entries are rewritten to `folder` (absolute, as diffusers writes them). A
     DiffusionPipeline folder has no such index and nothing to rewrite."""
-    from .loading import MODULAR_INDEX
+    from .pipeline_folder import MODULAR_INDEX
 
     index_path = folder / MODULAR_INDEX
     if not index_path.is_file():

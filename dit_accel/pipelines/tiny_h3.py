@@ -72,7 +72,7 @@ class H3PromptProcessor(ProcessorMixin):
     reference (`ref2va`) workflows cannot use it.
 
     `save_pretrained` records it in `modular_model_index.json` under this module's path; diffusers
-    resolves such a class from the modules already imported, so `loading.py` imports this one first.
+    resolves such a class from the modules already imported, so `pipeline_folder.py` imports this one first.
     """
 
     def __init__(self, tokenizer, chat_template=None):

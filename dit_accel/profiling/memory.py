@@ -51,11 +51,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ..adapters.stages import StageSpec
+from ..adapters.stage_specs import StageSpec
 from ..attention.reference import REFERENCE_CHUNK_SCORES
 from ..errors import UserError
 from ..loading.block import loaded_param_bytes
-from ..room import FIXED_BYTES, MARGIN, GiB, memory_room
+from ..headroom import FIXED_BYTES, MARGIN, GiB, memory_room
 from .attention_error import heads_per_check_group
 from .outside import outside_weight_bytes
 
@@ -184,7 +184,7 @@ def _check_stages(settings: "ProfileSettings", block_bytes: int, room: int, wher
                   budget_bytes: int | None) -> None:
     """A UserError naming the first --stages stage that cannot fit: a stage runs after the block's
     recipes, beside the block's weights (which stay for the --validate chain), one stage at a time."""
-    from .stages import stage_memory
+    from .stage_profile import stage_memory
 
     for spec in settings.stages:
         if not isinstance(spec, StageSpec):  # a StageSkip

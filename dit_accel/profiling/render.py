@@ -10,13 +10,13 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from ..adapters.stages import STAGE_TITLES
+from ..adapters.stage_specs import STAGE_TITLES
 from ..device import FP8, Ceilings
 from ..report_io import write_csv, write_json
 from .classify import CATEGORIES
 from .extrapolate import Validation
 from .results import COMPILED_CPU_NOTE, GAPS_LABEL, GAPS_NOTE, BackendRun
-from .stages import StageMeasurement
+from .stage_profile import StageMeasurement
 
 if TYPE_CHECKING:
     from ..attention.crossover import MeasuredHere

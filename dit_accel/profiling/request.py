@@ -208,7 +208,7 @@ def run_profile(settings: ProfileSettings, run_dir: Path, progress, *, memory_bu
     from ..attention.crossover import measure_here
     from ..device import apply_memory_budget, device_ceilings
     from .render import write_files
-    from .report import build_report
+    from .block_report import build_report
     from .session import run_session
 
     with progress.stage("device ceilings (GEMM, FP8 GEMM where the GPU has one, copy and host link; measured "

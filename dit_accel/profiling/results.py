@@ -1,7 +1,7 @@
 """What a profiled region's measurements come to, as numbers: its rows by kind of work (ms, share, and
 the rate against this device's ceilings, `category_rows`) and by module (`range_rows`), a warning when
 its timed runs spread widely (`timing_noise`), and one recipe's profile of the block (`BackendRun`,
-with `CompileStats`). `report` assembles report.json from these; `render` draws them.
+with `CompileStats`). `block_report` assembles report.json from these; `render` draws them.
 
 A matmul kind's rate is its FLOPs over its time against the GEMM ceiling of the precision it ran in:
 work on FP8 operands against the FP8 GEMM (`device.FP8`), the rest against the GEMM in the block's dtype.

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..adapters import BlockAdapter, Workload
-from ..adapters.stages import StageSkip, StageSpec
+from ..adapters.stage_specs import StageSkip, StageSpec
 from ..errors import UserError
 from ..loading.block import LoadedBlock, load_block_from_checkpoint, synthetic_block
 from ..patching.apply import apply_recipe, compile_failures_as_user_errors
@@ -26,7 +26,7 @@ from .outside import OutsideMeasurement, measure_outside
 from .profiler import profile_block
 from .progress import NO_PROGRESS, SessionProgress
 from .results import COMPILED_CPU_NOTE, BackendRun, CompileStats
-from .stages import StageMeasurement, measure_stage
+from .stage_profile import StageMeasurement, measure_stage
 from .validate import validate_chain
 
 

@@ -12,7 +12,7 @@ from testing import slow_beyond
 
 from dit_accel.adapters import FAMILIES
 from dit_accel.adapters.family import PRESETS
-from dit_accel.adapters.stages import build_on_meta
+from dit_accel.adapters.stage_specs import build_on_meta
 
 BUILDS_TO = re.compile(r"Builds on the meta device under diffusers [0-9.]+ to ([0-9,]+) parameters")
 STATED = {path.stem: int(match.group(1).replace(",", "")) for path in sorted(PRESETS.glob("*.json"))

@@ -363,7 +363,7 @@ def test_a_run_prints_no_third_party_noise(tiny_wan, tmp_path):
 
 def test_the_stage_table_names_the_attention_and_the_dtype_apart():
     from dit_accel.commands.generate import _stage_table
-    from dit_accel.pipelines.stages import StageTimes
+    from dit_accel.pipelines.stage_timer import StageTimes
 
     run = SimpleNamespace(attention="bf16", times=StageTimes(text_encoding_ms=1.0, step_ms=[2.0], total_ms=4.0))
     table = _stage_table([run], "float32")

@@ -408,7 +408,7 @@ def test_generate_counts_only_the_streamed_block_stacks():
     nor the other components."""
     from types import SimpleNamespace
 
-    from dit_accel.pipelines.loading import streamed_bytes
+    from dit_accel.pipelines.pipeline_folder import streamed_bytes
 
     transformer = torch.nn.Module()
     transformer.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])  # 3 x 20 floats

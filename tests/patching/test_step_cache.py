@@ -18,7 +18,7 @@ from testing import every_family, tiny_h3_transformer
 from dit_accel.adapters import adapter_for_preset
 from dit_accel.adapters.building import synthetic_weights
 from dit_accel.adapters.capture import block_stacks
-from dit_accel.adapters.stages import build_on_meta
+from dit_accel.adapters.stage_specs import build_on_meta
 from dit_accel.cli import main
 from dit_accel.errors import UserError
 from dit_accel.patching import step_cache

@@ -85,9 +85,9 @@ def test_compare_reports_quality_and_speedup(tiny_wan, tmp_path, monkeypatch, fa
 def test_the_comparison_reports_the_median_step_beside_the_sums():
     """One stalled step in the reference run (measured on the H200: 64 ms among 6-8 ms ones) carries the sum
     of the steps, not the median step's speed-up."""
-    from dit_accel.pipelines.report import compare_runs
+    from dit_accel.pipelines.generate_report import compare_runs
     from dit_accel.pipelines.running import RunResult
-    from dit_accel.pipelines.stages import StageTimes
+    from dit_accel.pipelines.stage_timer import StageTimes
 
     frames = np.random.default_rng(0).random((3, 8, 8, 3))
     reference = RunResult("bf16", frames, 16.0, StageTimes(step_ms=[6.3, 6.8, 64.1, 7.6], total_ms=130.0))
@@ -134,7 +134,7 @@ def test_a_missing_ffmpeg_plugin_is_one_line_before_anything_runs(tiny_wan, tmp_
     def must_not_load(*args, **kwargs):
         raise AssertionError("the pipeline was loaded before the MP4 writer was checked")
 
-    monkeypatch.setattr("dit_accel.pipelines.loading.load_pipeline", must_not_load)
+    monkeypatch.setattr("dit_accel.pipelines.pipeline_folder.load_pipeline", must_not_load)
     out = tmp_path / "outputs" / "run"
     result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--out", str(out), "--device", "cpu"])
     assert result.exit_code == 2, result.output
@@ -162,7 +162,7 @@ def test_the_decode_wrapper_restores_exactly_what_the_instance_held():
     """detach() puts back an instance's own `decode` (another wrapper, a hook) and removes only its own."""
     from types import SimpleNamespace
 
-    from dit_accel.pipelines.stages import StageTimer
+    from dit_accel.pipelines.stage_timer import StageTimer
 
     hooked, plain = _Vae(), _Vae()
     seen = []
@@ -278,12 +278,12 @@ def test_fp8_linears_on_the_cpu_are_refused_before_the_pipeline_loads(tiny_wan, 
     """--linear fp8 cannot run on a CPU: one line, before anything is loaded (not after the reference ran)."""
     if torch.cuda.is_available():
         pytest.skip("checks the CPU refusal")
-    from dit_accel.pipelines import loading
+    from dit_accel.pipelines import pipeline_folder
 
     def must_not_load(*args, **kwargs):
         raise AssertionError("the pipeline was loaded before the FP8-linear refusal")
 
-    monkeypatch.setattr(loading, "load_pipeline", must_not_load)
+    monkeypatch.setattr(pipeline_folder, "load_pipeline", must_not_load)
     out = tmp_path / "outputs" / "run"
     result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--linear", "fp8", "--device", "cpu",
                                        "--out", str(out)])

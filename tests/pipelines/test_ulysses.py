@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from dit_accel.cli import main
 from dit_accel.errors import UserError
-from dit_accel.pipelines.loading import inspect_pipeline_folder, load_pipeline
+from dit_accel.pipelines.pipeline_folder import inspect_pipeline_folder, load_pipeline
 from dit_accel.pipelines.parallel import apply_ulysses
 
 

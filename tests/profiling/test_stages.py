@@ -13,15 +13,15 @@ from testing import DATA
 
 from dit_accel.adapters import adapter_for_preset
 from dit_accel.adapters import minimax_h3 as h3_adapter
-from dit_accel.adapters.stages import STAGE_KEYS, StageSkip, StageSpec
+from dit_accel.adapters.stage_specs import STAGE_KEYS, StageSkip, StageSpec
 from dit_accel.cli import main
 from dit_accel.commands.options import STAGE_CHOICES
 from dit_accel.errors import UserError
-from dit_accel import room
+from dit_accel import headroom
 from dit_accel.profiling import memory
 from dit_accel.profiling.classify import classify
-from dit_accel.profiling import stages as stages_module
-from dit_accel.profiling.stages import measure_stage
+from dit_accel.profiling import stage_profile as stages_module
+from dit_accel.profiling.stage_profile import measure_stage
 
 CPU = torch.device("cpu")
 PUBLIC_VAE_CONFIG = DATA / "h3_vae_config.json"  # the public vae/config.json, copied
@@ -195,9 +195,9 @@ def test_the_stage_check_passes_what_fits(monkeypatch):
     workload = adapter.workload_from_seq_len(256, 1)
     settings = ProfileSettings(adapter, workload, torch.float32, CPU, (parse_recipe("native"),),
                                stages=tuple(adapter.pipeline_stages(workload, ("vae",), scaled_down=True)))
-    monkeypatch.setattr(room, "host_available_bytes", lambda: 64 * 2**30)
+    monkeypatch.setattr(headroom, "host_available_bytes", lambda: 64 * 2**30)
     memory.check_fits(settings)
-    monkeypatch.setattr(room, "host_available_bytes", lambda: 300 * 2**20)
+    monkeypatch.setattr(headroom, "host_available_bytes", lambda: 300 * 2**20)
     with pytest.raises(UserError, match="VAE decode stage"):
         memory._check_stages(settings, 0, 260 * 2**20, "x", None)
 

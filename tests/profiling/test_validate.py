@@ -15,7 +15,7 @@ from dit_accel.cli import main
 from dit_accel.errors import UserError
 from dit_accel.loading.block import param_bytes, synthetic_block, synthetic_outside
 from dit_accel.patching.recipe import parse_recipe
-from dit_accel import room
+from dit_accel import headroom
 from dit_accel.profiling import memory
 from dit_accel.profiling.extrapolate import Validation
 from dit_accel.profiling.session import ProfileSettings
@@ -195,7 +195,7 @@ def test_a_resident_model_too_large_for_the_host_is_one_line_and_leaves_no_folde
                                (parse_recipe("native"),), measure_outside=True, validate_blocks=50, validate_model=True)
     e = memory.estimate_session(settings)
     held = (e.weights_bytes + e.outside_bytes + e.validate_bytes) * (1 + memory.MARGIN) + memory.FIXED_BYTES
-    monkeypatch.setattr(room, "host_available_bytes", lambda: math.floor(held) - 1)
+    monkeypatch.setattr(headroom, "host_available_bytes", lambda: math.floor(held) - 1)
     result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", *FAST, "--validate", "model",
                                        "--out", str(tmp_path / "run")])
     assert result.exit_code == 2, result.output

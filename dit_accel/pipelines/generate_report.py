@@ -14,7 +14,7 @@ import torch
 from ..version import __version__
 from ..device import DeviceInfo
 from ..report_io import command_line, provenance
-from .loading import PipelineFolder
+from .pipeline_folder import PipelineFolder
 from .parallel import UlyssesGroup
 from .quality import compare_videos
 from .running import Request, RunResult

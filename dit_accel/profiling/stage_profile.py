@@ -1,6 +1,6 @@
 """The pipeline's stages outside the denoising loop (`--stages`: VAE decode, audio decode, text
 encoding), measured at the workload's size with synthetic weights like the block: built from the
-family's `StageSpec` (`adapters.stages`), timed (median of --runs), and profiled by the block's
+family's `StageSpec` (`adapters.stage_specs`), timed (median of --runs), and profiled by the block's
 own profiler (`profiler.profile_block`: the same classification and named ranges), once per
 attention backend of the recipes where the stage's attention goes through diffusers' dispatch
 (else once). Their memory is checked before anything is built (`stage_memory`)."""
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adapters.stages import StageSpec
+from ..adapters.stage_specs import StageSpec
 from ..attention.routing import use_attention_backend
 from ..device import Ceilings
 from ..adapters.building import synthetic_weights

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..version import __version__
-from ..adapters.stages import STAGE_KEYS, StageSkip
+from ..adapters.stage_specs import STAGE_KEYS, StageSkip
 from ..attention.backends import BACKENDS
 from ..device import Ceilings, DeviceInfo
 from ..report_io import command_line, provenance

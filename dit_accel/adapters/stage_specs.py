@@ -3,7 +3,7 @@ encoding), as data the profiler can build and run: `StageSpec`, or `StageSkip` w
 be measured here (its config is not at hand), with the reason in words.
 
 Each family's adapter says which stages its pipeline has and how to build them
-(`BlockAdapter.pipeline_stages`); `profiling.stages` measures them. Models are built with their
+(`BlockAdapter.pipeline_stages`); `profiling.stage_profile` measures them. Models are built with their
 parameters on the meta device (synthetic weights come later, as for the block) and their computed
 buffers real.
 """
@@ -48,7 +48,7 @@ class StageSpec:
     each recipe's attention backend is swapped into it (else it runs once, as diffusers has it);
     attention_note says which way and why.  activation_bytes(element size): what one run holds
     beyond its weights, for the memory check (`activation_source` says how that was worked out).
-    GEMM and convolution FLOPs are counted when the stage runs (`profiling.stages.count_flops`).
+    GEMM and convolution FLOPs are counted when the stage runs (`profiling.stage_profile.count_flops`).
     profile_unit(device, dtype, generator), profile_parts: inputs of one of `profile_parts` equal parts
     of the call (e.g. one clip of a clip-chunked decode), which the profiler attributes in place of the
     whole call (its kernels x profile_parts); the whole call is still what is timed. None: the whole call.
