@@ -1,0 +1,53 @@
+"""Every measured figure the README states is recorded in docs/benchmarks.md, the figure of record (its date,
+command and commit beside it): the README cites, it never restates a number the record does not hold.
+
+A figure is a number with a decimal point, or any number followed by a unit (ms, TFLOP/s, x, %, min, GiB, GB/s,
+s), outside the README's shell examples. It matches the record where the record holds it as written or to more
+places that round to it (524.39 ms recorded, 524.4 ms in the README's table).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Numbers of the README that are not measurements, and what they are.
+NOT_FIGURES = {"3.10": "the Python version setup.sh needs", "0.12": "a cache threshold in a recipe example"}
+_UNIT = r"(?=\s?(?:ms|TFLOP/s|x|%|min|GiB|GB/s|s)\b)"
+
+
+def figures(text: str) -> set[str]:
+    """The measured figures of a Markdown text, as written."""
+    text = re.sub(r"```bash.*?```", "", text, flags=re.S)  # commands, not results
+    decimals = re.findall(r"(?<![\w.\-/])\d+\.\d+(?![\w.])", text)
+    with_units = re.findall(r"(?<![\w.\-/+=:])\d+(?:\.\d+)?" + _UNIT, text)
+    return set(decimals) | set(with_units)
+
+
+def _places(number: str) -> int:
+    return len(number.split(".")[1]) if "." in number else 0
+
+
+def recorded(figure: str, record: set[str]) -> bool:
+    """`figure` is in `record` as written, or as a number of more places that rounds to it."""
+    if figure in record:
+        return True
+    places = _places(figure)
+    return any(_places(r) > places and round(float(r), places) == float(figure) for r in record)
+
+
+def test_every_figure_of_the_readme_is_in_the_record():
+    record = set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?", (ROOT / "docs" / "benchmarks.md").read_text()))
+    readme = figures((ROOT / "README.md").read_text())
+    assert len(readme) > 50  # the extraction finds the README's figures (the results tables among them)
+    missing = sorted((f for f in readme - set(NOT_FIGURES) if not recorded(f, record)), key=float)
+    assert not missing, f"README figures with no record in docs/benchmarks.md: {missing}"
+
+
+def test_a_figure_matches_its_record_only_as_written_or_rounded():
+    record = {"524.39", "1.71", "843"}
+    assert recorded("524.4", record) and recorded("524.39", record) and recorded("843", record)
+    assert not recorded("524.3", record) and not recorded("1.72", record) and not recorded("844", record)
+    assert not recorded("524.390", record)  # more places than the record: not the record's figure
+    assert figures("ours 52.94 ms, 1.31x; `--runs 5`\n```bash\nrun --seq-len 30272.5\n```\n3 GiB") == {
+        "52.94", "1.31", "3"}
