@@ -14,8 +14,8 @@ torchao `Float8Tensor`: float8_e4m3fn data [out, in] and one float32 scale per o
 Each call quantizes its input per row (one float32 scale per row, amax / 448) and runs
 `torch._scaled_mm(x_fp8, w_fp8.t(), scale_a [rows, 1], scale_b [1, out], out_dtype=bf16)`, the bias added in
 its epilogue. On the H200 (torch 2.11 cu130)
-that is one cuBLASLt kernel, `nvjet_sm90_qqtst_128x128_128x6_..._ovscale_TNT` (outer-vector scales):
-1.66 ms for H3's q projection at 30272 rows against bf16's 2.92 ms. torchao's `KernelPreference.TORCH`
+that is one cuBLASLt kernel, `nvjet_sm90_qqtst_128x128_128x6_..._ovscale_TNT` (outer-vector scales; its time
+against bf16's: docs/benchmarks.md, "FP8 linears on the H3 block"). torchao's `KernelPreference.TORCH`
 is pinned, so the engine does not change with whether the optional `mslk` package happens to be
 installed (AUTO would switch to mslk's CUTLASS GEMM and Triton quantize kernel on sm_90).
 
@@ -24,14 +24,13 @@ Invariants a caller relies on:
   activation dtype). fp16 and fp32 blocks are refused.
 - cuBLAS FP8 needs K (in_features) and N (out_features) to be multiples of 16; torchao would silently
   leave such a layer alone, so the policy refuses instead.
-- Eagerly, the activation quantize is 8 ATen kernels before every GEMM (abs, amax, clamp, divide, casts):
-  1.5 ms at 30272 x 5376 on the H200, more than the GEMM saves (q projection 3.56 ms FP8 eager vs
-  3.08 ms bf16). Under `torch.compile` inductor fuses them into one Triton reduction (0.24 ms): 2.13 ms.
-  Compile the block for speed (H3 block at 30272 rows: bf16 compiled 84.6 ms, FP8 compiled 71.8 ms).
+- Eagerly, the activation quantize is 8 ATen kernels before every GEMM (abs, amax, clamp, divide, casts),
+  which cost more than the GEMM saves; under `torch.compile` inductor fuses them into one Triton reduction.
+  Compile the block for speed (the figures: docs/benchmarks.md, "FP8 linears on the H3 block").
   A compiled quantized block must run under `torch.no_grad()` / `torch.inference_mode()`
   (`aten::_scaled_mm` has no derivative, and AOT autograd traces one when a parameter needs grad).
-- Error: one GEMM ~3.7% rel L2 (e4m3's 3 mantissa bits on both operands); the real H3 block's output
-  0.41% of the bf16 block's (the residual carries most of it); fast_accum=False gives 0.406% vs 0.407%.
+- Error: e4m3's 3 mantissa bits on both operands of each GEMM; the residual carries most of the block's output
+  past it (the same section has both errors, and fast_accum's).
 - torchao's global inductor settings (`set_inductor_config`, e.g. coordinate-descent tuning) are NOT
   applied: they would change every later compile in the process, FP8 or not.
 - `activation_value_lb` is a tiny floor on each row's amax: without it an all-zero input row gets a

@@ -15,11 +15,8 @@ knob changes, each by one stated model:
     before it was measured: all GEMM time), other matmuls as measured; plus the activations' quantization (torchao,
     per row) at the best rate a memory-bound kind reached in this run (of the kinds holding at least 5% of their
     stack's memory-bound time, `MEMORY_RATE_MIN_SHARE`): compiled, 5 bytes an element (inductor's
-    amax pass reads 2, its quantize pass reads 2 and writes 1); eager, 25, an effective figure: torchao's own ops
-    move 33 bytes an element as the H200 profiled them (abs 2 + 2, amax 2, to float32 2 + 4, the scale's multiply
-    4 + 4, clamp 4 + 4, the e4m3 cast 4 + 1), but with 33 the FP8-linear rows of H3, Wan, HunyuanVideo and
-    SkyReels-V2 missed by up to +6.8% (their verify runs on the H200, 2026-12-03) where 25 misses every family
-    checked by at most 4.8%, LTX-Video (-8.5%) aside.
+    amax pass reads 2, its quantize pass reads 2 and writes 1); eager, 25, an effective figure below the 33 bytes
+    torchao's own ops move (docs/plan.md's FP8-linears row says why, with the verify runs that set it).
   - torch.compile: the memory-bound kinds (norms, RoPE, modulation, copies) as fused chains, which read what the
     compute-bound ops wrote and write what they read: the distinct linear inputs, the linear outputs and the
     attention's q, k, v, 2 bytes an element, and the tensors of the matmul work no nn.Linear launched
@@ -44,10 +41,13 @@ SERVED_HEAD_DIMS = (64, 128)
 QUANTIZE_BYTES_PER_ELEMENT = {"compiled": 5, "eager": 25}  # see the module docstring
 FUSED_BYTES_PER_ELEMENT = 2  # bf16
 # The memory-bound rate carried over: the best of the kinds holding at least this share of their stack's
-# memory-bound time (a kind of one small kernel, SANA-Video's 0.09 ms "other" at 80% of the copy ceiling against
-# its 14 ms of memory-bound work at 31-47%, is no rate the block's fused chains reach).
+# memory-bound time (a kind of one small kernel is no rate the block's fused chains reach: docs/plan.md's
+# FP8-linears row has the run that showed it).
 MEMORY_RATE_MIN_SHARE = 0.05
-ROOFLINE_FP8_ATTENTION = 0.537  # ours at B1 H56 S30272 D128 on the H200: 848 TFLOP/s of its 1579 FP8 GEMM ceiling
+# Our kernel's fraction of the FP8 GEMM ceiling at B1 H56 S30272 D128 on the H200 (848 TFLOP/s over 1579, set by
+# commit 2417acd; docs/benchmarks.md, "Attention at the H3 shape", has the spread of our rate there), the estimate
+# where a GPU has no crossover data.
+ROOFLINE_FP8_ATTENTION = 0.537
 FP8_ATTENTION_ESTIMATE = (f"ESTIMATED, no crossover data for this GPU: each call our router's conservative rule serves "
                           f"at {ROOFLINE_FP8_ATTENTION:.1%} of the FP8 GEMM ceiling (our kernel's at the H3 shape, "
                           f"B1 H56 S30272 D128, on the H200); measure the crossover on this GPU (any profile-block "

@@ -31,17 +31,8 @@ attention reference's bytes: 8 on the CPU, 4 on a GPU):
 total = (weights + inputs + kept outputs + max(forward, attention check) + validate) * (1 +
 MARGIN) + FIXED_BYTES.
 
-Calibration (CPU, scaled-down H3 block, fp32, RSS high-water mark through /proc/self/clear_refs;
-`measured_peak_bytes`): one forward took 17.7, 17.6 and 19.9 elements of D per row at S = 4096,
-8192 and 16384 (22.3 at the margin between the last two), so FORWARD_ELEMENTS["cpu"] = 22; whole
-sessions (native attention, 1 warm-up, 2 runs) peaked at 0.17, 1.36 and 4.75 GB at S = 1024, 4096
-and 8192 (the float64 attention reference's scores dominate from S = 4096), which the model puts
-10% and 3.5% under at 4096 and 8192 (at 1024 fixed costs dominate: 32% under) before the margin;
-with it the estimate is 2.4x, 1.28x and 1.21x the measured peak. GPU: the real H3 block at S = 30272 in bf16 peaked at
-5.70 GiB (max_memory_allocated over the timed runs) with 1.29 GB of weights: 4.47 GB of inputs
-and activations, 13.75 elements of D per row, hence FORWARD_ELEMENTS["cuda"] = 14; the GPU's
-attention check was not measured apart. MARGIN = 20% covers the calibration's spread, plus
-FIXED_BYTES for the interpreter's and the profiler's own buffers.
+FORWARD_ELEMENTS (per device), MARGIN and FIXED_BYTES come from the calibration docs/profile-block.md ("Memory")
+records: CPU peaks of scaled-down sessions (`measured_peak_bytes`) and the H3 block's GPU peak.
 """
 from __future__ import annotations
 

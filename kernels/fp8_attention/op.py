@@ -32,8 +32,8 @@ torch.inference_mode(), or with inputs that do not require grad. Callers that ma
 (the attention router, the prologue swap) check the same condition first and fall back.
 
 Defined with `torch.library.Library` (schema, then one Python function per dispatch key and a fake),
-not `torch.library.custom_op`: the latter puts a Python autograd kernel in front of every call,
-7.1 against 2.2 us of dispatch per call on a CPU under `torch.no_grad()` (docs/notes/per-call-host-cost.md).
+not `torch.library.custom_op`: the latter puts a Python autograd kernel in front of every call, about three
+times our dispatch cost on a CPU under `torch.no_grad()` (docs/notes/per-call-host-cost.md has the figures).
 `FP8_ATTENTION` is the OpOverload, the cheapest way to call it from Python.
 """
 from typing import Optional
