@@ -206,21 +206,14 @@ def _verify_run(run: Path, baseline, out: Path) -> Path:
     side by side, into `out`."""
     import torch
 
+    from ..planning.knobs import recipe_of
     from ..planning.predict import knob_sets
 
     if not torch.cuda.is_available():
         raise UserError("--verify runs the knobs on this machine's GPU, and it has none; plan without --verify here")
-    recipes = [name for name in (_recipe_of(knobs, baseline) for knobs in knob_sets())
+    recipes = [name for name in (recipe_of(knobs, baseline.attention_backend) for knobs in knob_sets())
                if _runs_here(name, baseline, f"--verify leaves {name} out")]
     return _profile_again(run, baseline, out, recipes, keep_going=True)
-
-
-def _recipe_of(knobs: frozenset, baseline) -> str:
-    """The recipe that turns `knobs` on the baseline's attention (ours where fp8-attention is one of them)."""
-    from ..planning.measured import KNOBS
-
-    return ("fp8" if "fp8-attention" in knobs else baseline.attention_backend) + "".join(
-        f"+{k}" for k in KNOBS if k in knobs and k != "fp8-attention")
 
 
 def _runs_here(name: str, baseline, skipped: str) -> bool:
@@ -240,9 +233,10 @@ def _runs_here(name: str, baseline, skipped: str) -> bool:
 def _streamed_recipes(baseline) -> list[str]:
     """The recipes --verify streams the whole transformer with, those this GPU runs of the streaming rows'
     (`predict.streamed_knob_sets`): the baseline, our FP8 attention alone, the full recipe."""
+    from ..planning.knobs import recipe_of
     from ..planning.predict import streamed_knob_sets
 
-    return [name for name in (_recipe_of(knobs, baseline) for knobs in streamed_knob_sets())
+    return [name for name in (recipe_of(knobs, baseline.attention_backend) for knobs in streamed_knob_sets())
             if _runs_here(name, baseline, f"--verify streams no pass with {name}")]
 
 
@@ -258,6 +252,7 @@ def build_plan(baseline, rates, routing, here, targets, memory_budget, host_link
     """The plan's content. routing: (the crossover data our kernel's rates come from, None without any; the line
     saying which, `crossover.for_run`)."""
     from ..planning.gpus import datasheets
+    from ..planning.knobs import KNOB_NAMES
     from ..planning.predict import (ASSUMPTIONS, FP8_ATTENTION_ESTIMATE, GIB, KNOB_MODELS, fits, knob_sets,
                                     on_other_gpu, predict_block, pass_ms_of, resident_bytes, streamed_bytes,
                                     streamed_pass_ms, thin_evidence, video_seconds)
@@ -324,7 +319,7 @@ def build_plan(baseline, rates, routing, here, targets, memory_budget, host_link
                         "note": {"model": "", "no": "neither the model nor two blocks fit",
                                  "streamed": f"blocks streamed over {target.host_link} ({link:.4g} GB/s)"}[where]})
             gpu_rows.append(row)
-    ranking = sorted((row for row in knobs_rows if row["knobs"] in ("fp8-attention", "fp8-linear", "compile")),
+    ranking = sorted((row for row in knobs_rows if row["knobs"] in KNOB_NAMES),
                      key=lambda row: row["video_s"])
     return {
         "run": str(baseline.run_dir), "device": baseline.device_name, "baseline_recipe": baseline.recipe,
@@ -364,7 +359,7 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], pass_ms:
     """A recipe with its blocks streamed from host memory under `budget` (fits: "model" where the whole model also fits
     resident, at the pass of its knob row, `pass_ms`), beside the streamed pass a run measured with the same knobs
     and budget (--verify, or --validate model --offload stream), if one did: its time and its peak memory."""
-    from ..planning.measured import knobs_of
+    from ..planning.knobs import knobs_of
     from ..planning.predict import GIB, fits, streamed_bytes, streamed_pass_ms, video_seconds
 
     name = knobs_label(knobs)

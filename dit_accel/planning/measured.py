@@ -7,26 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..run_dir import read_run
 from ..errors import UserError
 from ..patching.recipe import parse_recipe
+from ..run_dir import read_run
+from .knobs import knobs_of
 
 COMPUTE_KINDS = ("attention", "gemm")  # rates against tensor-core ceilings; everything with bytes is memory-bound
-KNOBS = ("fp8-attention", "fp8-linear", "compile")  # the knobs a recipe turns, in the order the tables show them
-
-
-def knobs_of(label: str) -> frozenset[str] | None:
-    """The knobs a recipe label turns, or None for a recipe outside the vocabulary of predictions (another
-    attention backend than the baseline's or ours)."""
-    recipe = parse_recipe(label)
-    on = {"fp8-attention"} if recipe.backend == "fp8" else set()
-    if recipe.backend not in ("fp8", "cudnn", "native", "flash", "efficient"):
-        return None
-    if recipe.fp8_linear:
-        on.add("fp8-linear")
-    if recipe.compile_mode:
-        on.add("compile")
-    return frozenset(on)
 
 
 @dataclass

@@ -34,7 +34,8 @@ from typing import Any
 
 from ..attention.crossover import CONSERVATIVE_RULE
 from .gpus import Gpu
-from .measured import COMPUTE_KINDS, KNOBS, Baseline, StackBaseline
+from .knobs import KNOB_NAMES, KNOBS
+from .measured import COMPUTE_KINDS, Baseline, StackBaseline
 
 GIB = 2**30
 SERVED_HEAD_DIMS = (64, 128)
@@ -52,17 +53,7 @@ FP8_ATTENTION_ESTIMATE = (f"ESTIMATED, no crossover data for this GPU: each call
                           f"at {ROOFLINE_FP8_ATTENTION:.1%} of the FP8 GEMM ceiling (our kernel's at the H3 shape, "
                           f"B1 H56 S30272 D128, on the H200); measure the crossover on this GPU (any profile-block "
                           f"run) for its own rates")
-KNOB_MODELS = {
-    "fp8-attention": "attention calls at our kernel's rate at the nearest crossover point (prep included), a "
-                     "key-padding call on its kept rows (plus its dropped queries at the measured rate and one read "
-                     "of its mask); calls routed to the baseline there and head dims other than 64/128 unchanged",
-    "fp8-linear": "FP8 linears' FLOPs at the FP8 GEMM ceiling x this run's linear GEMM efficiency, other matmuls "
-                  "as measured, plus their inputs' quantization (25 B/element eager, 5 compiled) at this run's best "
-                  "memory-bound rate",
-    "compile": "memory-bound kinds fused: linear inputs and outputs and attention q/k/v once (2 B/element), the "
-               "tensors of convolutions and other matmuls, and the attention masks once, at this run's best "
-               "memory-bound rate",
-}
+KNOB_MODELS = {knob.name: knob.model for knob in KNOBS}
 
 
 @dataclass(frozen=True)
@@ -315,18 +306,18 @@ class Prediction:
 
     @property
     def name(self) -> str:
-        return " + ".join(k for k in KNOBS if k in self.knobs) or "baseline"
+        return " + ".join(k for k in KNOB_NAMES if k in self.knobs) or "baseline"
 
 
 def knob_sets() -> list[frozenset[str]]:
     """Every combination of the knobs, the baseline first, then by how many knobs."""
-    return [frozenset(c) for n in range(len(KNOBS) + 1) for c in itertools.combinations(KNOBS, n)]
+    return [frozenset(c) for n in range(len(KNOB_NAMES) + 1) for c in itertools.combinations(KNOB_NAMES, n)]
 
 
 def streamed_knob_sets() -> tuple[frozenset[str], ...]:
     """The knob sets the plan predicts streaming for (and `plan --verify` streams): the baseline, our FP8 attention
     alone, and every knob (the full recipe)."""
-    return frozenset(), frozenset({"fp8-attention"}), frozenset(KNOBS)
+    return frozenset(), frozenset({"fp8-attention"}), frozenset(KNOB_NAMES)
 
 
 def block_bytes(stack: StackBaseline, knobs: frozenset[str]) -> int:

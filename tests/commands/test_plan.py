@@ -703,3 +703,20 @@ def test_verify_profiles_the_runs_block_again_through_the_library_not_the_comman
     report = read_run(again)
     assert [r["backend"] for r in report["runs"]] == ["native", "math"]
     assert report["rerun"] == read_run(run)["rerun"] and report["workload"] == read_run(run)["workload"]
+
+
+def test_each_knob_set_is_one_recipe_and_reads_back_as_itself():
+    """The knobs are declared once (`planning.knobs`): the recipe --verify runs for a set of them turns exactly that
+    set, on every baseline attention; a recipe on another attention than a baseline's or ours predicts nothing."""
+    from dit_accel.planning.knobs import BASELINE_ATTENTION, KNOB_NAMES, knobs_of, recipe_of
+    from dit_accel.planning.predict import KNOB_MODELS, knob_sets
+
+    assert set(KNOB_MODELS) == set(KNOB_NAMES) and len(knob_sets()) == 2 ** len(KNOB_NAMES)
+    assert "cudnn" in BASELINE_ATTENTION and "native" in BASELINE_ATTENTION and "math" not in BASELINE_ATTENTION
+    for baseline in BASELINE_ATTENTION:
+        for knobs in knob_sets():
+            assert knobs_of(recipe_of(knobs, baseline)) == knobs, (baseline, knobs)
+    assert recipe_of(frozenset(KNOB_NAMES), "cudnn") == "fp8+fp8-linear+compile"
+    assert recipe_of(frozenset({"compile"}), "native") == "native+compile"
+    assert knobs_of("cudnn+max-autotune") == {"compile"}
+    assert knobs_of("math") is None and knobs_of("fa4+compile") is None
