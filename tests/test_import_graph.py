@@ -24,7 +24,7 @@ LAYERS = (
     ("adapters",),
     ("attention",),
     ("seams",),
-    ("device", "timing", "run_dir", "headroom", "report_io", "errors", "cache", "quiet", "version"),
+    ("device", "timing", "run_dir", "headroom", "report_io", "errors", "cache", "quiet", "version", "declared"),
     ("kernels",),
 )
 SHARED_BY_COMMANDS = "dit_accel.commands.options"  # the one command module the others import

@@ -2,10 +2,9 @@
 written to follow the option's name: the CLI prints `error: --frames must be at least 1, got 0`,
 one line, exit status 2 (see `cli._Group`).
 
-This module imports neither torch nor the attention registry: every command's --help reads it, and
-`dit-accel CMD --help` must not pay for torch. Values are converted (and torch imported) when a
-command runs; the --help text of the attention names is kept here as text
-(`tests/commands/test_cli_errors.py` checks it against `patching.recipe.vocabulary_help()`).
+This module imports neither torch nor the registries: every command's --help reads it, and
+`dit-accel CMD --help` must not pay for torch. The names of the families, attention backends and stages are read
+from the registries' source (`declared`); values are converted (and torch imported) when a command runs.
 """
 from __future__ import annotations
 
@@ -15,16 +14,12 @@ from types import ModuleType
 
 import click
 
-from ..patching.step_cache import cache_help
+from ..declared import backend_names, family_names, stage_keys
+from ..patching.recipe import vocabulary_help
 
 DTYPE_CHOICES = ("bf16", "fp16", "fp32")
-# The model families of `adapters.FAMILIES`, as text so that --help imports no adapter (and no diffusers);
-# a test checks they agree.
-MODEL_FAMILIES = ("minimax-h3", "wan", "hunyuan-video", "hunyuan-video-1.5", "hunyuan-video-framepack",
-                  "ltx-video", "ltx-2", "cogvideox", "mochi", "skyreels-v2", "wan-vace", "chronoedit", "wan-animate",
-                  "anyflow", "helios", "cosmos", "cosmos-predict2.5", "easyanimate", "kandinsky-5", "kandinsky-6",
-                  "sana-video", "allegro", "motif-video")
-DEFAULT_FAMILY = "minimax-h3"
+MODEL_FAMILIES = family_names()  # adapters.FAMILIES', in its order
+DEFAULT_FAMILY = MODEL_FAMILIES[0]
 
 
 def _library(name: str) -> ModuleType:
@@ -152,13 +147,8 @@ class RecipeParam(click.ParamType):
         return recipe.parse_recipe(value, allow_options=self.allow_options)
 
 
-# `patching.recipe.vocabulary_help()`, as text (see the module docstring); the names of the backends
-# in `attention.backends.BACKENDS`, in its order.
-ATTENTION_BACKENDS = ("native", "flash", "cudnn", "efficient", "math", "fa4", "fa3", "fa3-fp8", "fp8", "fp8-v1",
-                      "fp8-int8qk", "sage2", "cudnn-fp8")
-ATTENTION_HELP = (f"{', '.join(ATTENTION_BACKENDS)}; alias bf16 (= native); options +rope, +prologue, +fp8-linear, "
-                  f"+compile, +max-autotune (fused RoPE or QK-norm + RoPE in the FP8 prep for MiniMax-H3, torchao FP8 "
-                  f"linears, torch.compile), +cache=METHOD (generate: a step cache, {cache_help()})")
+ATTENTION_BACKENDS = backend_names()  # attention.backends.BACKENDS', in its order
+ATTENTION_HELP = vocabulary_help()
 
 
 def linear_option():
@@ -184,8 +174,7 @@ def skip_crossover_option():
                              "serves long calls only) and `plan` estimates FP8 attention.")
 
 
-# `adapters.stage_specs.STAGE_KEYS`, as text (a test checks they agree).
-STAGE_CHOICES = ("text", "vae", "audio")
+STAGE_CHOICES = stage_keys()  # adapters.stage_specs.STAGE_KEYS
 
 
 class StageList(click.ParamType):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..attention.backends import BACKENDS, get_backend
+from ..declared import backend_names
 from ..errors import UserError
 from .step_cache import CacheSpec, cache_help, parse_cache
 
@@ -106,6 +106,8 @@ def parse_recipe(text: str, *, allow_options: bool = True) -> Recipe:
     if len(modes) > 1:
         raise UserError(f"{written!r} names two compile modes; keep one of +compile, +max-autotune")
     backend = ALIASES.get(name, name)
+    from ..attention.backends import get_backend  # torch: the vocabulary and its help load without it
+
     get_backend(backend)  # unknown names: one line listing the known ones
     if "prologue" in options and "rope" in options:
         raise UserError(f"{written!r}: +prologue already computes the RoPE inside the FP8 prep; drop +rope")
@@ -128,7 +130,7 @@ def parse_recipe_list(text: str, *, allow_options: bool = True) -> list[Recipe]:
 def vocabulary_help() -> str:
     """One line for --help: the names and the options."""
     aliases = ", ".join(f"{alias} (= {name})" for alias, name in ALIASES.items())
-    return (f"{', '.join(BACKENDS)}; alias {aliases}; options {', '.join('+' + o for o in OPTIONS)} "
+    return (f"{', '.join(backend_names())}; alias {aliases}; options {', '.join('+' + o for o in OPTIONS)} "
             f"(fused RoPE or QK-norm + RoPE in the FP8 prep for MiniMax-H3, torchao FP8 linears, torch.compile), "
             f"+cache=METHOD (generate: a step cache, {cache_help()})")
 
@@ -136,6 +138,8 @@ def vocabulary_help() -> str:
 def check_recipes(recipes, device, dtype, adapter=None) -> None:
     """A UserError before anything is loaded when a recipe cannot run on `device` in `dtype` (or, given
     the model family's `adapter`, on its blocks: the fused RoPE and prologue serve MiniMax-H3 only)."""
+    from ..attention.backends import get_backend
+
     for recipe in recipes:
         if recipe.cache is not None and adapter is not None:
             raise UserError(f"{recipe.label}: +{recipe.cache.label} reuses work across the denoising steps of a whole "
