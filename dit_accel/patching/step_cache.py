@@ -98,7 +98,8 @@ CACHE_METHODS = {method.name: method for method in (
     CacheMethod("taylorseer", "TaylorSeer", "TaylorSeerCacheConfig", "apply_taylorseer_cache",
                 ("taylorseer_cache._TAYLORSEER_CACHE_HOOK",), (
         Param("interval", "cache_interval", int, 5, 1, "a full pass every this many steps; the others predicted"),
-        Param("warmup", "disable_cache_before_step", int, 3, 0, "full passes first"),
+        # at least 1: diffusers predicts step `warmup` itself, from the passes before it
+        Param("warmup", "disable_cache_before_step", int, 3, 1, "full passes first"),
         Param("order", "max_order", int, 1, 0, "the Taylor series' order"),
     ), fixed_schedule=True),
     CacheMethod("mag", "MagCache", "MagCacheConfig", "apply_mag_cache",

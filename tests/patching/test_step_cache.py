@@ -202,6 +202,7 @@ def test_a_cache_that_follows_the_timestep_needs_a_pipeline():
     ("fp8+cache=fbc:x", "threshold takes a number, not 'x'"),
     ("fp8+cache=fbc:-0.1", "threshold must be at least 0"),
     ("fp8+cache=taylorseer:interval=0", "interval must be at least 1"),
+    ("fp8+cache=taylorseer:warmup=0", "warmup must be at least 1"),  # diffusers would predict step 0 from nothing
     ("fp8+cache=taylorseer:depth=2", "taylorseer has no parameter 'depth'"),
     ("fp8+cache=fbc:0.1:0.2", "write parameters as NAME=VALUE after the first"),
     ("fp8+cache=fbc+cache=pab", "names 2 step caches"),
