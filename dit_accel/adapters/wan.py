@@ -114,7 +114,7 @@ FAMILY = Family(
     name="wan", display_name="Wan 2.x", transformer="WanTransformer3DModel", pipeline="WanPipeline",
     presets={"wan2.1-14b": Preset(WAN21_14B_CONFIG, "the public Wan-AI/Wan2.1-T2V-14B-Diffusers transformer "
                                                     "config.json"),
-             **presets("WanTransformer3DModel", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b")},
+             **presets("WanTransformer3DModel", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b", "wan2.1-t2v-1.3b")},
     scaled_down={"num_attention_heads": 4, "attention_head_dim": 128, "ffn_dim": 1536},
     video=(81, 720, 1280), video_note="Wan 2.1 14B's 720p reference (WanPipeline's default is 480x832)",
     inputs=image_context, vae_stage=vae_stage, check_workload=check_workload, text_encoder=TEXT_ENCODER,

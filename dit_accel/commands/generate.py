@@ -37,18 +37,26 @@ MAX_FRAMES_LISTED = 32  # per-frame quality rows printed; report.json has them a
 @click.argument("family", type=click.Choice(sorted(TINY_BUILDERS)))
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--seed", type=Seed(), default=0, show_default=True, help="Seed of the random weights.")
-def make_tiny_pipeline(family, directory, seed):
+@click.option("--transformer", "transformer_preset", metavar="PRESET", default=None,
+              help="The family's real-size transformer of this preset (`dit-accel models`; random weights of "
+                   "realistic scale, bf16) in place of the tiny one, the text encoder and VAE staying tiny: the "
+                   "denoising loop at its real cost (recipes, step caches) without a download, on a GPU. generate "
+                   "then runs the pipeline's own video size and steps.")
+def make_tiny_pipeline(family, directory, seed, transformer_preset):
     """Build a tiny RANDOM pipeline of FAMILY into DIRECTORY, offline (save_pretrained layout).
 
     Its output is noise; every stage of the real pipeline runs, on a CPU in seconds:
     `dit-accel generate --pipeline DIRECTORY`.
     """
-    info = build_tiny(family, directory, seed)
+    info = build_tiny(family, directory, seed, transformer_preset)
     params = ", ".join(f"{name} {m:.2f} M" for name, m in info["params_m"].items())
     d = info["defaults"]
     print_note(info["moved_note"])
-    console.print(f"wrote {info['folder']}/: tiny random {info['pipeline']} ({params} params); "
-                  f"generate defaults {d['frames']} frames at {d['height']}x{d['width']}, {d['steps']} steps")
+    what = f"{transformer_preset}'s transformer, " if transformer_preset else ""
+    runs = (f"{d['frames']} frames at {d['height']}x{d['width']}, {d['steps']} steps" if d
+            else f"{info['pipeline']}'s own video size and steps")
+    console.print(f"wrote {info['folder']}/: tiny random {info['pipeline']} ({what}{params} params); "
+                  f"generate defaults {runs}")
 
 
 def precheck(pipeline_dir: Path | None = None, **_) -> None:

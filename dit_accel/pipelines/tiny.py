@@ -20,50 +20,74 @@ from ..run_dir import StagedRun
 DEFAULTS_FILE = "dit_accel.json"
 
 
-def _wan(directory: Path, seed: int) -> dict:
+def _wan(directory: Path, seed: int, transformer_config: dict | None) -> dict:
     from .tiny_wan import save_tiny_wan
 
-    return save_tiny_wan(directory, seed)
+    return save_tiny_wan(directory, seed, transformer_config)
 
 
-def _h3(directory: Path, seed: int) -> dict:
+def _h3(directory: Path, seed: int, transformer_config: dict | None) -> dict:
     from .tiny_h3 import save_tiny_h3
 
     return save_tiny_h3(directory, seed)
 
 
-def _skyreels_v2(directory: Path, seed: int) -> dict:
+def _skyreels_v2(directory: Path, seed: int, transformer_config: dict | None) -> dict:
     from .tiny_skyreels_v2 import save_tiny_skyreels_v2
 
-    return save_tiny_skyreels_v2(directory, seed)
+    return save_tiny_skyreels_v2(directory, seed, transformer_config)
 
 
-def _cogvideox(directory: Path, seed: int) -> dict:
+def _cogvideox(directory: Path, seed: int, transformer_config: dict | None) -> dict:
     from .tiny_cogvideox import save_tiny_cogvideox
 
-    return save_tiny_cogvideox(directory, seed)
+    return save_tiny_cogvideox(directory, seed, transformer_config)
 
 
 # dit-accel's family names (adapters/families.py) -> builders; each imports its module (and diffusers) when called.
-TINY_BUILDERS: dict[str, Callable[[Path, int], dict]] = {
+TINY_BUILDERS: dict[str, Callable[[Path, int, dict | None], dict]] = {
     "wan": _wan, "h3": _h3, "skyreels-v2": _skyreels_v2, "cogvideox": _cogvideox}
+TINY_LATENT_CHANNELS = 16  # what every tiny VAE encodes to (Wan 2.1's and CogVideoX's latents)
 
 
-def make_tiny_pipeline(family: str, directory: Path, seed: int = 0) -> dict:
-    """Build the tiny `family` pipeline into `directory` (created; must be empty or absent)."""
+def transformer_preset(family: str, name: str) -> dict:
+    """The config of `family`'s preset `name` (`dit-accel models`), for a real-size transformer in a tiny pipeline;
+    UserError, one line, where the family has no such preset or its latents are not the tiny VAE's."""
+    if family == "h3":
+        raise UserError("--transformer: MiniMax-H3's transformer is 65 GB; profile-block measures it block by block "
+                        "(and generate runs a real H3 folder); build the tiny h3 pipeline without --transformer")
+    from ..adapters import FAMILIES
+
+    presets = FAMILIES[family].presets
+    if name not in presets:
+        raise UserError(f"--transformer {name}: {family} has no such preset; choose one of: {', '.join(presets)}")
+    config = dict(presets[name].config)
+    if config.get("in_channels") != TINY_LATENT_CHANNELS:
+        raise UserError(f"--transformer {name}: its latents have {config.get('in_channels')} channels and the tiny "
+                        f"{family} VAE makes {TINY_LATENT_CHANNELS}; choose one of the other presets")
+    return config
+
+
+def make_tiny_pipeline(family: str, directory: Path, seed: int = 0, transformer: str | None = None) -> dict:
+    """Build the tiny `family` pipeline into `directory` (created; must be empty or absent); `transformer`: a preset
+    of the family whose real-size transformer (random weights, bf16) replaces the tiny one, the text encoder, the
+    tokenizer and the VAE staying tiny (the pipeline's own video size and steps are then generate's defaults)."""
     if family not in TINY_BUILDERS:
         raise UserError(f"no tiny pipeline for {family!r}; choose one of: {', '.join(TINY_BUILDERS)}")
     directory = Path(directory)
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise UserError(f"{directory} exists and is not an empty folder; give another DIRECTORY, a new folder")
+    transformer_config = transformer_preset(family, transformer) if transformer else None
     from .pipeline_folder import quiet_libraries
 
     quiet_libraries()
     staged = StagedRun(directory, option="DIRECTORY")
     with staged as staging:  # a failed build leaves nothing behind
-        info = TINY_BUILDERS[family](staging, seed)
-        (staging / DEFAULTS_FILE).write_text(json.dumps({"family": family, "seed": seed, **info["defaults"]},
-                                                        indent=2) + "\n")
+        info = TINY_BUILDERS[family](staging, seed, transformer_config)
+        written = {"family": family, "seed": seed, **info["defaults"]}
+        if transformer:
+            written["transformer"] = transformer
+        (staging / DEFAULTS_FILE).write_text(json.dumps(written, indent=2) + "\n")
     _point_modular_index_at(staged.final, staging)
     return {**info, "folder": staged.final, "moved_note": staged.moved_note}
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .tiny_parts import TEXT_DIM, save_and_describe, t5_text_encoder, t5_tokenizer
+from .tiny_parts import TEXT_DIM, real_size_transformer, save_and_describe, t5_text_encoder, t5_tokenizer
 
 MAX_TEXT_TOKENS = 226  # what CogVideoXPipeline pads prompts to (max_sequence_length) = max_text_seq_length
 LATENT_CHANNELS = 16
@@ -46,18 +46,23 @@ SCHEDULER_CONFIG = dict(prediction_type="v_prediction", rescale_betas_zero_snr=T
 DEFAULTS = dict(frames=9, height=64, width=64, steps=4, guidance=6.0)
 
 
-def build_tiny_cogvideox(seed: int = 0):
-    """The pipeline object, in fp32 on the CPU, with weights drawn from `torch.manual_seed(seed)`."""
+def build_tiny_cogvideox(seed: int = 0, transformer_config: dict | None = None):
+    """The pipeline object, in fp32 on the CPU, with weights drawn from `torch.manual_seed(seed)` (a transformer at
+    a preset's size, `transformer_config`: `tiny_parts.real_size_transformer`, in bf16)."""
     from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline, CogVideoXTransformer3DModel
 
     torch.manual_seed(seed)
-    transformer = CogVideoXTransformer3DModel(**TRANSFORMER_CONFIG)
+    if transformer_config is None:
+        transformer = CogVideoXTransformer3DModel(**TRANSFORMER_CONFIG)
+    else:
+        transformer = real_size_transformer(CogVideoXTransformer3DModel, transformer_config, seed)
     vae = AutoencoderKLCogVideoX(**VAE_CONFIG)
-    text_encoder = t5_text_encoder("t5")
+    text_encoder = t5_text_encoder("t5", width=transformer.config.text_embed_dim)
     return CogVideoXPipeline(tokenizer=t5_tokenizer(MAX_TEXT_TOKENS), text_encoder=text_encoder, vae=vae,
                              transformer=transformer, scheduler=CogVideoXDDIMScheduler(**SCHEDULER_CONFIG))
 
 
-def save_tiny_cogvideox(directory: Path, seed: int = 0) -> dict:
+def save_tiny_cogvideox(directory: Path, seed: int = 0, transformer_config: dict | None = None) -> dict:
     """Build and `save_pretrained` into `directory`; returns what was built, for the command to print."""
-    return save_and_describe(build_tiny_cogvideox(seed), directory, DEFAULTS)
+    return save_and_describe(build_tiny_cogvideox(seed, transformer_config), directory,
+                             DEFAULTS if transformer_config is None else {})

@@ -23,13 +23,28 @@ T5_CONFIG = dict(vocab_size=VOCAB_SIZE, d_model=TEXT_DIM, d_kv=8, d_ff=64, num_l
                  dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
 
 
-def t5_text_encoder(kind: str = "umt5"):
+def t5_text_encoder(kind: str = "umt5", width: int = TEXT_DIM):
     """A random tiny `UMT5EncoderModel` (kind "umt5": Wan, SkyReels-V2) or `T5EncoderModel` ("t5": CogVideoX),
-    in eval mode; its weights come from torch's global generator (the caller seeds it)."""
+    in eval mode, `width` wide (its d_model: the text width the transformer reads); its weights come from torch's
+    global generator (the caller seeds it)."""
     from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
     encoder, config = {"umt5": (UMT5EncoderModel, UMT5Config), "t5": (T5EncoderModel, T5Config)}[kind]
-    return encoder(config(**T5_CONFIG)).eval()
+    return encoder(config(**{**T5_CONFIG, "d_model": width})).eval()
+
+
+def real_size_transformer(transformer_class: type, config: dict[str, Any], seed: int):
+    """`transformer_class` at a preset's size (`config`, a public config): built on the meta device, then random
+    weights of realistic scale (`adapters.building.synthetic_weights`, as profile-block's synthetic blocks) in
+    bf16 on the CPU, the class's fp32-kept modules in fp32, as a bf16 load would type them."""
+    import torch
+
+    from ..adapters.building import fp32_kept, parameters_on_meta, synthetic_weights
+
+    with parameters_on_meta():
+        model = transformer_class(**{k: v for k, v in config.items() if not k.startswith("_")})
+    keep = tuple(getattr(transformer_class, "_keep_in_fp32_modules", None) or ())
+    return synthetic_weights(model, torch.device("cpu"), lambda name: fp32_kept(name, torch.bfloat16, keep), seed)
 
 
 def t5_tokenizer(max_text_tokens: int):

@@ -20,13 +20,15 @@ FLOW_SHIFT = 8.0  # SkyReelsV2Pipeline's example: 8.0 for T2V (5.0 for I2V)
 DEFAULTS = dict(WAN_DEFAULTS, guidance=6.0)
 
 
-def build_tiny_skyreels_v2(seed: int = 0):
+def build_tiny_skyreels_v2(seed: int = 0, transformer_config: dict | None = None):
     """The pipeline object, in fp32 on the CPU, with weights drawn from `torch.manual_seed(seed)`."""
     from diffusers import SkyReelsV2Pipeline, SkyReelsV2Transformer3DModel
 
-    return SkyReelsV2Pipeline(**wan_components(seed, SkyReelsV2Transformer3DModel, flow_shift=FLOW_SHIFT))
+    return SkyReelsV2Pipeline(**wan_components(seed, SkyReelsV2Transformer3DModel, flow_shift=FLOW_SHIFT,
+                                               transformer_config=transformer_config))
 
 
-def save_tiny_skyreels_v2(directory: Path, seed: int = 0) -> dict:
+def save_tiny_skyreels_v2(directory: Path, seed: int = 0, transformer_config: dict | None = None) -> dict:
     """Build and `save_pretrained` into `directory`; returns what was built, for the command to print."""
-    return save_and_describe(build_tiny_skyreels_v2(seed), directory, DEFAULTS)
+    return save_and_describe(build_tiny_skyreels_v2(seed, transformer_config), directory,
+                             DEFAULTS if transformer_config is None else {})

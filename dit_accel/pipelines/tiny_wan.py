@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .tiny_parts import TEXT_DIM, save_and_describe, t5_text_encoder, t5_tokenizer
+from .tiny_parts import TEXT_DIM, real_size_transformer, save_and_describe, t5_text_encoder, t5_tokenizer
 
 MAX_TEXT_TOKENS = 512  # what WanPipeline pads prompts to (max_sequence_length)
 
@@ -32,27 +32,33 @@ SCHEDULER_CONFIG = dict(prediction_type="flow_prediction", use_flow_sigmas=True,
 DEFAULTS = dict(frames=9, height=64, width=64, steps=4, guidance=5.0)
 
 
-def wan_components(seed: int, transformer_class: type, flow_shift: float = SCHEDULER_CONFIG["flow_shift"]) -> dict:
+def wan_components(seed: int, transformer_class: type, flow_shift: float = SCHEDULER_CONFIG["flow_shift"],
+                   transformer_config: dict | None = None) -> dict:
     """The keyword arguments of a Wan-style pipeline (`tokenizer`, `text_encoder`, `transformer`, `vae`,
-    `scheduler`): `transformer_class` built from `TRANSFORMER_CONFIG`, weights drawn from
-    `torch.manual_seed(seed)` in a fixed order (transformer, VAE, text encoder), in fp32 on the CPU."""
+    `scheduler`): `transformer_class` built from `TRANSFORMER_CONFIG` (or at a preset's size from
+    `transformer_config`, `tiny_parts.real_size_transformer`), weights drawn from `torch.manual_seed(seed)` in a
+    fixed order (transformer, VAE, text encoder), in fp32 on the CPU (a real-size transformer in bf16)."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
 
     torch.manual_seed(seed)
-    transformer = transformer_class(**TRANSFORMER_CONFIG)
+    if transformer_config is None:
+        transformer = transformer_class(**TRANSFORMER_CONFIG)
+    else:
+        transformer = real_size_transformer(transformer_class, transformer_config, seed)
     vae = AutoencoderKLWan(**VAE_CONFIG)
-    text_encoder = t5_text_encoder("umt5")
+    text_encoder = t5_text_encoder("umt5", width=transformer.config.text_dim)
     return dict(tokenizer=t5_tokenizer(MAX_TEXT_TOKENS), text_encoder=text_encoder, transformer=transformer, vae=vae,
                 scheduler=UniPCMultistepScheduler(**{**SCHEDULER_CONFIG, "flow_shift": flow_shift}))
 
 
-def build_tiny_wan(seed: int = 0):
+def build_tiny_wan(seed: int = 0, transformer_config: dict | None = None):
     """The pipeline object, in fp32 on the CPU, with weights drawn from `torch.manual_seed(seed)`."""
     from diffusers import WanPipeline, WanTransformer3DModel
 
-    return WanPipeline(**wan_components(seed, WanTransformer3DModel))
+    return WanPipeline(**wan_components(seed, WanTransformer3DModel, transformer_config=transformer_config))
 
 
-def save_tiny_wan(directory: Path, seed: int = 0) -> dict:
+def save_tiny_wan(directory: Path, seed: int = 0, transformer_config: dict | None = None) -> dict:
     """Build and `save_pretrained` into `directory`; returns what was built, for the command to print."""
-    return save_and_describe(build_tiny_wan(seed), directory, DEFAULTS)
+    return save_and_describe(build_tiny_wan(seed, transformer_config), directory,
+                             DEFAULTS if transformer_config is None else {})

@@ -223,6 +223,47 @@ def test_make_tiny_pipeline_refuses_a_non_empty_folder(tmp_path):
     assert result.exit_code == 2 and "not an empty folder" in result.output
 
 
+def test_make_tiny_pipeline_puts_a_presets_transformer_in_the_tiny_pipeline(tmp_path, monkeypatch):
+    """--transformer PRESET: the preset's transformer (here a small stand-in preset: a real one is GBs) with random
+    weights of realistic scale in bf16, the text encoder as wide as the preset's text width, the pipeline's own
+    video size and steps left to generate; it runs end to end."""
+    from dit_accel.adapters import FAMILIES
+    from dit_accel.adapters.family import Preset
+
+    config = {**FAMILIES["wan"].presets["wan2.1-t2v-1.3b"].config, "num_layers": 1, "num_attention_heads": 2,
+              "attention_head_dim": 32, "ffn_dim": 64, "text_dim": 48, "freq_dim": 32}
+    monkeypatch.setitem(FAMILIES["wan"].presets, "small", Preset(config, "a test's"))
+    folder = tmp_path / "wan-small"
+    result = invoke_cli("make-tiny-pipeline", "wan", str(folder), "--transformer", "small")
+    assert result.exit_code == 0, result.output
+    assert "small's transformer" in result.output and "WanPipeline's own video size and steps" in result.output
+    written = json.loads((folder / "dit_accel.json").read_text())
+    assert written == {"family": "wan", "seed": 0, "transformer": "small"}
+    saved = json.loads((folder / "transformer" / "config.json").read_text())
+    assert saved["num_layers"] == 1 and saved["text_dim"] == 48
+    assert json.loads((folder / "text_encoder" / "config.json").read_text())["d_model"] == 48
+    from safetensors import safe_open
+
+    with safe_open(next((folder / "transformer").glob("*.safetensors")), "pt") as weights:
+        assert weights.get_tensor("blocks.0.attn1.to_q.weight").dtype == torch.bfloat16
+    out = tmp_path / "run"
+    result = invoke_cli("generate", "--pipeline", str(folder), "--frames", "5", "--height", "32", "--width", "32",
+                        "--steps", "2", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert len(json.loads((out / "report.json").read_text())["runs"][0]["stages"]["step_ms"]) == 2
+
+
+@pytest.mark.parametrize("family, preset, words", [
+    ("wan", "wan2.2-ti2v-5b", "its latents have 48 channels"),
+    ("wan", "nonesuch", "wan has no such preset; choose one of: wan2.1-14b"),
+    ("h3", "anything", "MiniMax-H3's transformer is 65 GB"),
+])
+def test_make_tiny_pipeline_refuses_a_transformer_it_cannot_take_in_one_line(tmp_path, family, preset, words):
+    result = CliRunner().invoke(main, ["make-tiny-pipeline", family, str(tmp_path / "p"), "--transformer", preset])
+    assert result.exit_code == 2 and result.output.startswith("error: ") and words in result.output, result.output
+    assert result.output.count("\n") == 1 and not (tmp_path / "p").exists()
+
+
 @pytest.mark.gpu
 def test_generate_on_the_gpu_in_bf16_and_fp8(tiny_wan, tmp_path, monkeypatch):
     """On an sm_89+ GPU: the tiny pipeline in bf16 against fp8 attention (the real kernel)."""
