@@ -49,8 +49,13 @@ class SkipRatio(FiniteFloat):
               help="Predict Ulysses context parallelism over this many GPUs.")
 @click.option("--link-gbps", type=FiniteFloat(1), default=None,
               help="GPU-to-GPU GB/s per direction for --gpus (default: the datasheet NVLink figure).")
+@click.option("--cache", "cache_text", metavar="METHOD[:PARAMS]", default=None,
+              help="Predict a step cache, written as a recipe's cache= part, on the baseline and on the full recipe: "
+                   "taylorseer[:interval][:warmup=V][:order=V] from its schedule (exact); fbc and mag from the "
+                   "fraction of passes --cache-skip gives (default fbc with --cache-skip alone).")
 @click.option("--cache-skip", type=SkipRatio(0), default=None,
-              help="Predict step caching that skips this fraction of the passes (e.g. 0.4).")
+              help="The fraction of the passes a threshold cache (fbc, mag) skips (e.g. 0.4; a generate run with "
+                   "it says, per step).")
 @click.option("--verify", is_flag=True,
               help="Run every knob combination this GPU can run on the run's block and inputs (profile-block with "
                    "the run's options, into a profile-block_verify folder of its own; with --memory-budget also the "
@@ -62,14 +67,20 @@ class SkipRatio(FiniteFloat):
                    "figure with the error: how far the other-GPU rows' model carries.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for plan.json and plan.csv (default: outputs/plan_<run>_<time>).")
-def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_skip, verify, check_evidence, out_dir):
+def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_text, cache_skip, verify,
+         check_evidence, out_dir):
     """Predict what each knob and each other GPU would give, from one profile-block run."""
     from ..attention.crossover import for_run
+    from ..patching.step_cache import parse_cache
+    from ..planning.cached import cache_plan
     from ..planning.gpus import datasheets, gpu_named, gpu_of_device
     from ..planning.measured import read_baseline, streamed_passes
     from ..planning.predict import Rates
 
     baseline = read_baseline(run)
+    cache = None
+    if cache_text is not None or cache_skip is not None:
+        cache = cache_plan(parse_cache(cache_text or "fbc"), baseline.steps, cache_skip)
     here = gpu_of_device(baseline.device_name)
     targets = [gpu_named(key.strip()) for key in gpu_keys.split(",")] if gpu_keys else list(datasheets()[1].values())
     measured_link = baseline.ceilings["host_link"]
@@ -109,7 +120,7 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_sk
     rates = Rates.of(baseline)
     crossover, crossover_note = for_run(rates_from, baseline.device_name)
     plan_data = build_plan(baseline, rates, (crossover, crossover_note), here, targets, memory_budget, host_link_gbps,
-                           gpus, link_gbps, cache_skip)
+                           gpus, link_gbps, cache)
     plan_data["verified_in"], plan_data["not_verified"] = verified_in, not_verified
     from ..planning.evidence import check, evidence_note
 
@@ -248,9 +259,9 @@ def _verify_streaming(run: Path, baseline, recipe: str, budget, out: Path) -> Pa
 
 
 def build_plan(baseline, rates, routing, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,
-               cache_skip) -> dict[str, Any]:
+               cache=None) -> dict[str, Any]:
     """The plan's content. routing: (the crossover data our kernel's rates come from, None without any; the line
-    saying which, `crossover.for_run`)."""
+    saying which, `crossover.for_run`); cache: a `planning.cached.CachePlan` to predict, or None."""
     from ..planning.gpus import datasheets
     from ..planning.knobs import KNOB_NAMES
     from ..planning.predict import (ASSUMPTIONS, FP8_ATTENTION_ESTIMATE, GIB, KNOB_MODELS, fits, knob_sets,
@@ -283,8 +294,9 @@ def build_plan(baseline, rates, routing, here, targets, memory_budget, host_link
         knobs_rows.append(row)
         sets[knobs] = ({stack: block.ms for stack, block in blocks.items()}, pass_ms)
     full = max(sets, key=len)
-    knobs_rows += _scaling_rows(baseline, here, rates, sets, full, memory_budget, host_link_gbps, gpus, link_gbps,
-                                cache_skip)
+    knobs_rows += _scaling_rows(baseline, here, rates, sets, full, memory_budget, host_link_gbps, gpus, link_gbps)
+    if cache is not None:
+        knobs_rows += _cache_rows(baseline, cache, predicted, full, rates)
 
     gpu_rows = []
     for target in targets:
@@ -383,14 +395,33 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], pass_ms:
     return row
 
 
-def _scaling_rows(baseline, here, rates, sets, full, memory_budget, host_link_gbps, gpus, link_gbps,
-                  cache_skip) -> list[dict]:
-    """Streaming of the baseline, of our FP8 attention alone and of the full recipe (what --verify streams too);
-    context parallelism and step caching on top of the full recipe. sets: knob set -> (block ms by stack, pass
-    ms); full: the full recipe's knob set."""
-    from ..planning.predict import cached_video_seconds, context_parallel_pass_ms, streamed_knob_sets, video_seconds
+def _cache_rows(baseline, cache, predicted, full, rates) -> list[dict]:
+    """The step cache `cache` (`planning.cached.CachePlan`) on the baseline and on the full recipe. predicted: knob
+    set -> its blocks (`BlockPrediction` by stack)."""
+    from ..planning.cached import cached_pass_ms
+    from ..planning.predict import video_seconds
 
-    block_ms, pass_ms = sets[full]
+    model = {"passes": "a skipped pass runs the outside of the blocks" + (
+        " and the first block (the residual it compares)" if cache.spec.method == "fbc" else ""),
+             "attention": "a predicted step skips the attention modules (self and cross) of every block and writes "
+                          "their Taylor series' outputs (eager elementwise work); graph breaks not modelled"}
+    rows = []
+    for knobs in (frozenset(), full):
+        pass_ms = cached_pass_ms(baseline, cache, predicted[knobs], knobs, rates)
+        rows.append({"knobs": f"{knobs_label(knobs)} + {cache.label}", "gpu": baseline.device_name,
+                     "pass_ms": round(pass_ms, 1), "video_s": round(video_seconds(baseline, pass_ms), 1),
+                     "basis": "predicted from this run",
+                     "model": f"{cache.source} ({cache.skipped:.0%} skipped); {model[cache.saves]}"})
+    return rows
+
+
+def _scaling_rows(baseline, here, rates, sets, full, memory_budget, host_link_gbps, gpus, link_gbps) -> list[dict]:
+    """Streaming of the baseline, of our FP8 attention alone and of the full recipe (what --verify streams too);
+    context parallelism on top of the full recipe. sets: knob set -> (block ms by stack, pass ms); full: the full
+    recipe's knob set."""
+    from ..planning.predict import context_parallel_pass_ms, streamed_knob_sets, video_seconds
+
+    block_ms, _ = sets[full]
     name = knobs_label(full)
     rows = []
     if memory_budget is not None:
@@ -407,13 +438,6 @@ def _scaling_rows(baseline, here, rates, sets, full, memory_budget, host_link_gb
                      "basis": "predicted from this run", "note": why,
                      "model": f"block work / {gpus} plus 4 all-to-alls per attention call at {link:g} GB/s, "
                               f"not overlapped"})
-    if cache_skip is not None:
-        first = baseline.stacks[0]
-        rows.append({"knobs": f"{name} + step caching skipping {cache_skip:g} of the passes",
-                     "gpu": baseline.device_name, "pass_ms": round(pass_ms, 1),
-                     "video_s": round(cached_video_seconds(baseline, pass_ms, block_ms[first.stack], cache_skip), 1),
-                     "basis": "predicted from this run",
-                     "model": "skipped passes run only the first block and the outside (the cache's check)"})
     return rows
 
 

@@ -26,6 +26,7 @@ class StackBaseline:
     attention_calls: list[dict[str, Any]]
     linears: list[dict[str, Any]]
     param_bytes: int
+    modules_ms: dict[str, float] = field(default_factory=dict)  # the block's module ranges (eager runs name them)
 
 
 @dataclass
@@ -104,7 +105,8 @@ def read_baseline(folder: Path) -> Baseline:
     base_runs = [r for r in runs if r["backend"].split(" of ")[0] == first]
     stacks = [StackBaseline(r["stack"], counts[r["stack"]], r["block_ms"], r["categories"],
                             work[r["stack"]]["attention_calls"], work[r["stack"]]["linears"],
-                            report["blocks"][r["stack"]]["param_bytes"]) for r in base_runs]
+                            report["blocks"][r["stack"]]["param_bytes"],
+                            {name: m["ms"] for name, m in (r.get("modules") or {}).items()}) for r in base_runs]
     ceilings = report["ceilings"]
     baseline = Baseline(
         folder, first, parse_recipe(first).backend, report["device"]["name"], report["device"]["total_memory_gib"],

@@ -1,6 +1,6 @@
 """The models that turn one measured block into predictions: each knob (FP8 attention, FP8 linears,
-torch.compile) and their combinations on this GPU, streaming under a memory budget, context parallelism, step
-caching, and other GPUs from their datasheets.
+torch.compile) and their combinations on this GPU, streaming under a memory budget, context parallelism, and other
+GPUs from their datasheets (step caches on top of them: `cached.py`).
 
 A prediction rebuilds the block from its measured kinds of work (report.json's categories), changing only what a
 knob changes, each by one stated model:
@@ -387,10 +387,3 @@ def context_parallel_pass_ms(baseline: Baseline, blocks_ms: dict[str, float], gp
                              * (gpus - 1) / gpus**2 for call in stack.attention_calls)
         total += stack.num_blocks * (blocks_ms[stack.stack] / gpus + exchange_bytes / (link_gbps * 1e6))
     return total, ""
-
-
-def cached_video_seconds(baseline: Baseline, pass_ms: float, first_block_ms: float, skip: float) -> float:
-    """Step caching that skips a fraction `skip` of the passes, each skipped pass still running the first block
-    and the outside to decide (first-block caching): the rest of the pass saved."""
-    check_ms = first_block_ms + baseline.outside_ms
-    return baseline.steps * baseline.passes * ((1 - skip) * pass_ms + skip * check_ms) / 1e3

@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from dit_accel.cli import main
 from dit_accel.errors import UserError
+from dit_accel.patching.step_cache import parse_cache
+from dit_accel.planning.cached import cache_plan, taylorseer_computed_steps
 from dit_accel.planning.gpus import datasheets, gpu_of_device
 
 GB = 1e9
@@ -293,7 +296,7 @@ def test_streaming_parallelism_and_caching_rows(tmp_path):
     parallel = next(r for r in rows if "Ulysses over 2" in r["knobs"])
     exchange_ms = 4 * 1000 * 8 * 96 * 2 * (2 - 1) / 4 / (450 * 1e6)  # NVLink 450 GB/s per direction, H200
     assert parallel["pass_ms"] == pytest.approx(10 * (full["block_ms"]["blocks"] / 2 + exchange_ms), abs=0.1)
-    cached = next(r for r in rows if "step caching" in r["knobs"])
+    cached = next(r for r in rows if r["knobs"] == "compile + fp8-attention + fp8-linear + cache=fbc")
     assert cached["video_s"] == pytest.approx(100 * (0.5 * full["pass_ms"] + 0.5 * full["block_ms"]["blocks"]) / 1e3,
                                               abs=0.1)
 
@@ -720,3 +723,79 @@ def test_each_knob_set_is_one_recipe_and_reads_back_as_itself():
     assert recipe_of(frozenset({"compile"}), "native") == "native+compile"
     assert knobs_of("cudnn+max-autotune") == {"compile"}
     assert knobs_of("math") is None and knobs_of("fa4+compile") is None
+
+
+# --- plan --cache: TaylorSeer's schedule is diffusers' own, the rows by hand, what a block run cannot predict ---
+
+
+@pytest.mark.parametrize("steps, interval, warmup", [(50, 5, 3), (50, 2, 1), (30, 3, 2), (10, 1, 1), (7, 4, 5)])
+def test_taylorseer_schedule_is_the_one_diffusers_runs(steps, interval, warmup):
+    from diffusers.hooks import TaylorSeerCacheConfig, apply_taylorseer_cache
+    from diffusers.hooks.hooks import CacheContext, _set_cache_context
+
+    class Counted(torch.nn.Module):
+        calls = 0
+
+        def forward(self, x):
+            Counted.calls += 1
+            return x * 2
+
+    model = torch.nn.Module()
+    model.attn = Counted()
+    apply_taylorseer_cache(model, TaylorSeerCacheConfig(cache_interval=interval, disable_cache_before_step=warmup,
+                                                        cache_identifiers=["attn"]))
+    _set_cache_context(model, CacheContext("cond"))  # one pass a step, as a pipeline's denoising call sets it
+    for step in range(steps):
+        model.attn(torch.full((2,), float(step)))
+    assert Counted.calls == taylorseer_computed_steps(steps, interval, warmup)
+
+
+def test_cache_rows_reproduce_the_model_by_hand(tmp_path):
+    run = _report(tmp_path)
+    result = CliRunner().invoke(main, ["plan", str(run), "--cache", "taylorseer:interval=2:warmup=1", "--gpu",
+                                       "h100-sxm", "--out", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    rows = {row["knobs"]: row for row in json.loads((tmp_path / "p" / "plan.json").read_text())["knobs"]}
+    cached = rows["baseline + cache=taylorseer:interval=2:warmup=1"]
+    # 50 steps: step 0, then 2, 4, ..., 48 computed: 25, so half the attention modules' forwards are skipped. The
+    # block's attention module: all its attention (50 ms) and the GEMM time of the linear inside it (attn.to_q: all
+    # but 200 of the 1e10 + 200 FLOPs); no module ranges, so none of the memory-bound time. Its Taylor bookkeeping:
+    # 768000 output elements (1000 rows x 8 heads x 96), half predicted (2 + 10 x 2 B), half updated (10 B), at the
+    # run's best memory-bound rate (2000 GB/s).
+    attention_ms = 50 + 30 * 1e10 / (1e10 + 200)
+    taylor_ms = 768000 * (0.5 * 22 + 0.5 * 10) / 2000e6
+    pass_ms = 1000 - 10 * (0.5 * attention_ms - taylor_ms)
+    assert cached["pass_ms"] == round(pass_ms, 1)
+    assert cached["video_s"] == round(100 * pass_ms / 1e3, 1)
+    assert "25 of 50 steps computed (50% skipped)" in cached["model"]
+    full = rows["compile + fp8-attention + fp8-linear + cache=taylorseer:interval=2:warmup=1"]
+    assert full["pass_ms"] < rows["compile + fp8-attention + fp8-linear"]["pass_ms"]
+
+
+def test_a_threshold_cache_takes_the_fraction_given(tmp_path):
+    run = _report(tmp_path)
+    result = CliRunner().invoke(main, ["plan", str(run), "--cache", "mag", "--cache-skip", "0.4", "--gpu", "h100-sxm",
+                                       "--out", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    rows = {row["knobs"]: row for row in json.loads((tmp_path / "p" / "plan.json").read_text())["knobs"]}
+    # MagCache decides before the first block: a skipped pass runs only the outside (0 ms here)
+    assert rows["baseline + cache=mag"]["pass_ms"] == 600.0
+
+
+@pytest.mark.parametrize("text, skip, words", [
+    ("pab", None, "skips by the pipeline's timesteps"),
+    ("faster", 0.3, "skips by the pipeline's timesteps"),
+    ("fbc", None, "give the fraction it skips with --cache-skip R"),
+    ("taylorseer", 0.3, "leave out --cache-skip"),
+])
+def test_what_a_block_run_cannot_predict_is_one_line(tmp_path, text, skip, words):
+    run = _report(tmp_path)
+    skip_option = ["--cache-skip", str(skip)] if skip else []
+    result = CliRunner().invoke(main, ["plan", str(run), "--cache", text, *skip_option, "--out", str(tmp_path / "p")])
+    assert result.exit_code == 2 and result.output.startswith("error: ") and words in result.output, result.output
+    assert result.output.count("\n") == 1 and not (tmp_path / "p").exists()
+
+
+def test_the_plan_of_a_cache_names_its_schedule():
+    plan = cache_plan(parse_cache("taylorseer"), 50, None)  # diffusers' defaults: interval 5, warmup 3
+    assert plan.saves == "attention" and plan.skipped == pytest.approx(1 - 13 / 50)

@@ -1,0 +1,155 @@
+"""What a step cache saves over a video, from the blocks the plan predicts (`plan --cache`).
+
+A cache is a recipe's `cache=` part (`patching.step_cache`) and saves one of two things:
+  - whole passes (First Block Cache, MagCache): a skipped pass runs the outside of the blocks, and First Block
+    Cache also its first block (the residual it compares); which passes a threshold skips depends on the weights,
+    so the fraction is given (`--cache-skip`, e.g. from a `generate` run's report, whose per-step counts say it);
+  - the attention modules (TaylorSeer): on a predicted step every attention module of the blocks (self and cross,
+    their projections, norms and RoPE: what the cache hooks) is replaced by its Taylor series in the step, from the
+    outputs it kept; the schedule is fixed by the step count, so the computed steps are counted exactly. A
+    predicted module still writes its output from the kept factors, and a computed one updates them: elementwise
+    passes over the module's output (`TAYLOR_BYTES`), eager (diffusers runs them outside torch.compile), at the
+    run's memory-bound rate.
+The attention modules' share of a predicted block: every attention part; of the GEMM parts, the share of the FLOPs
+(per precision) of the linears inside an attention module; of the activations' quantization, their inputs' share;
+of the memory-bound work, eager: the share the measured block's module ranges put inside its attention modules
+(`ATTENTION_MEMORY_RANGES`), compiled: the fused chains' share of the elements (the attention linears' inputs and
+outputs and q, k, v over all). Not modelled: the graph breaks diffusers' cache hooks make in a compiled block
+(their schedule is decided outside the graph) and their host time.
+Pyramid Attention Broadcast and FasterCache skip by the pipeline's timesteps, which a block run does not know:
+they are not predicted here (measure them with `generate`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UserError
+from ..patching.step_cache import CACHE_METHODS, CacheSpec
+from .measured import Baseline, StackBaseline
+from .predict import BlockPrediction, Rates
+
+# The measured block's module ranges that are memory-bound work inside an attention module (adapters' ranges).
+ATTENTION_MEMORY_RANGES = ("qk-norm", "attention: elementwise (RoPE, masks)", "rope", "attention: copies and joins")
+# Bytes an output element of a hooked module moves (bf16 factors, diffusers' default): a prediction writes zeros
+# (2), then per order multiplies (read 2, write 2) and adds (read 4, write 2); an update of order n differences
+# each order against the last (subtract: read 4, write 2; divide: read 2, write 2).
+TAYLOR_PREDICT_BYTES = (2, 10)  # fixed, per order (orders 0..max_order)
+TAYLOR_UPDATE_BYTES = 10  # per order above 0
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """A cache as the plan applies it: what a skip saves ("passes" or "attention"), the fraction of it skipped over
+    the video, and where that fraction comes from."""
+
+    spec: CacheSpec
+    saves: str
+    skipped: float
+    source: str
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
+
+def taylorseer_computed_steps(steps: int, interval: int, warmup: int) -> int:
+    """The steps diffusers' TaylorSeer computes in full (every pass of them): the first `warmup`, then every
+    `interval`-th from `warmup + 1` on (step `warmup` itself is predicted: diffusers 0.42.1's schedule)."""
+    return sum(1 for step in range(steps) if step < warmup or (step - warmup - 1) % interval == 0)
+
+
+def cache_plan(spec: CacheSpec, steps: int, cache_skip: float | None) -> CachePlan:
+    """The plan of `spec` over `steps` steps; UserError, one line, for what cannot be predicted from a block run."""
+    method = CACHE_METHODS[spec.method]
+    if method.name == "taylorseer":
+        computed = taylorseer_computed_steps(steps, spec.value("interval"), spec.value("warmup"))
+        if cache_skip is not None:
+            raise UserError(f"--cache {spec.label} skips on a fixed schedule ({computed} of {steps} steps computed); "
+                            "leave out --cache-skip")
+        return CachePlan(spec, "attention", 1 - computed / steps,
+                         f"its schedule: {computed} of {steps} steps computed")
+    if method.needs_timestep:
+        raise UserError(f"--cache {spec.label}: {method.title} skips by the pipeline's timesteps, which a block run "
+                        f"does not have; measure it with generate --attn RECIPE+{spec.label}")
+    if cache_skip is None:
+        raise UserError(f"--cache {spec.label}: {method.title} skips passes by a threshold, on the weights: give the "
+                        f"fraction it skips with --cache-skip R (a generate run with it says, per step)")
+    return CachePlan(spec, "passes", cache_skip, f"--cache-skip {cache_skip:g}")
+
+
+def _attention_modules(stack: StackBaseline) -> set[str]:
+    return {call["module"] for call in stack.attention_calls}
+
+
+def _in_attention(linear: dict, modules: set[str]) -> bool:
+    return linear["name"].split(".")[0] in modules
+
+
+def _linear_flops(linears: list[dict]) -> float:
+    return sum(2.0 * lin["rows"] * lin["in_features"] * lin["out_features"] for lin in linears)
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole else 0.0
+
+
+def attention_module_ms(stack: StackBaseline, block: BlockPrediction, knobs: frozenset[str]) -> float:
+    """The time of `block` (`stack` under `knobs`) in its attention modules (what TaylorSeer hooks): see the module
+    docstring."""
+    modules = _attention_modules(stack)
+    inside = [lin for lin in stack.linears if _in_attention(lin, modules)]
+    fp8 = "fp8-linear" in knobs
+
+    def flops_share(in_fp8: bool) -> float:
+        chosen = [lin for lin in stack.linears if not fp8 or lin["fp8"] == in_fp8]
+        return _share(_linear_flops([lin for lin in chosen if lin in inside]), _linear_flops(chosen))
+
+    quantized = [lin for lin in stack.linears if lin["fp8"]]
+    input_share = _share(sum(lin["rows"] * lin["in_features"] for lin in quantized if lin in inside),
+                         sum(lin["rows"] * lin["in_features"] for lin in quantized))
+    if "compile" in knobs:
+        q_k_v = sum(c["batch"] * c["heads"] * c["head_dim"] * (c["q_len"] + 2 * c["kv_len"])
+                    for c in stack.attention_calls)
+        elements = [lin["rows"] * (lin["in_features"] + lin["out_features"]) for lin in stack.linears]
+        memory_share = _share(q_k_v + sum(e for e, lin in zip(elements, stack.linears) if lin in inside),
+                              q_k_v + sum(elements))
+    else:
+        memory_ms = sum(c["ms"] for c in stack.categories.values() if c.get("bytes_est") and c.get("ms"))
+        memory_share = min(1.0, _share(sum(stack.modules_ms.get(name, 0.0) for name in ATTENTION_MEMORY_RANGES),
+                                       memory_ms))
+    total = 0.0
+    for part, ms in block.parts.items():
+        bound = block.bound[part]
+        if part.startswith("attention") or part == "mask check":
+            total += ms
+        elif part.startswith("gemm"):
+            total += ms * flops_share(bound == "fp8")
+        elif part == "quantize":
+            total += ms * input_share
+        elif bound == "memory":
+            total += ms * memory_share
+    return total
+
+
+def taylor_ms(stack: StackBaseline, rates: Rates, skipped: float, max_order: int) -> float:
+    """A block's TaylorSeer bookkeeping per pass, averaged over the video: predictions on the skipped share, factor
+    updates on the computed share, over the attention modules' outputs (one element per query row and channel)."""
+    elements = sum(c["batch"] * c["q_len"] * c["heads"] * c["head_dim"] for c in stack.attention_calls)
+    fixed, per_order = TAYLOR_PREDICT_BYTES
+    nbytes = elements * (skipped * (fixed + per_order * (max_order + 1))
+                         + (1 - skipped) * TAYLOR_UPDATE_BYTES * max_order)
+    return nbytes / (rates.copy * rates.memory_efficiency * 1e6)
+
+
+def cached_pass_ms(baseline: Baseline, plan: CachePlan, blocks: dict[str, BlockPrediction], knobs: frozenset[str],
+                   rates: Rates) -> float:
+    """A pass averaged over the video under the cache `plan`, from the knob set's predicted `blocks` (by stack)."""
+    full = sum(s.num_blocks * blocks[s.stack].ms for s in baseline.stacks) + baseline.outside_ms
+    if plan.saves == "passes":
+        check = blocks[baseline.stacks[0].stack].ms if plan.spec.method == "fbc" else 0.0
+        return (1 - plan.skipped) * full + plan.skipped * (check + baseline.outside_ms)
+    saved = sum(s.num_blocks * (plan.skipped * attention_module_ms(s, blocks[s.stack], knobs)
+                                - taylor_ms(s, rates, plan.skipped, plan.spec.value("order")))
+                for s in baseline.stacks)
+    return full - saved
+
