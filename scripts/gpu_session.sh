@@ -4,7 +4,7 @@
 #                                              sweep variants sanitize generate compile-check recipes recipes-wan
 #                                              generate-compile crossover validate-model stages
 #                                              families families-validate compile-startup plan-verify sage2-block
-#                                              routing (those six: not in the default)
+#                                              routing caches (those seven: not in the default)
 #                                              (default: all)
 # Wheels carried in .whl/ (e.g. imageio-ffmpeg, which the GPU image lacks) are installed first.
 # Results go under $OUT (or ./gpu-results): one log per step and one archive, because the device
@@ -144,10 +144,33 @@ if [[ " $steps " == *" routing "* ]]; then
     --shapes 1x56x30272x777x128,1x56x129x128,1x56x1x4097x128,1x56x47616x512x64 --out "$work/routing/direct"
   cp "$XDG_CACHE_HOME"/dit-accel/crossover/*.json "$work/routing/crossover-measured.json" 2>/dev/null
 fi
+# Step caches on a real-size transformer in its pipeline (make-tiny-pipeline --transformer: random weights of
+# realistic scale, tiny text encoder and VAE) over the pipeline's own 50 steps: each cache method with diffusers'
+# default attention and with our full recipe, beside the same recipe without a cache (each report.json has the
+# passes the cache skipped and the graphs compiled during the run), and the block profiled at the same video, with
+# the transformer outside its blocks, for `plan --cache` ($work/caches/block). The pipeline folder is kept between
+# calls on a warm machine. CACHE_RECIPES, CACHE_METHODS, CACHE_FRAMES choose a part.
+if [[ " $steps " == *" caches "* ]]; then
+  c=$work/caches
+  mkdir -p "$c"
+  video="--frames ${CACHE_FRAMES:-17} --height 480 --width 832"
+  [[ -d $c/pipeline ]] || timed caches-build 300 python3 -m dit_accel make-tiny-pipeline wan "$c/pipeline" \
+    --transformer wan2.1-t2v-1.3b
+  [[ -d $c/block ]] || timed caches-block 400 python3 -m dit_accel profile-block --model wan \
+    --preset wan2.1-t2v-1.3b $video --outside measure --compare-attn fp8+fp8-linear+compile --runs 5 --warmup 2 \
+    --out "$c/block"
+  for recipe in ${CACHE_RECIPES:-native fp8+fp8-linear+compile}; do
+    for cache in none ${CACHE_METHODS:-fbc taylorseer pab faster mag:calibrate mag}; do
+      name=$recipe; [[ $cache == none ]] || name=$recipe+cache=$cache
+      timed "caches-$name" 300 python3 -m dit_accel generate --pipeline "$c/pipeline" $video --attn "$name" \
+        --out "$c/$name"
+    done
+  done
+fi
 # SageAttention2 beside ours and FA3 FP8 on the q/k/v an H3 block feeds its attention (part 4 of the GPU bundle).
 step sage2-block 300 python3 -m dit_accel bench-attention --inputs block --backends cudnn,fa3-fp8,fp8,fp8-int8qk,sage2 \
   --out "$work/sage2-block"
 
-tar czf "$out/results.tgz" -C "$work" --exclude='cache' --exclude='*.json.gz' .
+tar czf "$out/results.tgz" -C "$work" --exclude='cache' --exclude='*.json.gz' --exclude='caches/pipeline' .
 cat "$work/steps.txt"
 for f in "$work"/*.log; do echo "=== $(basename "$f") (tail)"; tail -25 "$f"; done
