@@ -17,8 +17,8 @@ Two ways to find the kept keys:
   kernel): each element's kept keys move to the front in their order, the dropped ones behind them zeroed
   (so they add nothing to the FP8 scales either), and the kernel reads each element's count on the device.
   No host sync: torch.compile traces it as ordinary ops (inductor fuses the gather), CUDA graphs can capture
-  it, and a streamed or compiled pass keeps the GPU fed (reading the mask on the host at every call left
-  1-3 ms of GPU idle per HunyuanVideo block). Any boolean key mask is key padding in value; an element that
+  it, and a streamed or compiled pass keeps the GPU fed (reading the mask on the host at every call left the
+  GPU idle between kernels: docs/attention.md has the runs). Any boolean key mask is key padding in value; an element that
   keeps no key gets zero rows, as torch's SDPA gives it.
 - On the host (`key_padded_attention`, everything else: bias masks, joint masks, backends without key
   lengths): which rows are kept is read from the mask (a few syncs per call; a joint mask's rows are read once
@@ -190,7 +190,7 @@ JOINT_CHECK_ROWS = 4096  # rows of a joint mask compared at a time off the fast 
 def _joint_check(rows: torch.Tensor, kept: _Kept) -> _Check:
     """The check, under way, that a joint mask [S_q, S_kv] is the outer product of `kept`'s queries and keys:
     row-wise reductions over views of the mask when each is one run of rows (HunyuanVideo 1.5's, its text padding
-    last: one read of the mask, 0.73 ms at S 34625 on the H200; a reduction of a view to one value ran at half the
+    last: one read of the mask, timed in docs/attention.md; a reduction of a view to one value ran at half the
     rate, a Triton compare of each byte with the outer product at 0.4x), a compare by blocks of rows otherwise."""
     served, seen = kept.served, kept.seen
 

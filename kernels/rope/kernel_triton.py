@@ -1,10 +1,9 @@
 """MiniMax-H3's rotary embedding (`reference.py` states the contract) as one Triton kernel.
 
 Why: diffusers' `_apply_rotary_emb` in `transformer_minimax_h3.py` runs in bf16 as several
-elementwise kernels plus two `cat`s: 6.9 ms of a 91 ms H3 block on an H200 at S = 30272, where
-reading q and k once and writing them once is about 0.5 ms of memory traffic. The kernel here
-does that one read and one write: on one H200 (torch 2.11, Triton 3.6), one of q/k [1, 30272, 56,
-128] in bf16 took 0.31 ms against diffusers' 2.96 ms (2.8 TB/s; a plain copy of it takes 0.21 ms).
+elementwise kernels plus two `cat`s, moving q and k several times over where reading them once and
+writing them once would do. The kernel here does that one read and one write (its time beside
+diffusers': docs/benchmarks.md, "Prep and fused RoPE").
 
 Triton is imported on the first CUDA call (`_triton_kernel()`), never at import time, so this
 module loads where Triton is absent. The kernel has no backward; when to call it instead of
