@@ -18,8 +18,8 @@ Two ways to find the kept keys:
   (so they add nothing to the FP8 scales either), and the kernel reads each element's count on the device.
   No host sync: torch.compile traces it as ordinary ops (inductor fuses the gather), CUDA graphs can capture
   it, and a streamed or compiled pass keeps the GPU fed (reading the mask on the host at every call left the
-  GPU idle between kernels: docs/attention.md has the runs). Any boolean key mask is key padding in value; an element that
-  keeps no key gets zero rows, as torch's SDPA gives it.
+  GPU idle between kernels: docs/attention.md has the runs). Any boolean key mask is key padding in value; an
+  element that keeps no key gets zero rows, as torch's SDPA gives it.
 - On the host (`key_padded_attention`, everything else: bias masks, joint masks, backends without key
   lengths): which rows are kept is read from the mask (a few syncs per call; a joint mask's rows are read once
   for its shape and then guessed, `_REMEMBERED`, the guess confirmed by the mask's check once the backend's work
