@@ -149,7 +149,8 @@ fi
 # default attention and with our full recipe, beside the same recipe without a cache (each report.json has the
 # passes the cache skipped and the graphs compiled during the run), and the block profiled at the same video, with
 # the transformer outside its blocks, for `plan --cache` ($work/caches/block). The pipeline folder is kept between
-# calls on a warm machine. CACHE_RECIPES, CACHE_METHODS, CACHE_FRAMES choose a part.
+# calls on a warm machine; dbcache (cache-dit, the peer) needs its wheel in .whl/. CACHE_RECIPES, CACHE_METHODS,
+# CACHE_FRAMES choose a part.
 if [[ " $steps " == *" caches "* ]]; then
   c=$work/caches
   mkdir -p "$c"
@@ -160,7 +161,7 @@ if [[ " $steps " == *" caches "* ]]; then
     --preset wan2.1-t2v-1.3b $video --outside measure --compare-attn fp8+fp8-linear+compile --runs 5 --warmup 2 \
     --out "$c/block"
   for recipe in ${CACHE_RECIPES:-native fp8+fp8-linear+compile}; do
-    for cache in none ${CACHE_METHODS:-fbc taylorseer pab faster mag:calibrate mag}; do
+    for cache in none ${CACHE_METHODS:-fbc taylorseer pab faster mag:calibrate mag dbcache}; do
       name=$recipe; [[ $cache == none ]] || name=$recipe+cache=$cache
       timed "caches-$name" 300 python3 -m dit_accel generate --pipeline "$c/pipeline" $video --attn "$name" \
         --out "$c/$name"

@@ -143,7 +143,8 @@ def apply_recipe(target: Any, recipe: Recipe | str, *, adapter: BlockAdapter | N
                     family = None
                 cache = apply_step_cache(model, recipe.cache, steps=steps, timestep=timestep, mag_ratios=mag_ratios,
                                          what=family.display_name if family else type(model).__name__,
-                                         passes_per_step=family.passes_per_step if family else None)
+                                         passes_per_step=family.passes_per_step if family else None,
+                                         pipeline=None if isinstance(target, nn.Module) else target)
                 applied.caches.append(cache)
                 applied._undo.append(cache.undo)
         if recipe.compile_mode is not None:

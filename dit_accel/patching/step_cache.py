@@ -79,6 +79,7 @@ class CacheMethod:
     needs_steps: bool = False
     block_cache: bool = False  # hooks whole blocks, which TransformerBlockRegistry must describe
     extra: tuple[tuple[str, Any], ...] = ()  # fields set for every use
+    engine: str = "diffusers"  # diffusers' hooks, or cache-dit's (`apply` and `config_class` then name its own)
 
     @property
     def usage(self) -> str:
@@ -119,6 +120,14 @@ CACHE_METHODS = {method.name: method for method in (
         Param("skip", "spatial_attention_block_skip_range", int, 2, 1,
               "self-attention recomputed every this many passes inside the timestep range"),
     ), fixed_schedule=True, needs_timestep=True, extra=(("is_guidance_distilled", True),)),
+    # the peer users install: cache-dit's Dual Block Cache, on the pipeline (pip install 'dit-accel[cache-dit]')
+    CacheMethod("dbcache", "cache-dit DBCache", "DBCacheConfig", "enable_cache", (), (
+        Param("threshold", "residual_diff_threshold", float, 0.08, 0.0,
+              "skip the middle blocks while the first blocks' residual changed by less than this (relative)"),
+        Param("fn", "Fn_compute_blocks", int, 8, 1, "first blocks always computed"),
+        Param("bn", "Bn_compute_blocks", int, 0, 0, "last blocks always computed"),
+        Param("warmup", "max_warmup_steps", int, 8, 0, "steps never skipped first"),
+    ), fixed_schedule=False, needs_steps=True, engine="cache-dit"),
 )}
 
 
@@ -419,6 +428,8 @@ def make_config(spec: CacheSpec, model: nn.Module, *, steps: int | None, timeste
     method = CACHE_METHODS[spec.method]
     fields = {p.field: spec.value(p.name) for p in method.params}
     fields.update(method.extra)
+    if method.engine == "cache-dit":
+        return getattr(_cache_dit(spec), method.config_class)(**fields, num_inference_steps=steps)
     if method.name == "taylorseer":
         fields["cache_identifiers"] = [re.escape(name) for name in attention_modules(model)]
     if method.name == "faster":
@@ -445,11 +456,12 @@ def make_config(spec: CacheSpec, model: nn.Module, *, steps: int | None, timeste
 
 def apply_step_cache(model: nn.Module, spec: CacheSpec, *, what: str, steps: int | None = None,
                      timestep: Callable[[], Any] | None = None, mag_ratios: list[float] | None = None,
-                     passes_per_step: int | None = None) -> AppliedCache:
+                     passes_per_step: int | None = None, pipeline: Any = None) -> AppliedCache:
     """Put the cache `spec` on the diffusers transformer `model` with diffusers' own function (`apply_*`), with
     counters of what runs under it; `AppliedCache.undo()` takes every hook and registration off again (the model's
     outputs are then bit-identical to before). `what`: the model's name for messages; `passes_per_step`: the
-    pipeline's transformer passes a step (numbers the passes' cache contexts where no step callback comes)."""
+    pipeline's transformer passes a step (numbers the passes' cache contexts where no step callback comes).
+    cache-dit's DBCache goes on the whole `pipeline` (`_apply_cache_dit`)."""
     import diffusers.hooks as hooks
     from diffusers.hooks import HookRegistry
 
@@ -457,6 +469,8 @@ def apply_step_cache(model: nn.Module, spec: CacheSpec, *, what: str, steps: int
     from ..seams.placement import module_device
 
     method = CACHE_METHODS[spec.method]
+    if method.engine == "cache-dit":
+        return _apply_cache_dit(pipeline, model, spec, what=what, steps=steps)
     if any(m._diffusers_hook.get_hook(name) is not None for m in model.modules() if hasattr(m, "_diffusers_hook")
            for name in (*_hook_names(method), COUNT_HOOK)):
         raise UserError(f"{what} has a step cache on already; one at a time")
@@ -489,13 +503,7 @@ def apply_step_cache(model: nn.Module, spec: CacheSpec, *, what: str, steps: int
             raise UserError(f"{method.title} cannot serve {what}: it hooks nothing there (its attention modules, "
                             f"{listed or 'none'}, are not under the names diffusers' {method.title} looks for); use "
                             f"another cache")
-        applied.hooked = len(hooked)
-        applied.counts.expect("pass", "computed")
-        applied._undo.append(lambda: root.remove_hook(COUNT_HOOK, recurse=True))
-        for module in hooked:
-            HookRegistry.check_if_exists_or_initialize(module).register_hook(_CountHook(applied.counts, "computed"),
-                                                                            COUNT_HOOK)
-        root.register_hook(_CountHook(applied.counts, "pass"), COUNT_HOOK)
+        _count_under(applied, model, hooked)
         enable()
         applied._undo.append(disable)
         applied._context = _ContextHook(_state_managers(model), passes_per_step)
@@ -507,6 +515,61 @@ def apply_step_cache(model: nn.Module, spec: CacheSpec, *, what: str, steps: int
     except BaseException:
         applied.undo()
         raise
+    return applied
+
+
+def _cache_dit(spec: CacheSpec):
+    """The cache_dit module (its INFO lines off unless the user set CACHE_DIT_LOG_LEVEL: the report says what ran),
+    or a UserError naming the extra that installs it."""
+    import os
+
+    os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
+    try:
+        import cache_dit
+    except ImportError:
+        raise UserError(f"{spec.label} is cache-dit's DBCache, and cache-dit is not installed: "
+                        f"pip install 'dit-accel[cache-dit]'") from None
+    return cache_dit
+
+
+def _count_under(applied: AppliedCache, root: nn.Module, hooked: list) -> None:
+    """The counters: each of `hooked`'s real forwards (innermost) and each pass of `root`, undone with `applied`."""
+    from diffusers.hooks import HookRegistry
+
+    applied.hooked = len(hooked)
+    applied.counts.expect("pass", "computed")
+    applied._undo.append(lambda: HookRegistry.check_if_exists_or_initialize(root).remove_hook(COUNT_HOOK,
+                                                                                              recurse=True))
+    for module in hooked:
+        HookRegistry.check_if_exists_or_initialize(module).register_hook(_CountHook(applied.counts, "computed"),
+                                                                        COUNT_HOOK)
+    HookRegistry.check_if_exists_or_initialize(root).register_hook(_CountHook(applied.counts, "pass"), COUNT_HOOK)
+
+
+def _apply_cache_dit(pipeline: Any, model: nn.Module, spec: CacheSpec, *, what: str, steps: int | None
+                     ) -> AppliedCache:
+    """cache-dit's DBCache on `pipeline` (`cache_dit.enable_cache`, taken off by `cache_dit.disable_cache`), the
+    blocks of `model`'s stacks counted as the other caches' hooked modules are."""
+    from ..seams.counts import CallCounts
+    from ..seams.placement import module_device
+
+    if pipeline is None:
+        raise UserError(f"{spec.label} (cache-dit) goes on a whole pipeline: run it with dit-accel generate")
+    cache_dit = _cache_dit(spec)
+    applied = AppliedCache(spec, model, 0, CallCounts(module_device(model)))
+    try:
+        if model is getattr(pipeline, "transformer", model):  # cache-dit caches all of a pipeline's transformers
+            cache_dit.enable_cache(pipeline, cache_config=make_config(spec, model, steps=steps, timestep=None))
+            applied._undo.append(lambda: cache_dit.disable_cache(pipeline))
+        # after cache-dit, which keeps the forward it replaces as a bound method, and off again before it
+        _count_under(applied, model, [block for _, stack in cached_stacks(model) for block in stack])
+    except UserError:
+        applied.undo()
+        raise
+    except Exception as exc:  # noqa: BLE001 (cache-dit's refusal of a pipeline it has no adapter for)
+        applied.undo()
+        raise UserError(f"cache-dit's DBCache cannot serve {what}: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else 'no reason given'}") from exc
     return applied
 
 

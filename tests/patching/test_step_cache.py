@@ -249,3 +249,44 @@ def test_generate_reports_what_the_cache_skipped_beside_the_uncached_run(tmp_pat
     assert "First Block Cache over 8 transformer passes" in " ".join(result.output.split())
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "video_native+cache-fbc-0.5.mp4",
                                                      "video_native.mp4"]
+
+
+# --- the peer: cache-dit's DBCache, on a whole pipeline -------------------------------------------------------------
+
+def _wan_video(pipe, **kwargs):
+    return pipe("a cat", num_frames=9, height=64, width=64, num_inference_steps=6, output_type="np",
+                generator=torch.Generator().manual_seed(0), **kwargs).frames
+
+
+def test_cache_dit_dbcache_counts_what_it_skipped_and_comes_off_bit_identical(tiny_wan):
+    """cache-dit's DBCache through apply_recipe on the tiny WanPipeline: after its warm-up steps it computes the
+    first block of each pass alone (fn=1, a threshold random weights stay under), counted per step as the other
+    caches are; taken off, the pipeline's video is bit-identical to before."""
+    import numpy as np
+    from diffusers import WanPipeline
+
+    from dit_accel.patching.apply import apply_recipe
+
+    pipe = WanPipeline.from_pretrained(str(tiny_wan))
+    before = _wan_video(pipe)
+    with apply_recipe(pipe, parse_recipe("native+cache=dbcache:0.5:fn=1:warmup=2"), steps=6) as applied:
+        _wan_video(pipe, callback_on_step_end=applied.step_callback)
+    summary = applied.summary()["step_cache"][0]
+    assert summary["method"] == "cache-dit DBCache" and summary["hooked_modules"] == 2  # the tiny Wan's blocks
+    assert [s["computed"] for s in summary["per_step"]] == [4, 4, 2, 2, 2, 2]  # 2 passes a step (the guidance)
+    assert np.array_equal(_wan_video(pipe), before)
+
+
+def test_cache_dit_dbcache_needs_a_pipeline_and_its_package():
+    _, model, _ = _tiny("wan")
+    with pytest.raises(UserError, match="goes on a whole pipeline: run it with dit-accel generate"):
+        apply_step_cache(model, parse_cache("dbcache"), what="wan", steps=STEPS)
+
+
+def test_cache_dit_missing_is_one_line_naming_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cache_dit", None)  # as if not installed
+    with pytest.raises(UserError, match=r"pip install 'dit-accel\[cache-dit\]'") as error:
+        step_cache.make_config(parse_cache("dbcache"), None, steps=STEPS, timestep=None)
+    assert "\n" not in str(error.value)
