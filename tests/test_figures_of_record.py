@@ -1,5 +1,5 @@
-"""Every measured figure the README states is recorded in docs/benchmarks.md, the figure of record (its date,
-command and commit beside it): the README cites, it never restates a number the record does not hold.
+"""Every measured figure the README and the design docs state is recorded in docs/benchmarks.md, the figure of
+record (its date, command and commit beside it): they cite, they never restate a number the record does not hold.
 
 A figure is a number with a decimal point, or any number followed by a unit (ms, TFLOP/s, x, %, min, GiB, GB/s,
 s), outside the README's shell examples. It matches the record where the record holds it as written or to more
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # Numbers of the README that are not measurements, and what they are.
@@ -36,12 +38,22 @@ def recorded(figure: str, record: set[str]) -> bool:
     return any(_places(r) > places and round(float(r), places) == float(figure) for r in record)
 
 
+def _record() -> set[str]:
+    return set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?", (ROOT / "docs" / "benchmarks.md").read_text()))
+
+
 def test_every_figure_of_the_readme_is_in_the_record():
-    record = set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?", (ROOT / "docs" / "benchmarks.md").read_text()))
     readme = figures((ROOT / "README.md").read_text())
     assert len(readme) > 50  # the extraction finds the README's figures (the results tables among them)
-    missing = sorted((f for f in readme - set(NOT_FIGURES) if not recorded(f, record)), key=float)
+    missing = sorted((f for f in readme - set(NOT_FIGURES) if not recorded(f, _record())), key=float)
     assert not missing, f"README figures with no record in docs/benchmarks.md: {missing}"
+
+
+@pytest.mark.parametrize("doc", ["plan.md"])
+def test_every_figure_of_a_design_doc_is_in_the_record(doc):
+    stated = figures((ROOT / "docs" / doc).read_text())
+    missing = sorted((f for f in stated if not recorded(f, _record())), key=float)
+    assert not missing, f"docs/{doc} figures with no record in docs/benchmarks.md: {missing}"
 
 
 def test_a_figure_matches_its_record_only_as_written_or_rounded():
