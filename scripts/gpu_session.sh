@@ -160,8 +160,8 @@ if [[ " $steps " == *" caches "* ]]; then
   [[ -d $c/block ]] || timed caches-block 400 python3 -m dit_accel profile-block --model wan \
     --preset wan2.1-t2v-1.3b $video --outside measure --compare-attn fp8+fp8-linear+compile --runs 5 --warmup 2 \
     --out "$c/block"
-  for recipe in ${CACHE_RECIPES:-native fp8+fp8-linear+compile}; do
-    for cache in none ${CACHE_METHODS:-fbc taylorseer pab faster mag:calibrate mag dbcache}; do
+  for cache in none ${CACHE_METHODS:-taylorseer dbcache fbc pab faster mag:calibrate mag}; do
+    for recipe in ${CACHE_RECIPES:-native fp8+fp8-linear+compile}; do  # both recipes of a method, then the next
       name=$recipe; [[ $cache == none ]] || name=$recipe+cache=$cache
       timed "caches-$name" 300 python3 -m dit_accel generate --pipeline "$c/pipeline" $video --attn "$name" \
         --out "$c/$name"
