@@ -150,16 +150,17 @@ fi
 # passes the cache skipped and the graphs compiled during the run), and the block profiled at the same video, with
 # the transformer outside its blocks, for `plan --cache` ($work/caches/block). The pipeline folder is kept between
 # calls on a warm machine; dbcache (cache-dit, the peer) needs its wheel in .whl/. CACHE_RECIPES, CACHE_METHODS,
-# CACHE_FRAMES choose a part.
+# CACHE_FRAMES and CACHE_BLOCK_RECIPES (empty: the eager block alone) choose a part.
 if [[ " $steps " == *" caches "* ]]; then
   c=$work/caches
   mkdir -p "$c"
   video="--frames ${CACHE_FRAMES:-17} --height 480 --width 832"
   [[ -d $c/pipeline ]] || timed caches-build 300 python3 -m dit_accel make-tiny-pipeline wan "$c/pipeline" \
     --transformer wan2.1-t2v-1.3b
+  block_recipes=${CACHE_BLOCK_RECIPES-native,fp8+fp8-linear+compile}  # the eager baseline first, for plan
   [[ -d $c/block ]] || timed caches-block 400 python3 -m dit_accel profile-block --model wan \
-    --preset wan2.1-t2v-1.3b $video --outside measure --compare-attn fp8+fp8-linear+compile --runs 5 --warmup 2 \
-    --out "$c/block"
+    --preset wan2.1-t2v-1.3b $video --outside measure ${block_recipes:+--compare-attn $block_recipes} --runs 5 \
+    --warmup 2 --out "$c/block"
   for cache in none ${CACHE_METHODS:-taylorseer dbcache fbc pab faster mag:calibrate mag}; do
     for recipe in ${CACHE_RECIPES:-native fp8+fp8-linear+compile}; do  # both recipes of a method, then the next
       name=$recipe; [[ $cache == none ]] || name=$recipe+cache=$cache
