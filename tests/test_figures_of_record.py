@@ -49,7 +49,7 @@ def test_every_figure_of_the_readme_is_in_the_record():
     assert not missing, f"README figures with no record in docs/benchmarks.md: {missing}"
 
 
-@pytest.mark.parametrize("doc", ["plan.md"])
+@pytest.mark.parametrize("doc", ["plan.md", "attention.md"])
 def test_every_figure_of_a_design_doc_is_in_the_record(doc):
     stated = figures((ROOT / "docs" / doc).read_text())
     missing = sorted((f for f in stated if not recorded(f, _record())), key=float)
