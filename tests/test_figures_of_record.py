@@ -49,9 +49,15 @@ def test_every_figure_of_the_readme_is_in_the_record():
     assert not missing, f"README figures with no record in docs/benchmarks.md: {missing}"
 
 
-@pytest.mark.parametrize("doc", ["plan.md", "attention.md"])
+# Numbers of the design docs that are not measurements, and what they are.
+NOT_MEASURED = {"generate.md": {"0.03": "the tiny Wan's text encoder, M parameters",
+                                "5.17": "the tiny H3 pipeline's soundtrack, seconds"},
+                "profile-block.md": {"64.5": "the H3 block stack's GB (50 blocks of 1.29 GB)"}}
+
+
+@pytest.mark.parametrize("doc", ["plan.md", "attention.md", "generate.md", "profile-block.md"])
 def test_every_figure_of_a_design_doc_is_in_the_record(doc):
-    stated = figures((ROOT / "docs" / doc).read_text())
+    stated = figures((ROOT / "docs" / doc).read_text()) - set(NOT_MEASURED.get(doc, ()))
     missing = sorted((f for f in stated if not recorded(f, _record())), key=float)
     assert not missing, f"docs/{doc} figures with no record in docs/benchmarks.md: {missing}"
 
