@@ -1,5 +1,6 @@
-"""Every measured figure the README and the design docs state is recorded in docs/benchmarks.md, the figure of
-record (its date, command and commit beside it): they cite, they never restate a number the record does not hold.
+"""Every measured figure the README and the design docs (docs/*.md) state is recorded in docs/benchmarks.md, the
+figure of record (its date, command and commit beside it), or in the dated experiment note (docs/notes/) the doc
+links: they cite, they never restate a number the record does not hold.
 
 A figure is a number with a decimal point, or any number followed by a unit (ms, TFLOP/s, x, %, min, GiB, GB/s,
 s), outside the README's shell examples. It matches the record where the record holds it as written or to more
@@ -38,8 +39,12 @@ def recorded(figure: str, record: set[str]) -> bool:
     return any(_places(r) > places and round(float(r), places) == float(figure) for r in record)
 
 
-def _record() -> set[str]:
-    return set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?", (ROOT / "docs" / "benchmarks.md").read_text()))
+def _record(cited_by: str = "") -> set[str]:
+    """The numbers of docs/benchmarks.md, and of the dated notes (docs/notes/) the text `cited_by` links: an
+    experiment's note is the record of what it measured."""
+    notes = sorted(set(re.findall(r"notes/([\w-]+\.md)", cited_by)))
+    text = "".join((ROOT / "docs" / path).read_text() for path in ["benchmarks.md", *(f"notes/{n}" for n in notes)])
+    return set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?", text))
 
 
 def test_every_figure_of_the_readme_is_in_the_record():
@@ -55,11 +60,15 @@ NOT_MEASURED = {"generate.md": {"0.03": "the tiny Wan's text encoder, M paramete
                 "profile-block.md": {"64.5": "the H3 block stack's GB (50 blocks of 1.29 GB)"}}
 
 
-@pytest.mark.parametrize("doc", ["plan.md", "attention.md", "generate.md", "profile-block.md"])
+DESIGN_DOCS = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "benchmarks.md")
+
+
+@pytest.mark.parametrize("doc", DESIGN_DOCS)
 def test_every_figure_of_a_design_doc_is_in_the_record(doc):
-    stated = figures((ROOT / "docs" / doc).read_text()) - set(NOT_MEASURED.get(doc, ()))
-    missing = sorted((f for f in stated if not recorded(f, _record())), key=float)
-    assert not missing, f"docs/{doc} figures with no record in docs/benchmarks.md: {missing}"
+    text = (ROOT / "docs" / doc).read_text()
+    stated = figures(text) - set(NOT_MEASURED.get(doc, ()))
+    missing = sorted((f for f in stated if not recorded(f, _record(text))), key=float)
+    assert not missing, f"docs/{doc} figures with no record in docs/benchmarks.md or the notes it cites: {missing}"
 
 
 def test_a_figure_matches_its_record_only_as_written_or_rounded():
