@@ -1,9 +1,19 @@
 """`dit-accel models`: the model families dit-accel serves, as data derived from diffusers."""
 from __future__ import annotations
 
+import functools
+
 import click
 
 from ..report_io import console, to_json
+
+
+@functools.cache
+def family_rows() -> tuple[dict, ...]:
+    """Each family's summary (it builds the family's transformer on meta: ~0.5 s each, so once a process)."""
+    from ..adapters import FAMILIES, adapter_for_preset
+
+    return tuple(adapter_for_preset(name).summary() for name in FAMILIES)
 
 
 @click.command("models")
@@ -17,11 +27,9 @@ def models(as_json: bool) -> None:
     class's defaults. A local diffusers transformer of any of these families is recognised by the `_class_name`
     of its config.json (profile-block --checkpoint DIR).
     """
-    from ..adapters import FAMILIES, adapter_for_preset
-
-    rows = [adapter_for_preset(name).summary() for name in FAMILIES]
+    rows = family_rows()
     if as_json:
-        click.echo(to_json(rows))
+        click.echo(to_json(list(rows)))
         return
     # One short block per family rather than a wide table: readable at 80 columns, and no name (a preset a user
     # must type) is ever cut or folded; rich wraps the lines at spaces only.
