@@ -51,11 +51,12 @@ class SkipRatio(FiniteFloat):
               help="GPU-to-GPU GB/s per direction for --gpus (default: the datasheet NVLink figure).")
 @click.option("--cache", "cache_text", metavar="METHOD[:PARAMS]", default=None,
               help="Predict a step cache, written as a recipe's cache= part, on the baseline and on the full recipe: "
-                   "taylorseer[:interval][:warmup=V][:order=V] from its schedule (exact); fbc and mag from the "
-                   "fraction of passes --cache-skip gives (default fbc with --cache-skip alone).")
+                   "taylorseer[:interval][:warmup=V][:order=V] from its schedule (its computed steps counted as "
+                   "diffusers runs them); fbc, mag and dbcache from the fraction of passes --cache-skip gives "
+                   "(default fbc with --cache-skip alone).")
 @click.option("--cache-skip", type=SkipRatio(0), default=None,
-              help="The fraction of the passes a threshold cache (fbc, mag) skips (e.g. 0.4; a generate run with "
-                   "it says, per step).")
+              help="The fraction of the passes a threshold cache (fbc, mag, dbcache) skips (e.g. 0.4; a generate "
+                   "run with it says, per step).")
 @click.option("--verify", is_flag=True,
               help="Run every knob combination this GPU can run on the run's block and inputs (profile-block with "
                    "the run's options, into a profile-block_verify folder of its own; with --memory-budget also the "
@@ -398,11 +399,12 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], pass_ms:
 def _cache_rows(baseline, cache, predicted, full, rates) -> list[dict]:
     """The step cache `cache` (`planning.cached.CachePlan`) on the baseline and on the full recipe. predicted: knob
     set -> its blocks (`BlockPrediction` by stack)."""
-    from ..planning.cached import cached_pass_ms
+    from ..planning.cached import cached_pass_ms, kept_blocks
     from ..planning.predict import video_seconds
 
+    kept = kept_blocks(cache.spec) if cache.saves == "passes" else 0
     model = {"passes": "a skipped pass runs the outside of the blocks" + (
-        " and the first block (the residual it compares)" if cache.spec.method == "fbc" else ""),
+        f" and the {kept} block(s) the cache always computes" if kept else ""),
              "attention": "a predicted step skips the attention modules (self and cross) of every block and writes "
                           "their Taylor series' outputs (eager elementwise work); graph breaks not modelled"}
     rows = []

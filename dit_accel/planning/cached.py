@@ -1,9 +1,11 @@
 """What a step cache saves over a video, from the blocks the plan predicts (`plan --cache`).
 
 A cache is a recipe's `cache=` part (`patching.step_cache`) and saves one of two things:
-  - whole passes (First Block Cache, MagCache): a skipped pass runs the outside of the blocks, and First Block
-    Cache also its first block (the residual it compares); which passes a threshold skips depends on the weights,
-    so the fraction is given (`--cache-skip`, e.g. from a `generate` run's report, whose per-step counts say it);
+  - whole passes (First Block Cache, MagCache, cache-dit's DBCache): a skipped pass runs the outside of the blocks
+    and the blocks the cache always computes (`kept_blocks`: First Block Cache its first, the residual it compares;
+    DBCache its first `fn` and last `bn`; MagCache none, it decides before the first block); which passes a
+    threshold skips depends on the weights, so the fraction is given (`--cache-skip`, e.g. from a `generate` run's
+    report, whose per-step counts say it);
   - the attention modules (TaylorSeer): on a predicted step every attention module of the blocks (self and cross,
     their projections, norms and RoPE: what the cache hooks) is replaced by its Taylor series in the step, from the
     outputs it kept; the schedule is fixed by the step count, so the computed steps are counted exactly. A
@@ -77,6 +79,13 @@ def cache_plan(spec: CacheSpec, steps: int, cache_skip: float | None) -> CachePl
     return CachePlan(spec, "passes", cache_skip, f"--cache-skip {cache_skip:g}")
 
 
+def kept_blocks(spec: CacheSpec) -> int:
+    """Blocks (of the first stack) a pass-skipping cache still runs on a skipped pass."""
+    if spec.method == "dbcache":
+        return spec.value("fn") + spec.value("bn")
+    return {"fbc": 1, "mag": 0}[spec.method]
+
+
 def _attention_modules(stack: StackBaseline) -> set[str]:
     return {call["module"] for call in stack.attention_calls}
 
@@ -146,8 +155,9 @@ def cached_pass_ms(baseline: Baseline, plan: CachePlan, blocks: dict[str, BlockP
     """A pass averaged over the video under the cache `plan`, from the knob set's predicted `blocks` (by stack)."""
     full = sum(s.num_blocks * blocks[s.stack].ms for s in baseline.stacks) + baseline.outside_ms
     if plan.saves == "passes":
-        check = blocks[baseline.stacks[0].stack].ms if plan.spec.method == "fbc" else 0.0
-        return (1 - plan.skipped) * full + plan.skipped * (check + baseline.outside_ms)
+        first = baseline.stacks[0]
+        kept = min(kept_blocks(plan.spec), first.num_blocks) * blocks[first.stack].ms
+        return (1 - plan.skipped) * full + plan.skipped * (kept + baseline.outside_ms)
     saved = sum(s.num_blocks * (plan.skipped * attention_module_ms(s, blocks[s.stack], knobs)
                                 - taylor_ms(s, rates, plan.skipped, plan.spec.value("order")))
                 for s in baseline.stacks)

@@ -780,6 +780,12 @@ def test_a_threshold_cache_takes_the_fraction_given(tmp_path):
     rows = {row["knobs"]: row for row in json.loads((tmp_path / "p" / "plan.json").read_text())["knobs"]}
     # MagCache decides before the first block: a skipped pass runs only the outside (0 ms here)
     assert rows["baseline + cache=mag"]["pass_ms"] == 600.0
+    result = CliRunner().invoke(main, ["plan", str(run), "--cache", "dbcache:fn=2:bn=1", "--cache-skip", "0.4",
+                                       "--gpu", "h100-sxm", "--out", str(tmp_path / "q")])
+    assert result.exit_code == 0, result.output
+    rows = {row["knobs"]: row for row in json.loads((tmp_path / "q" / "plan.json").read_text())["knobs"]}
+    # cache-dit's DBCache still runs its first 2 and last 1 blocks (100 ms each) on a skipped pass
+    assert rows["baseline + cache=dbcache:fn=2:bn=1"]["pass_ms"] == 0.6 * 1000 + 0.4 * 300
 
 
 @pytest.mark.parametrize("text, skip, words", [
