@@ -65,6 +65,8 @@ RUN_NOISE: tuple[tuple[type[Warning], str, str], ...] = (
      "CuTe DSL, compiling flash-attn-4's kernel (its own argument type; seen in bench-attention on the H200)"),
     (UserWarning, r"In CPU autocast, but the target dtype is not supported",
      "torch, when Mochi 1 builds its RoPE under a float32 autocast on the CPU (its scaled-down runs)"),
+    (UserWarning, r"Dynamo does not know how to trace the builtin `time\.perf_counter",
+     "torch.compile, tracing cache-dit's DBCache timers in a compiled transformer (generate +compile+cache=dbcache)"),
 )
 
 
