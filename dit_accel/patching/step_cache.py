@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..cache import cache_root
-from ..errors import UserError
+from ..errors import UserError, first_line
 
 if TYPE_CHECKING:  # torch and diffusers load when a cache is applied: the vocabulary (--help) needs neither
     from torch import nn
@@ -569,7 +569,7 @@ def _apply_cache_dit(pipeline: Any, model: nn.Module, spec: CacheSpec, *, what: 
     except Exception as exc:  # noqa: BLE001 (cache-dit's refusal of a pipeline it has no adapter for)
         applied.undo()
         raise UserError(f"cache-dit's DBCache cannot serve {what}: {type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else 'no reason given'}") from exc
+                        f"{first_line(exc) or 'no reason given'}") from exc
     return applied
 
 

@@ -15,9 +15,10 @@ A cache is a recipe's `cache=` part (`patching.step_cache`) and saves one of two
 The attention modules' share of a predicted block: every attention part; of the GEMM parts, the share of the FLOPs
 (per precision) of the linears inside an attention module; of the activations' quantization, their inputs' share;
 of the memory-bound work, eager: the share the measured block's module ranges put inside its attention modules
-(`ATTENTION_MEMORY_RANGES`), compiled: the fused chains' share of the elements (the attention linears' inputs and
-outputs and q, k, v over all). Not modelled: the graph breaks diffusers' cache hooks make in a compiled block
-(their schedule is decided outside the graph) and their host time.
+(`ATTENTION_MEMORY_RANGES`), compiled: the attention modules' share of the elements the fused chains were
+modelled from (`predict.fused_elements`: of the attention linears and calls over the block's). Not modelled: the
+graph breaks diffusers' cache hooks make in a compiled block (their schedule is decided outside the graph) and
+their host time.
 Pyramid Attention Broadcast and FasterCache skip by the pipeline's timesteps, which a block run does not know:
 they are not predicted here (measure them with `generate`).
 """
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from ..errors import UserError
 from ..patching.step_cache import CACHE_METHODS, CacheSpec
 from .measured import Baseline, StackBaseline
-from .predict import BlockPrediction, Rates
+from .predict import BlockPrediction, Rates, fused_elements, linear_flops, memory_ms
 
 # The measured block's module ranges that are memory-bound work inside an attention module (adapters' ranges).
 ATTENTION_MEMORY_RANGES = ("qk-norm", "attention: elementwise (RoPE, masks)", "rope", "attention: copies and joins")
@@ -94,10 +95,6 @@ def _in_attention(linear: dict, modules: set[str]) -> bool:
     return linear["name"].split(".")[0] in modules
 
 
-def _linear_flops(linears: list[dict]) -> float:
-    return sum(2.0 * lin["rows"] * lin["in_features"] * lin["out_features"] for lin in linears)
-
-
 def _share(part: float, whole: float) -> float:
     return part / whole if whole else 0.0
 
@@ -111,17 +108,14 @@ def attention_module_ms(stack: StackBaseline, block: BlockPrediction, knobs: fro
 
     def flops_share(in_fp8: bool) -> float:
         chosen = [lin for lin in stack.linears if not fp8 or lin["fp8"] == in_fp8]
-        return _share(_linear_flops([lin for lin in chosen if lin in inside]), _linear_flops(chosen))
+        return _share(linear_flops([lin for lin in chosen if lin in inside]), linear_flops(chosen))
 
     quantized = [lin for lin in stack.linears if lin["fp8"]]
     input_share = _share(sum(lin["rows"] * lin["in_features"] for lin in quantized if lin in inside),
                          sum(lin["rows"] * lin["in_features"] for lin in quantized))
-    if "compile" in knobs:
-        q_k_v = sum(c["batch"] * c["heads"] * c["head_dim"] * (c["q_len"] + 2 * c["kv_len"])
-                    for c in stack.attention_calls)
-        elements = [lin["rows"] * (lin["in_features"] + lin["out_features"]) for lin in stack.linears]
-        memory_share = _share(q_k_v + sum(e for e, lin in zip(elements, stack.linears) if lin in inside),
-                              q_k_v + sum(elements))
+    if "compile" in knobs:  # the share of the elements the fused chains were modelled from (predict_block)
+        memory_share = _share(fused_elements(inside, stack.attention_calls),
+                              fused_elements(stack.linears, stack.attention_calls))
     else:
         memory_ms = sum(c["ms"] for c in stack.categories.values() if c.get("bytes_est") and c.get("ms"))
         memory_share = min(1.0, _share(sum(stack.modules_ms.get(name, 0.0) for name in ATTENTION_MEMORY_RANGES),
@@ -147,7 +141,7 @@ def taylor_ms(stack: StackBaseline, rates: Rates, skipped: float, max_order: int
     fixed, per_order = TAYLOR_PREDICT_BYTES
     nbytes = elements * (skipped * (fixed + per_order * (max_order + 1))
                          + (1 - skipped) * TAYLOR_UPDATE_BYTES * max_order)
-    return nbytes / (rates.copy * rates.memory_efficiency * 1e6)
+    return memory_ms(nbytes, rates)
 
 
 def cached_pass_ms(baseline: Baseline, plan: CachePlan, blocks: dict[str, BlockPrediction], knobs: frozenset[str],

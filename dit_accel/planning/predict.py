@@ -142,7 +142,7 @@ def _fp8_attention_ms(call: dict[str, Any], baseline_backend: str, crossover,
     return None
 
 
-def _memory_ms(nbytes: float, rates: Rates) -> float:
+def memory_ms(nbytes: float, rates: Rates) -> float:
     """Memory-bound work of `nbytes` at this run's best memory-bound rate."""
     return nbytes / (rates.copy * rates.memory_efficiency * 1e6)
 
@@ -158,6 +158,17 @@ def _distinct_linear_inputs(linears: list[dict[str, Any]]) -> int:
     attention module: the same parent, rows and in features)."""
     seen = {(lin["name"].rsplit(".", 1)[0], lin["rows"], lin["in_features"]) for lin in linears if lin["rows"]}
     return sum(rows * features for _, rows, features in seen)
+
+
+def linear_flops(linears: list[dict[str, Any]]) -> float:
+    return sum(2.0 * lin["rows"] * lin["in_features"] * lin["out_features"] for lin in linears)
+
+
+def fused_elements(linears: list[dict[str, Any]], attention_calls: list[dict[str, Any]]) -> int:
+    """Elements the compiled block's fused chains read and write around `linears` and `attention_calls`: the
+    linears' distinct inputs and their outputs, and the calls' q, k and v."""
+    return (_distinct_linear_inputs(linears) + sum(lin["rows"] * lin["out_features"] for lin in linears)
+            + sum(c["batch"] * c["heads"] * c["head_dim"] * (c["q_len"] + 2 * c["kv_len"]) for c in attention_calls))
 
 
 def predict_block(stack: StackBaseline, baseline: Baseline, knobs: frozenset[str], rates: Rates,
@@ -179,7 +190,7 @@ def predict_block(stack: StackBaseline, baseline: Baseline, knobs: frozenset[str
                 served += fp8_ms
                 if call.get("kept"):  # the dropped queries by SDPA, and the op's check of the mask
                     unserved += call_ms * dropped
-                    parts["mask check"] = parts.get("mask check", 0.0) + _memory_ms(call["mask_bytes"], rates)
+                    parts["mask check"] = parts.get("mask check", 0.0) + memory_ms(call["mask_bytes"], rates)
                     bound["mask check"] = "memory"
         if served:
             parts["attention (fp8)"], bound["attention (fp8)"] = served, "fp8"
@@ -188,29 +199,25 @@ def predict_block(stack: StackBaseline, baseline: Baseline, knobs: frozenset[str
     gemm = stack.categories.get("gemm", {})
     if gemm.get("ms"):
         if "fp8-linear" in knobs and rates.fp8:
-            fp8_flops = sum(2.0 * lin["rows"] * lin["in_features"] * lin["out_features"]
-                            for lin in stack.linears if lin["fp8"])
+            fp8_flops = linear_flops([lin for lin in stack.linears if lin["fp8"]])
             rest = max(0.0, gemm["flops"] - fp8_flops)
             parts["gemm (fp8)"] = fp8_flops / (rates.fp8 * rates.gemm_efficiency * 1e9)
             parts["gemm"] = rest / (rates.bf16 * rates.gemm_efficiency * 1e9) + gemm["ms"] - _linear_ms(gemm)
             bound.update({"gemm (fp8)": "fp8", "gemm": "bf16"})
             elements = sum(lin["rows"] * lin["in_features"] for lin in stack.linears if lin["fp8"])
             per_element = QUANTIZE_BYTES_PER_ELEMENT["compiled" if "compile" in knobs else "eager"]
-            parts["quantize"] = _memory_ms(elements * per_element, rates)
+            parts["quantize"] = memory_ms(elements * per_element, rates)
             bound["quantize"] = "memory"
         else:
             parts["gemm"], bound["gemm"] = gemm["ms"], "bf16"
     memory_kinds = {kind: c for kind, c in stack.categories.items()
                     if kind not in COMPUTE_KINDS and c.get("bytes_est") is not None}
     if "compile" in knobs and memory_kinds:
-        elements = (_distinct_linear_inputs(stack.linears)
-                    + sum(lin["rows"] * lin["out_features"] for lin in stack.linears)
-                    + sum(c["batch"] * c["heads"] * c["head_dim"] * (c["q_len"] + 2 * c["kv_len"])
-                          for c in stack.attention_calls))
+        elements = fused_elements(stack.linears, stack.attention_calls)
         other_matmuls = sum(stack.categories.get(kind, {}).get("not_linear_bytes_est", 0.0)
                             for kind in ("gemm", "conv"))  # bytes
         masks = sum(call.get("mask_bytes", 0) for call in stack.attention_calls)
-        parts["fused elementwise"] = _memory_ms(elements * FUSED_BYTES_PER_ELEMENT + other_matmuls + masks, rates)
+        parts["fused elementwise"] = memory_ms(elements * FUSED_BYTES_PER_ELEMENT + other_matmuls + masks, rates)
         bound["fused elementwise"] = "memory"
     else:
         for kind, c in memory_kinds.items():
