@@ -53,8 +53,8 @@ def make_tiny_pipeline(family, directory, seed, transformer_preset):
     d = info["defaults"]
     print_note(info["moved_note"])
     what = f"{transformer_preset}'s transformer, " if transformer_preset else ""
-    runs = (f"{d['frames']} frames at {d['height']}x{d['width']}, {d['steps']} steps" if d
-            else f"{info['pipeline']}'s own video size and steps")
+    runs = (f"{info['pipeline']}'s own video size and steps" if transformer_preset
+            else f"{d['frames']} frames at {d['height']}x{d['width']}, {d['steps']} steps")
     console.print(f"wrote {info['folder']}/: tiny random {info['pipeline']} ({what}{params} params); "
                   f"generate defaults {runs}")
 

@@ -84,10 +84,10 @@ def make_tiny_pipeline(family: str, directory: Path, seed: int = 0, transformer:
     staged = StagedRun(directory, option="DIRECTORY")
     with staged as staging:  # a failed build leaves nothing behind
         info = TINY_BUILDERS[family](staging, seed, transformer_config)
-        written = {"family": family, "seed": seed, **info["defaults"]}
-        if transformer:
-            written["transformer"] = transformer
-        (staging / DEFAULTS_FILE).write_text(json.dumps(written, indent=2) + "\n")
+        if transformer:  # a real-size transformer runs the pipeline's own video size and steps, not the tiny ones
+            info = {**info, "defaults": {"transformer": transformer}}
+        (staging / DEFAULTS_FILE).write_text(json.dumps({"family": family, "seed": seed, **info["defaults"]},
+                                                        indent=2) + "\n")
     _point_modular_index_at(staged.final, staging)
     return {**info, "folder": staged.final, "moved_note": staged.moved_note}
 

@@ -30,5 +30,4 @@ def build_tiny_skyreels_v2(seed: int = 0, transformer_config: dict | None = None
 
 def save_tiny_skyreels_v2(directory: Path, seed: int = 0, transformer_config: dict | None = None) -> dict:
     """Build and `save_pretrained` into `directory`; returns what was built, for the command to print."""
-    return save_and_describe(build_tiny_skyreels_v2(seed, transformer_config), directory,
-                             DEFAULTS if transformer_config is None else {})
+    return save_and_describe(build_tiny_skyreels_v2(seed, transformer_config), directory, DEFAULTS)

@@ -60,5 +60,4 @@ def build_tiny_wan(seed: int = 0, transformer_config: dict | None = None):
 
 def save_tiny_wan(directory: Path, seed: int = 0, transformer_config: dict | None = None) -> dict:
     """Build and `save_pretrained` into `directory`; returns what was built, for the command to print."""
-    return save_and_describe(build_tiny_wan(seed, transformer_config), directory,
-                             DEFAULTS if transformer_config is None else {})
+    return save_and_describe(build_tiny_wan(seed, transformer_config), directory, DEFAULTS)
