@@ -50,7 +50,8 @@ def _record(cited_by: str = "") -> set[str]:
 def test_every_figure_of_the_readme_is_in_the_record():
     readme = figures((ROOT / "README.md").read_text())
     assert len(readme) > 50  # the extraction finds the README's figures (the results tables among them)
-    missing = sorted((f for f in readme - set(NOT_FIGURES) if not recorded(f, _record())), key=float)
+    record = _record()
+    missing = sorted((f for f in readme - set(NOT_FIGURES) if not recorded(f, record)), key=float)
     assert not missing, f"README figures with no record in docs/benchmarks.md: {missing}"
 
 
@@ -67,7 +68,8 @@ DESIGN_DOCS = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "
 def test_every_figure_of_a_design_doc_is_in_the_record(doc):
     text = (ROOT / "docs" / doc).read_text()
     stated = figures(text) - set(NOT_MEASURED.get(doc, ()))
-    missing = sorted((f for f in stated if not recorded(f, _record(text))), key=float)
+    record = _record(text)
+    missing = sorted((f for f in stated if not recorded(f, record)), key=float)
     assert not missing, f"docs/{doc} figures with no record in docs/benchmarks.md or the notes it cites: {missing}"
 
 
