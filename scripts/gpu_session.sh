@@ -148,24 +148,30 @@ fi
 # realistic scale, tiny text encoder and VAE) over the pipeline's own 50 steps: each cache method with diffusers'
 # default attention and with our full recipe, beside the same recipe without a cache (each report.json has the
 # passes the cache skipped and the graphs compiled during the run), and the block profiled at the same video, with
-# the transformer outside its blocks, for `plan --cache` ($work/caches/block). The pipeline folder is kept between
-# calls on a warm machine; dbcache (cache-dit, the peer) needs its wheel in .whl/. CACHE_RECIPES, CACHE_METHODS,
-# CACHE_FRAMES and CACHE_BLOCK_RECIPES (empty: the eager block alone) choose a part.
+# the transformer outside its blocks, for `plan --cache` ($work/caches/FAMILY/block). The pipeline folder is kept
+# between calls on a warm machine; dbcache (cache-dit, the peer) needs its wheel in .whl/. CACHE_FAMILIES (wan,
+# cogvideox), CACHE_RECIPES, CACHE_METHODS and CACHE_BLOCK_RECIPES (empty: the eager block alone) choose a part.
 if [[ " $steps " == *" caches "* ]]; then
-  c=$work/caches
-  mkdir -p "$c"
-  video="--frames ${CACHE_FRAMES:-17} --height 480 --width 832"
-  [[ -d $c/pipeline ]] || timed caches-build 300 python3 -m dit_accel make-tiny-pipeline wan "$c/pipeline" \
-    --transformer wan2.1-t2v-1.3b
-  block_recipes=${CACHE_BLOCK_RECIPES-native,fp8+fp8-linear+compile}  # the eager baseline first, for plan
-  [[ -d $c/block ]] || timed caches-block 400 python3 -m dit_accel profile-block --model wan \
-    --preset wan2.1-t2v-1.3b $video --outside measure ${block_recipes:+--compare-attn $block_recipes} --runs 5 \
-    --warmup 2 --out "$c/block"
-  for cache in none ${CACHE_METHODS:-taylorseer dbcache fbc pab faster mag:calibrate mag}; do
-    for recipe in ${CACHE_RECIPES:-native fp8+fp8-linear+compile}; do  # both recipes of a method, then the next
-      name=$recipe; [[ $cache == none ]] || name=$recipe+cache=$cache
-      timed "caches-$name" 300 python3 -m dit_accel generate --pipeline "$c/pipeline" $video --attn "$name" \
-        --out "$c/$name"
+  for family in ${CACHE_FAMILIES:-wan}; do
+    case $family in  # the preset and a short video at the pipeline's own size
+      wan) preset=wan2.1-t2v-1.3b video="--frames 17 --height 480 --width 832" ;;
+      cogvideox) preset=cogvideox-5b video="--frames 13 --height 480 --width 720" ;;
+      *) echo "caches: no preset for $family" | tee -a "$work/steps.txt"; continue ;;
+    esac
+    c=$work/caches/$family
+    mkdir -p "$c"
+    [[ -d $c/pipeline ]] || timed "caches-$family-build" 300 python3 -m dit_accel make-tiny-pipeline "$family" \
+      "$c/pipeline" --transformer "$preset"
+    block_recipes=${CACHE_BLOCK_RECIPES-native,fp8+fp8-linear+compile}  # the eager baseline first, for plan
+    [[ -d $c/block ]] || timed "caches-$family-block" 400 python3 -m dit_accel profile-block --model "$family" \
+      --preset "$preset" $video --outside measure ${block_recipes:+--compare-attn $block_recipes} --runs 5 \
+      --warmup 2 --out "$c/block"
+    for cache in none ${CACHE_METHODS:-taylorseer dbcache fbc pab faster mag:calibrate mag}; do
+      for recipe in ${CACHE_RECIPES:-native fp8+fp8-linear+compile}; do  # both recipes of a method, then the next
+        name=$recipe; [[ $cache == none ]] || name=$recipe+cache=$cache
+        [[ -f $c/$name/report.json ]] || timed "caches-$family-$name" 300 python3 -m dit_accel generate \
+          --pipeline "$c/pipeline" $video --attn "$name" --out "$c/$name"
+      done
     done
   done
 fi
@@ -173,6 +179,6 @@ fi
 step sage2-block 300 python3 -m dit_accel bench-attention --inputs block --backends cudnn,fa3-fp8,fp8,fp8-int8qk,sage2 \
   --out "$work/sage2-block"
 
-tar czf "$out/results.tgz" -C "$work" --exclude='cache' --exclude='*.json.gz' --exclude='caches/pipeline' .
+tar czf "$out/results.tgz" -C "$work" --exclude='cache' --exclude='*.json.gz' --exclude='caches/*/pipeline' .
 cat "$work/steps.txt"
 for f in "$work"/*.log; do echo "=== $(basename "$f") (tail)"; tail -25 "$f"; done

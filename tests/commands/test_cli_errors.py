@@ -28,9 +28,15 @@ FAST = ["--seq-len", "64", "--runs", "2", "--warmup", "1"]
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without a GPU")
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """A command started in a terminal gets Ctrl-C; a suite started in the background (`cmd &` without job control,
+    nohup) ignores SIGINT, and its children would inherit that and never see the signal these tests send."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _python(*args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            **kwargs)
+                            preexec_fn=_sigint_as_in_a_terminal, **kwargs)
 
 
 def _wait_until_loaded(proc: subprocess.Popen, library: str, timeout: float = 60) -> None:
