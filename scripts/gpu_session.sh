@@ -148,7 +148,8 @@ fi
 # realistic scale, tiny text encoder and VAE) over the pipeline's own 50 steps: each cache method with diffusers'
 # default attention and with our full recipe, beside the same recipe without a cache (each report.json has the
 # passes the cache skipped and the graphs compiled during the run), and the block profiled at the same video, with
-# the transformer outside its blocks, for `plan --cache` ($work/caches/FAMILY/block). The pipeline folder is kept
+# the transformer outside its blocks, for `plan --cache` ($work/caches/FAMILY/block; plan --cache taylorseer --verify
+# beside it runs the whole video under TaylorSeer on the transformer alone). The pipeline folder is kept
 # between calls on a warm machine; dbcache (cache-dit, the peer) needs its wheel in .whl/. CACHE_FAMILIES (wan,
 # cogvideox), CACHE_RECIPES, CACHE_METHODS and CACHE_BLOCK_RECIPES (empty: the eager block alone) choose a part.
 if [[ " $steps " == *" caches "* ]]; then
@@ -166,6 +167,9 @@ if [[ " $steps " == *" caches "* ]]; then
     [[ -d $c/block ]] || timed "caches-$family-block" 400 python3 -m dit_accel profile-block --model "$family" \
       --preset "$preset" $video --outside measure ${block_recipes:+--compare-attn $block_recipes} --runs 5 \
       --warmup 2 --out "$c/block"
+    # plan's TaylorSeer prediction beside the whole video run under it (transformer alone, every knob verified)
+    [[ -d $c/plan-taylorseer ]] || (cd "$c" && timed "caches-$family-plan" 400 python3 -m dit_accel plan block \
+      --cache taylorseer --verify --out plan-taylorseer)
     for cache in none ${CACHE_METHODS:-taylorseer dbcache fbc pab faster mag:calibrate mag}; do
       for recipe in ${CACHE_RECIPES:-native fp8+fp8-linear+compile}; do  # both recipes of a method, then the next
         name=$recipe; [[ $cache == none ]] || name=$recipe+cache=$cache

@@ -16,6 +16,7 @@ import click
 
 from ..declared import backend_names, family_names, stage_keys
 from ..patching.recipe import vocabulary_help
+from ..patching.step_cache import CACHE_METHODS
 
 DTYPE_CHOICES = ("bf16", "fp16", "fp32")
 MODEL_FAMILIES = family_names()  # adapters.FAMILIES', in its order
@@ -147,8 +148,20 @@ class RecipeParam(click.ParamType):
         return recipe.parse_recipe(value, allow_options=self.allow_options)
 
 
+class CacheParam(click.ParamType):
+    """A step cache as a recipe's cache= part writes it (`patching.step_cache.parse_cache`): METHOD[:PARAMS]."""
+
+    name = "cache"
+
+    def convert(self, value, param, ctx):
+        step_cache = _library("dit_accel.patching.step_cache")
+        return value if isinstance(value, step_cache.CacheSpec) else step_cache.parse_cache(value)
+
+
 ATTENTION_BACKENDS = backend_names()  # attention.backends.BACKENDS', in its order
 ATTENTION_HELP = vocabulary_help()
+# The step caches a transformer's passes run by themselves, no pipeline (profile-block --validate model --cache).
+MODEL_CACHE_HELP = "; ".join(f"{m.usage} ({m.title})" for m in CACHE_METHODS.values() if m.runs_on_a_model)
 
 
 def linear_option():

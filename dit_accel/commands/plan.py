@@ -60,8 +60,10 @@ class SkipRatio(FiniteFloat):
 @click.option("--verify", is_flag=True,
               help="Run every knob combination this GPU can run on the run's block and inputs (profile-block with "
                    "the run's options, into a profile-block_verify folder of its own; with --memory-budget also the "
-                   "whole transformer streamed: the baseline, our FP8 attention, the full recipe) and put measured "
-                   "beside predicted.")
+                   "whole transformer streamed: the baseline, our FP8 attention, the full recipe; with a --cache "
+                   "whose skips the step count alone fixes, taylorseer, also the whole video under it, with the "
+                   "baseline and the full recipe: profile-block --validate model --cache) and put measured beside "
+                   "predicted.")
 @click.option("--check", "check_evidence", is_flag=True,
               help="Also predict, from this run, each published measurement of attention and GEMM on other GPUs "
                    "(planning/data/measurements.json: source and quote each) and print it beside the published "
@@ -117,6 +119,8 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_te
             else:
                 verified.streamed += streamed_passes(read_run(stream_run), stream_run)
                 verified_in.append(str(stream_run))
+        if cache is not None:
+            _verify_cache(run, verified, cache.spec, verified_in, not_verified)
         baseline = verified
     rates = Rates.of(baseline)
     crossover, crossover_note = for_run(rates_from, baseline.device_name)
@@ -188,13 +192,17 @@ def _profile_again(run: Path, baseline, out: Path, recipes: list[str], **more) -
 
     report = read_run(run)
     fields = {"recipes": tuple(parse_recipe(name) for name in recipes), **more}
+    if report.get("outside") and "outside_ms" not in more:  # the run measured outside the blocks: so does this one
+        fields["outside_mode"] = "measure"
     request = (ProfileRequest.from_rerun(report["rerun"], **fields) if report.get("rerun")
                else ProfileRequest.from_rerun_options(_rerun_options(run, baseline), **fields))
+    options = {"outside_mode": "outside"}  # the request's fields by the command's option names where they differ
+    shown = {"memory_budget": lambda v: v[0], "cache": lambda v: v.label[len("cache="):]}
     console.print(f"[dim]--verify: profile-block {' '.join(request.rerun_options(request.dtype))} "
                   f"--compare-attn {','.join(recipes)}"
-                  + "".join(f" --{k.replace('_', '-')}={v[0] if k == 'memory_budget' else v}" for k, v in more.items()
-                            if k != "keep_going") + ("  --keep-going" if more.get("keep_going") else "")
-                  + f" (into {out})[/dim]")
+                  + "".join(f" --{options.get(k, k).replace('_', '-')}={shown.get(k, str)(v)}"
+                            for k, v in fields.items() if k not in ("recipes", "keep_going"))
+                  + ("  --keep-going" if more.get("keep_going") else "") + f" (into {out})[/dim]")
     settings = profile_settings(request)
     budget = request.memory_budget
     estimate = check_fits(settings, budget[1] if budget else None, budget[0] if budget else None)
@@ -240,6 +248,41 @@ def _runs_here(name: str, baseline, skipped: str) -> bool:
         console.print(f"[yellow]note:[/yellow] {skipped}: {exc}")
         return False
     return True
+
+
+def _verify_cache(run: Path, verified, spec, verified_in: list[str], not_verified: list[str]) -> None:
+    """The whole video under the step cache `spec` with the baseline and with the full recipe (profile-block
+    --validate model --cache), each into a profile-block_verify-cache folder, into `verified.cached_videos`; a cache
+    that needs a pipeline, or a video that fails, is a note and a `not_verified` line."""
+    from ..patching.step_cache import CACHE_METHODS
+    from ..planning.knobs import recipe_of
+    from ..planning.measured import cached_videos
+    from ..planning.predict import knob_sets
+
+    method = CACHE_METHODS[spec.method]
+    if not method.runs_on_a_model:
+        why = (f"{method.title} skips by {'the pipeline' if method.needs_timestep else 'a threshold'}: measure it "
+               f"with generate --attn RECIPE+{spec.label}")
+        not_verified.append(f"{spec.label}: {why}")
+        console.print(f"[yellow]note:[/yellow] --verify runs no video under {spec.label}: {why}")
+        return
+    full = max(knob_sets(), key=len)
+    for knobs in (frozenset(), full):
+        recipe = recipe_of(knobs, verified.attention_backend)
+        if not _runs_here(recipe, verified, f"--verify runs no video under {spec.label} with {recipe}"):
+            continue
+        try:
+            video_run = _profile_again(run, verified, DEFAULT_OUTPUT_ROOT / default_run_name("profile-block",
+                                                                                             "verify-cache"),
+                                       [recipe], validate="model", cache=spec)
+        except Exception as exc:  # noqa: BLE001 (the knobs' measurements stand; what failed is said)
+            why = str(exc) if isinstance(exc, UserError) else f"failed ({type(exc).__name__}: {first_line(exc)})"
+            not_verified.append(f"the video under {spec.label} with {recipe}: {why}")
+            console.print(f"[yellow]note:[/yellow] --verify could not run the video under {spec.label} with "
+                          f"{recipe}: {why}")
+        else:
+            verified.cached_videos += cached_videos(read_run(video_run), video_run)
+            verified_in.append(str(video_run))
 
 
 def _streamed_recipes(baseline) -> list[str]:
@@ -400,6 +443,7 @@ def _cache_rows(baseline, cache, predicted, full, rates) -> list[dict]:
     """The step cache `cache` (`planning.cached.CachePlan`) on the baseline and on the full recipe. predicted: knob
     set -> its blocks (`BlockPrediction` by stack)."""
     from ..planning.cached import cached_pass_ms, kept_blocks
+    from ..planning.knobs import knobs_of
     from ..planning.predict import video_seconds
 
     kept = kept_blocks(cache.spec) if cache.saves == "passes" else 0
@@ -410,10 +454,19 @@ def _cache_rows(baseline, cache, predicted, full, rates) -> list[dict]:
     rows = []
     for knobs in (frozenset(), full):
         pass_ms = cached_pass_ms(baseline, cache, predicted[knobs], knobs, rates)
-        rows.append({"knobs": f"{knobs_label(knobs)} + {cache.label}", "gpu": baseline.device_name,
-                     "pass_ms": round(pass_ms, 1), "video_s": round(video_seconds(baseline, pass_ms), 1),
-                     "basis": "predicted from this run",
-                     "model": f"{cache.source} ({cache.skipped:.0%} skipped); {model[cache.saves]}"})
+        row = {"knobs": f"{knobs_label(knobs)} + {cache.label}", "gpu": baseline.device_name,
+               "pass_ms": round(pass_ms, 1), "video_s": round(video_seconds(baseline, pass_ms), 1),
+               "basis": "predicted from this run",
+               "model": f"{cache.source} ({cache.skipped:.0%} skipped); {model[cache.saves]}"}
+        video = next((v for v in baseline.cached_videos
+                      if v["cache"] == cache.label and knobs_of(v["recipe"]) == knobs), None)
+        if video:
+            row["measured"] = {"recipe": f"{video['recipe']}, --validate model --cache {cache.label[len('cache='):]}",
+                               "run": video["run"], "pass_ms": round(video["pass_ms"], 1),
+                               "graphs_compiled": video["graphs_compiled"],
+                               "work_computed": round(video["work_computed"], 4),
+                               "difference_pct": {"pass": round(100 * (pass_ms / video["pass_ms"] - 1), 1)}}
+        rows.append(row)
     return rows
 
 

@@ -21,8 +21,9 @@ from ..loading import OFFLOAD_CHOICES
 from ..profiling.progress import NO_PROGRESS, SessionProgress
 from ..report_io import console, err_console, print_note, to_json
 from ..run_dir import DEFAULT_OUTPUT_ROOT, StagedRun, default_run_name
-from .options import (ATTENTION_HELP, DEFAULT_FAMILY, MODEL_FAMILIES, AtLeast, DtypeChoice, FiniteFloat, MemorySize,
-                      OptionError, RecipeParam, Seed, StageList, compile_option, linear_option, skip_crossover_option)
+from .options import (ATTENTION_HELP, DEFAULT_FAMILY, MODEL_CACHE_HELP, MODEL_FAMILIES, AtLeast, CacheParam,
+                      DtypeChoice, FiniteFloat, MemorySize, OptionError, RecipeParam, Seed, StageList, compile_option,
+                      linear_option, skip_crossover_option)
 
 # torch, diffusers (through the adapters) and the library load inside the command, not at import:
 # `dit-accel profile-block --help` costs click alone.
@@ -140,6 +141,12 @@ class _TerminalProgress(SessionProgress):
               help="N: chain N real blocks (synthetic weights) and compare with N x the block. model: one forward "
                    "of the whole transformer (all its blocks and the parts outside them, synthetic weights) against "
                    "blocks x block + outside (measured as --outside measure unless --outside-ms states it).")
+@click.option("--cache", "video_cache", type=CacheParam(), default=None, metavar="METHOD[:PARAMS]",
+              help="With --validate model: the pass is the whole video, every step and pass (--steps, "
+                   "--guidance-passes), under this step cache on the transformer, written as a recipe's cache= part; "
+                   f"a cache whose skips the step count alone fixes: {MODEL_CACHE_HELP}. The report gives a pass "
+                   "averaged over the video, what the cache computed each step and the graphs compiled during it "
+                   "(what plan RUN --cache METHOD --verify runs).")
 @click.option("--offload", type=click.Choice(OFFLOAD_CHOICES), default="resident", show_default=True,
               help="stream: the --validate pass's blocks live in pinned host memory and stream onto the GPU "
                    "one at a time, prefetched on a side stream (a whole model on a small card).")
@@ -159,8 +166,8 @@ class _TerminalProgress(SessionProgress):
               help="Print report.json's content to stdout and nothing else there (progress and warnings go to stderr).")
 def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height, width, batch, dtype, attn,
                   compare_attn, linear, compile_mode, keep_going, warmup, runs, steps, guidance_passes, outside_ms,
-                  outside_mode, stages, text_encoder_config, validate_blocks, offload, memory_budget, trace,
-                  device_name, seed, refresh_ceilings, skip_crossover, out, quiet, as_json):
+                  outside_mode, stages, text_encoder_config, validate_blocks, video_cache, offload, memory_budget,
+                  trace, device_name, seed, refresh_ceilings, skip_crossover, out, quiet, as_json):
     """Profile ONE transformer block: per-op and per-module time, memory, and the whole-model extrapolation.
 
     With no options: the MiniMax-H3 block at S=30272 in bf16 on the GPU, synthetic weights. Without a GPU:
@@ -187,8 +194,9 @@ def profile_block(model, preset, checkpoint, block_spec, seq_len, frames, height
         height=height, width=width, batch=batch, dtype=DTYPE_NAMES[dtype] if dtype is not None else None,
         warmup=warmup, runs=runs, steps=steps, guidance_passes=guidance_passes, outside_ms=outside_ms,
         outside_mode=outside_mode, stages=stages, text_encoder_config=text_encoder_config, validate=validate_blocks,
-        offload=offload, memory_budget=(memory_budget.text, memory_budget.nbytes) if memory_budget else None,
-        trace=trace, device=device_name, seed=seed, keep_going=keep_going))
+        cache=video_cache, offload=offload,
+        memory_budget=(memory_budget.text, memory_budget.nbytes) if memory_budget else None, trace=trace,
+        device=device_name, seed=seed, keep_going=keep_going))
     device, adapter, workload = settings.device, settings.adapter, settings.workload
     validate_blocks = settings.validate_blocks
     staged = StagedRun(out or DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", adapter.family),

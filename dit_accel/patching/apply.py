@@ -156,6 +156,14 @@ def apply_recipe(target: Any, recipe: Recipe | str, *, adapter: BlockAdapter | N
         applied.unpatch()
 
 
+def dynamo_counts() -> tuple[int, int]:
+    """(graph breaks, graphs compiled) so far in this process, from dynamo's counters (process-wide: count a
+    stretch of work as the difference)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
+
+
 @contextlib.contextmanager
 def compile_failures_as_user_errors(what: str, hint: str) -> Iterator[None]:
     """torch.compile failing in the body (dynamo or inductor: e.g. a library's tensor subclass this torch cannot

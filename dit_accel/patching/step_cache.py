@@ -82,6 +82,12 @@ class CacheMethod:
     engine: str = "diffusers"  # diffusers' hooks, or cache-dit's (`apply` and `config_class` then name its own)
 
     @property
+    def runs_on_a_model(self) -> bool:
+        """Its skips fixed by the step count alone, no pipeline's timesteps needed: it runs on a transformer's passes
+        by themselves (profile-block --validate model --cache, plan --cache --verify)."""
+        return self.fixed_schedule and not self.needs_timestep and self.engine == "diffusers"
+
+    @property
     def usage(self) -> str:
         """'fbc[:threshold]' ... for --help."""
         if not self.params:

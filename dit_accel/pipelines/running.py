@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..patching.apply import apply_recipe, compile_failures_as_user_errors
+from ..patching.apply import apply_recipe, compile_failures_as_user_errors, dynamo_counts
 from ..patching.recipe import Recipe
 from .stage_timer import StageTimer, StageTimes
 
@@ -206,9 +206,7 @@ def run_once(pipe: Any, request: Request, *, device: torch.device, attention: Re
     warm-up call's compile serves the timed call. A step cache in the recipe counts what it ran per step; the
     graphs torch.compile made during the call are counted (`RunResult.graphs_compiled`). `mag_ratios`: MagCache's,
     for `+cache=mag`."""
-    from torch._dynamo.utils import counters
-
-    graphs_before = counters["stats"]["unique_graphs"]
+    graphs_before = dynamo_counts()[1]
     with apply_recipe(pipe, attention, keep_compiled=True, steps=request.steps, mag_ratios=mag_ratios) as applied:
         generator = torch.Generator(device=device).manual_seed(request.seed)
         modular = _is_modular(pipe)
@@ -229,7 +227,7 @@ def run_once(pipe: Any, request: Request, *, device: torch.device, attention: Re
             else:
                 output = _call_diffusion(pipe, _diffusion_call(pipe, request, generator, step_callback))
         summary = {} if attention.is_default else {**applied.summary(), "notes": applied.notes()}
-    graphs = counters["stats"]["unique_graphs"] - graphs_before
+    graphs = dynamo_counts()[1] - graphs_before
     fps = float(getattr(pipe, "fps", None) or DEFAULT_FPS)
     if not modular:
         return RunResult(attention.label, _frames_of(output), fps, timer.times, summary, graphs_compiled=graphs)

@@ -61,6 +61,9 @@ class Baseline:
     # Whole-transformer passes streamed from host memory that runs measured (profile-block --validate model
     # --offload stream --memory-budget B), each its recipe, pass ms, host-to-device GB/s, budget and run folder.
     streamed: list[dict[str, Any]] = field(default_factory=list)
+    # Whole videos under a step cache that runs measured (profile-block --validate model --cache), each its recipe,
+    # cache, a pass averaged over the video, the graphs compiled during it and run folder.
+    cached_videos: list[dict[str, Any]] = field(default_factory=list)
     rerun_options: list[str] | None = None  # the options that rebuild the block and its inputs (plan --verify)
 
     @property
@@ -81,6 +84,16 @@ def streamed_passes(report: dict[str, Any], folder: Path) -> list[dict[str, Any]
     return [{"recipe": report["runs"][0]["backend"].split(" of ")[0], "pass_ms": validation["measured_ms"],
              "h2d_gbps": validation["streamed"]["h2d_gbps"], "budget": report.get("memory_budget"),
              "peak_bytes": validation.get("peak_memory_bytes"), "run": str(folder)}]
+
+
+def cached_videos(report: dict[str, Any], folder: Path) -> list[dict[str, Any]]:
+    """The whole video under a step cache a report's --validate measured (under its first recipe), or none."""
+    video = (report.get("validation") or {}).get("video")
+    if not video:
+        return []
+    return [{"recipe": report["runs"][0]["backend"].split(" of ")[0], "cache": video["cache"],
+             "pass_ms": video["pass_ms"], "graphs_compiled": video["graphs_compiled"],
+             "work_computed": video["work_computed"], "run": str(folder)}]
 
 
 def read_baseline(folder: Path) -> Baseline:
@@ -116,6 +129,7 @@ def read_baseline(folder: Path) -> Baseline:
         extrapolation["guidance_passes"], max(r["peak_memory_bytes"] or 0 for r in base_runs),
         (report.get("memory_estimate") or {}).get("outside_bytes", 0), report["dtype"])
     baseline.streamed = streamed_passes(report, folder)
+    baseline.cached_videos = cached_videos(report, folder)
     baseline.rerun_options = report.get("rerun_options")
     for label in dict.fromkeys(r["backend"].split(" of ")[0] for r in runs[len(base_runs):]):
         recipe_knobs = knobs_of(label)

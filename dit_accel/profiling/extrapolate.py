@@ -99,6 +99,36 @@ class WholeVideo:
 
 
 @dataclass(frozen=True)
+class CachedVideo:
+    """`--validate model --cache`: the whole video, every step and pass, under a step cache, timed once after a
+    warm-up of the cache's first cycle (its steps until a computed one followed a skipped one: every path it takes,
+    compiled). computed_per_step: the hooked modules' real forwards each step, of `hooked_modules` a pass;
+    graphs_compiled: what torch.compile made during the timed video (0: no recompilation from step to step)."""
+
+    cache: str
+    steps: int
+    passes_per_step: int
+    warmup_steps: int
+    seconds: float
+    hooked_modules: int
+    computed_per_step: tuple[int, ...]
+    graphs_compiled: int
+
+    @property
+    def pass_ms(self) -> float:
+        """A pass averaged over the video."""
+        return 1e3 * self.seconds / (self.steps * self.passes_per_step)
+
+    @property
+    def work_computed(self) -> float:
+        """The share of the hooked modules' forwards that ran (1.0: the cache skipped nothing)."""
+        return sum(self.computed_per_step) / (self.steps * self.passes_per_step * self.hooked_modules)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "pass_ms": self.pass_ms, "work_computed": self.work_computed}
+
+
+@dataclass(frozen=True)
 class Validation:
     """`--validate`: one measured pass against the extrapolation from the one block.
 
@@ -109,6 +139,8 @@ class Validation:
     `outside_source` says where outside_ms came from, `pass_seq_len` and `pass_layout` the rows
     that pass ran (TransformerInputs). peak_memory_bytes: the GPU's max allocated over the timed
     passes, less what the profiling session held beside the pass (`validate.session_bytes_used`; None on the CPU).
+    `--validate model --cache` (`video`): measured_ms is a pass averaged over the whole video under the cache, and
+    the ratio to the uncached extrapolation is what the cache kept of the work (no error: plan --cache predicts it).
     """
 
     chained_blocks: int
@@ -121,6 +153,7 @@ class Validation:
     pass_layout: str | None = None
     streamed: StreamedRun | None = None  # --offload stream: the blocks came from host memory
     peak_memory_bytes: int | None = None
+    video: CachedVideo | None = None
 
     @property
     def whole_model(self) -> bool:
@@ -139,10 +172,12 @@ class Validation:
         return self.measured_ms / self.extrapolated_ms
 
     @property
-    def error_pct(self) -> float:
-        return 100.0 * (self.ratio - 1.0)
+    def error_pct(self) -> float | None:
+        return None if self.video else 100.0 * (self.ratio - 1.0)
 
     def as_dict(self) -> dict:
-        return {**{k: v for k, v in asdict(self).items() if k != "streamed"}, "whole_model": self.whole_model,
-                "residency": self.residency, "extrapolated_ms": self.extrapolated_ms, "ratio": self.ratio,
-                "error_pct": self.error_pct, "streamed": self.streamed.as_dict() if self.streamed else None}
+        return {**{k: v for k, v in asdict(self).items() if k not in ("streamed", "video")},
+                "whole_model": self.whole_model, "residency": self.residency, "extrapolated_ms": self.extrapolated_ms,
+                "ratio": self.ratio, "error_pct": self.error_pct,
+                "streamed": self.streamed.as_dict() if self.streamed else None,
+                "video": self.video.as_dict() if self.video else None}

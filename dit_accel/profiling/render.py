@@ -48,8 +48,19 @@ def _render_validation(console: Console, v: Validation) -> None:
                   else f", {v.distinct_blocks} distinct blocks cycled: that many fit")
         what = f"{v.chained_blocks} blocks chained ({v.residency}{cycled})"
         parts = f"{v.chained_blocks} x {v.block_ms:.2f} ms"
-    console.print(f"  validated: {what}: measured {v.measured_ms:.1f} ms, extrapolated {v.extrapolated_ms:.1f} ms "
-                  f"({parts}), ratio {v.ratio:.3f} ({v.error_pct:+.1f}%), peak memory {peak}")
+    if v.video:
+        video = v.video
+        console.print(f"  validated: the whole video under {video.cache}: {video.steps} steps x "
+                      f"{video.passes_per_step} pass(es) of {what} in {video.seconds:.2f} s, {v.measured_ms:.1f} ms a "
+                      f"pass on average against {v.extrapolated_ms:.1f} ms uncached ({parts}): {v.ratio:.0%} of it; "
+                      f"peak memory {peak}")
+        console.print(f"  validated: the cache's hooked modules computed {video.work_computed:.0%} of their forwards "
+                      f"({video.hooked_modules} a pass; per step {', '.join(map(str, video.computed_per_step))}); "
+                      f"after a warm-up of {video.warmup_steps} step(s), graphs compiled during the timed video: "
+                      f"{video.graphs_compiled} (plan RUN --cache {video.cache[len('cache='):]} predicts the pass)")
+    else:
+        console.print(f"  validated: {what}: measured {v.measured_ms:.1f} ms, extrapolated {v.extrapolated_ms:.1f} ms "
+                      f"({parts}), ratio {v.ratio:.3f} ({v.error_pct:+.1f}%), peak memory {peak}")
     if v.streamed:
         console.print(f"  offload stream: {v.streamed.summary()}")
     if v.whole_model:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ..attention.crossover import MeasuredHere
     from ..device import Ceilings
     from ..patching.recipe import Recipe
+    from ..patching.step_cache import CacheSpec
     from .session import ProfileSettings, SessionResult
 
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # as written -> torch's attribute
@@ -28,7 +29,8 @@ RERUN_FIELDS = ("model", "preset", "checkpoint", "block", "seq_len", "frames", "
 class ProfileRequest:
     """One profile-block session as plain values (the command line's, or a saved run's `rerun` with other recipes).
     dtype: bf16, fp16 or fp32 (None: bf16 on a GPU, fp32 on the CPU); validate: blocks to chain, or "model";
-    memory_budget: as written ("16GiB") with its bytes; device: cuda, cuda:N or cpu (None: the GPU if any)."""
+    cache: the step cache a --validate model pass runs the whole video under (`check_video_cache`); memory_budget:
+    as written ("16GiB") with its bytes; device: cuda, cuda:N or cpu (None: the GPU if any)."""
 
     recipes: tuple[Recipe, ...]
     model: str | None = None
@@ -50,6 +52,7 @@ class ProfileRequest:
     stages: tuple[str, ...] | None = None
     text_encoder_config: Path | None = None
     validate: int | str = 0
+    cache: CacheSpec | None = None
     offload: str = "resident"
     memory_budget: tuple[str, int] | None = None
     trace: bool = False
@@ -119,6 +122,26 @@ def stack_and_index(adapter, spec: str) -> tuple[tuple[str, ...], int]:
     return ((name,) if name else ()), int(index)
 
 
+def check_video_cache(cache: CacheSpec, validate_model: bool) -> None:
+    """What --cache needs: the --validate model pass, and a cache whose skips the step count alone decides (on
+    synthetic weights and inputs held fixed, a threshold decides nothing real) without a pipeline's timesteps."""
+    from ..patching.step_cache import CACHE_METHODS
+
+    method = CACHE_METHODS[cache.method]
+    if not validate_model:
+        raise UserError(f"--cache {cache.label[len('cache='):]} runs the whole video in the --validate model pass: "
+                        f"add --validate model")
+    usable = ", ".join(m.name for m in CACHE_METHODS.values() if m.runs_on_a_model)
+    if not method.fixed_schedule:
+        raise UserError(f"--cache {method.name}: {method.title} skips by a threshold on what the weights compute, "
+                        f"which synthetic weights say nothing of; --validate model runs {usable}; measure "
+                        f"{method.name} with generate --attn RECIPE+cache={method.name}")
+    if method.needs_timestep:
+        raise UserError(f"--cache {method.name}: {method.title} skips by the pipeline's timesteps, which a block run "
+                        f"does not have; --validate model runs {usable}; measure {method.name} with generate "
+                        f"--attn RECIPE+cache={method.name}")
+
+
 def profile_settings(request: ProfileRequest) -> ProfileSettings:
     """The session's settings for `request`: the device, the family and its block, the workload, the recipes and
     stages, each checked (one UserError line for what cannot run), before any weight is read."""
@@ -151,6 +174,8 @@ def profile_settings(request: ProfileRequest) -> ProfileSettings:
         adapter = adapter.scaled_down()
     stacks, block_index = stack_and_index(adapter, r.block)
     validate_model = validate_blocks == "model"
+    if r.cache is not None:
+        check_video_cache(r.cache, validate_model)
     if validate_model:
         validate_blocks = sum(count for _, count in adapter.stacks)
     elif validate_blocks and len(stacks or adapter.stacks) > 1:
@@ -182,7 +207,7 @@ def profile_settings(request: ProfileRequest) -> ProfileSettings:
         # A whole-video figure wants the pass whole: --stages measures outside the blocks unless it is stated.
         # --validate model compares with blocks x block + outside: it measures outside the blocks too.
         measure_outside=r.outside_mode == "measure" or bool((r.stages or validate_model) and r.outside_ms is None),
-        validate_blocks=validate_blocks, validate_model=validate_model,
+        validate_blocks=validate_blocks, validate_model=validate_model, validate_cache=r.cache,
         offload=r.offload, memory_budget=r.memory_budget[0] if r.memory_budget else None, trace=r.trace,
         seed=r.seed, scaled_down=scaled_down, stages=stage_specs, keep_going=r.keep_going)
 

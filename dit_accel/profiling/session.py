@@ -17,8 +17,9 @@ from ..adapters import BlockAdapter, Workload
 from ..adapters.stage_specs import StageSkip, StageSpec
 from ..errors import UserError
 from ..loading.block import LoadedBlock, load_block_from_checkpoint, synthetic_block
-from ..patching.apply import apply_recipe, compile_failures_as_user_errors
+from ..patching.apply import apply_recipe, compile_failures_as_user_errors, dynamo_counts
 from ..patching.recipe import Recipe
+from ..patching.step_cache import CacheSpec
 from ..timing import wall_seconds
 from .attention_error import attention_errors, capture_attention_inputs, output_error
 from .extrapolate import Extrapolation, StackTime, Validation
@@ -49,6 +50,7 @@ class ProfileSettings:
     measure_outside: bool = False  # --outside measure: time the transformer without its blocks, once
     validate_blocks: int = 0
     validate_model: bool = False  # --validate model: the validate_blocks blocks inside the whole transformer
+    validate_cache: CacheSpec | None = None  # --validate model --cache: the whole video under this step cache
     offload: str = "resident"
     memory_budget: str | None = None  # as written, e.g. "16GiB"
     trace: bool = False
@@ -96,21 +98,14 @@ class SessionResult:
     skipped: dict[str, str] = field(default_factory=dict)  # keep_going: recipe label -> why torch could not compile it
 
 
-def _dynamo_counts() -> tuple[int, int]:
-    """(graph breaks, graphs compiled) so far in this process, from dynamo's counters."""
-    from torch._dynamo.utils import counters
-
-    return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
-
-
 def _first_compiled_call(block: torch.nn.Module, inputs: dict[str, Any], mode: str, device: torch.device,
                          label: str) -> CompileStats:
     """The first call of a block `apply_recipe` compiled (tracing, inductor, autotuning, the run), timed apart
     from the runs, with the graphs it compiled and the graph breaks it met; a compile that fails is one line."""
-    breaks_before, graphs_before = _dynamo_counts()
+    breaks_before, graphs_before = dynamo_counts()
     with torch.no_grad(), compile_failures_as_user_errors(f"{label} on this block", "run the recipe without +compile"):
         seconds = wall_seconds(lambda: block(**inputs), device=device)
-    breaks, graphs = _dynamo_counts()
+    breaks, graphs = dynamo_counts()
     return CompileStats(mode, seconds, breaks - breaks_before, graphs - graphs_before)
 
 
@@ -161,6 +156,7 @@ def run_session(settings: ProfileSettings, run_dir: Path, progress: SessionProgr
                                     whole_model=s.workload if s.validate_model else None,
                                     outside_ms=outside_ms if s.validate_model else 0.0,
                                     outside_source=outside_source if s.validate_model else None,
+                                    cache=s.validate_cache, steps=steps, passes_per_step=passes,
                                     seed=s.seed, progress=progress)
     notes = [note for stack in stacks for note in stack.notes]
     notes += [f"{label} left out (--keep-going): {why}" for label, why in skipped.items()]
@@ -239,12 +235,12 @@ def _profile_stack(s: ProfileSettings, adapter: BlockAdapter, run_dir: Path,
                         skipped[recipe.label] = str(exc)
                 if recipe.label in skipped:
                     continue
-                graphs_after_compile = _dynamo_counts()[1]  # dynamo's counters are process-wide
+                graphs_after_compile = dynamo_counts()[1]  # dynamo's counters are process-wide
             profile = profile_block(block, inputs, adapter, device=s.device, warmup=s.warmup, runs=s.runs,
                                     trace_path=run_dir / s.trace_name(recipe, adapter.stack) if s.trace else None,
                                     named_ranges=recipe.compile_mode is None, progress=progress, label=label)
             if compile_stats is not None:
-                compile_stats.graphs_after_first_call = _dynamo_counts()[1] - graphs_after_compile
+                compile_stats.graphs_after_first_call = dynamo_counts()[1] - graphs_after_compile
             calls_before = _attention_calls(applied)
             with torch.no_grad():
                 output = block(**inputs)

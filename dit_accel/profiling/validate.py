@@ -2,13 +2,15 @@
 `--validate N` chains N blocks on the block's inputs; `--validate model` runs the whole transformer:
 its parts outside the blocks (`synthetic_outside`) with the blocks put in as its block stack, on the
 pass the block is one block of. With `--offload stream` the blocks live in host memory and stream
-onto the GPU (the parts outside them stay on it)."""
+onto the GPU (the parts outside them stay on it). `--validate model --cache`: the whole transformer through every
+step and pass of the video under a step cache (`time_cached_video`)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -17,12 +19,16 @@ from torch.utils._pytree import tree_flatten
 from ..adapters import BlockAdapter, Workload
 from ..loading.block import param_bytes, synthetic_block, synthetic_outside, tensor_bytes
 from ..loading.offload import StreamedRun, host_to_device_gbps, pin_to_host, stream_blocks
-from ..patching.apply import apply_recipe, compile_failures_as_user_errors
+from ..patching.apply import apply_recipe, compile_failures_as_user_errors, dynamo_counts
 from ..patching.fp8_linear import quantize_linears
 from ..patching.recipe import Recipe
-from ..timing import time_region
-from .extrapolate import Validation
+from ..patching.step_cache import apply_step_cache
+from ..timing import time_region, wall_seconds
+from .extrapolate import CachedVideo, Validation
 from .progress import NO_PROGRESS, SessionProgress
+
+if TYPE_CHECKING:
+    from ..patching.step_cache import AppliedCache, CacheSpec
 
 # Activation headroom kept free when deciding how many distinct blocks fit: the single-block peak
 # minus its weights, times this factor.
@@ -147,6 +153,7 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
                    recipe: Recipe, device: torch.device, dtype: torch.dtype, block_ms: float,
                    activation_bytes: int, offload: str = "resident", whole_model: Workload | None = None,
                    outside_ms: float = 0.0, outside_source: str | None = None, warmup: int = 1, runs: int = 3,
+                   cache: CacheSpec | None = None, steps: int = 1, passes_per_step: int = 1,
                    seed: int = 0, progress: SessionProgress = NO_PROGRESS) -> Validation:
     """Time one pass of `n` blocks, all under `recipe` (`build_stack` holds them, its FP8 linears in them; compiled,
     block by block, as the profiled block was).
@@ -154,8 +161,10 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
     Without `whole_model`: the blocks chained on the block's `inputs`, against n x block_ms. With it
     (the block profile's workload): the whole transformer's forward on that workload's pass
     (`adapter.make_transformer_inputs`), against n x block_ms + outside_ms (`outside_source` says
-    where that came from). Streamed, the report also compares with the resident extrapolation and
-    says how much copying was hidden. On a GPU the pass's own peak memory over the timed passes is kept.
+    where that came from); with `cache` too, the whole video of `steps` x `passes_per_step` such passes under that
+    step cache (`time_cached_video`), a pass averaged over it. Streamed, the report also compares with the resident
+    extrapolation and says how much copying was hidden. On a GPU the pass's own peak memory over the timed passes is
+    kept.
     """
     cuda = device.type == "cuda"
     held_before = 0
@@ -182,20 +191,31 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
         with torch.no_grad():
             return stack.model(**arguments)
 
-    with apply_recipe(stack.blocks, dataclasses.replace(recipe, fp8_linear=False)), \
-            compile_failures_as_user_errors(f"{recipe.label} on the --validate pass", "put an eager recipe first"):
-        # The first streamed pass teaches diffusers the block order it prefetches in: warm up once more.
-        chain_warmup = warmup + (offload == "stream")
-        with progress.stage(f"validation: {what}, warm-up and timed passes", chain_warmup + runs) as done:
-            def counted():
-                run_pass()
-                done()
-            for _ in range(chain_warmup):
-                counted()
-            if cuda:  # the peak of the timed passes, not of a first call's compile
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            timing = time_region(counted, device=device, warmup=0, runs=runs)
+    video = None
+    with contextlib.ExitStack() as patched:
+        if cache is not None:  # on before the recipe compiles the blocks: the compiled code holds the cache's hooks
+            applied = apply_step_cache(stack.model, cache, what=adapter.display_name, steps=steps,
+                                       passes_per_step=passes_per_step)
+            patched.callback(applied.undo)
+        patched.enter_context(apply_recipe(stack.blocks, dataclasses.replace(recipe, fp8_linear=False)))
+        patched.enter_context(compile_failures_as_user_errors(f"{recipe.label} on the --validate pass",
+                                                              "put an eager recipe first"))
+        if cache is not None:
+            video = time_cached_video(run_pass, applied, steps, passes_per_step, device=device,
+                                      on_peak_reset=lambda: _reset_peak(device) if cuda else None, progress=progress)
+            measured_ms = video.pass_ms
+        else:
+            # The first streamed pass teaches diffusers the block order it prefetches in: warm up once more.
+            chain_warmup = warmup + (offload == "stream")
+            with progress.stage(f"validation: {what}, warm-up and timed passes", chain_warmup + runs) as done:
+                def counted():
+                    run_pass()
+                    done()
+                for _ in range(chain_warmup):
+                    counted()
+                if cuda:  # the peak of the timed passes, not of a first call's compile
+                    _reset_peak(device)
+                measured_ms = time_region(counted, device=device, warmup=0, runs=runs).median_ms
     peak = None
     if cuda:  # the pass's own: not what the session holds that the pass does not use (`session_bytes_used`)
         peak = (torch.cuda.max_memory_allocated(device) - held_before
@@ -204,7 +224,49 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
     streamed = None
     if offload == "stream":
         resident = f"{n} x the profiled block" + (" + outside the blocks" if whole_model is not None else "")
-        streamed = StreamedRun(stack.streamed_bytes, host_to_device_gbps(device), timing.median_ms, extrapolated_ms,
+        streamed = StreamedRun(stack.streamed_bytes, host_to_device_gbps(device), measured_ms, extrapolated_ms,
                                resident)
-    return Validation(n, stack.distinct, timing.median_ms, block_ms, outside_ms, outside_source, pass_seq_len,
-                      pass_layout, streamed, peak)
+    return Validation(n, stack.distinct, measured_ms, block_ms, outside_ms, outside_source, pass_seq_len,
+                      pass_layout, streamed, peak, video)
+
+
+def _reset_peak(device: torch.device) -> None:
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+
+
+def time_cached_video(run_pass: Callable[[], Any], cache: AppliedCache, steps: int, passes_per_step: int, *,
+                      device: torch.device, on_peak_reset: Callable[[], None],
+                      progress: SessionProgress = NO_PROGRESS) -> CachedVideo:
+    """The whole video, `steps` x `passes_per_step` calls of `run_pass` under the step cache `cache` (a pipeline's
+    denoising loop with the inputs held fixed: a fixed-schedule cache skips by the step count, not the values),
+    timed once. First its warm-up: steps until a computed step has followed a skipped one (the cache's every path
+    run, and compiled), then the hooks' state reset, so the timed video starts at step 0 as a user's does."""
+    from diffusers.hooks import HookRegistry
+
+    def step() -> None:
+        for _ in range(passes_per_step):
+            run_pass()
+        cache.step_done()
+
+    def cycled(per_step: list[dict[str, int]]) -> bool:
+        skipped = [s["computed"] < s["full"] for s in per_step]
+        return True in skipped and False in skipped[skipped.index(True):]
+
+    with progress.stage(f"validation: the video under {cache.spec.label}, warm-up (its first cycle)"):
+        while len(cache.steps) < steps and not cycled(cache.steps):
+            step()
+    warmup_steps = len(cache.steps)
+    HookRegistry.check_if_exists_or_initialize(cache.model).reset_stateful_hooks(recurse=True)
+    on_peak_reset()
+    graphs_before = dynamo_counts()[1]
+    with progress.stage(f"validation: the whole video under {cache.spec.label}, {steps} steps x {passes_per_step} "
+                        f"pass(es), timed", steps) as done:
+        def video() -> None:
+            for _ in range(steps):
+                step()
+                done()
+        seconds = wall_seconds(video, device=device)
+    timed = cache.steps[warmup_steps:]
+    return CachedVideo(cache.spec.label, steps, passes_per_step, warmup_steps, seconds, cache.hooked,
+                       tuple(s["computed"] for s in timed), dynamo_counts()[1] - graphs_before)

@@ -772,6 +772,65 @@ def test_cache_rows_reproduce_the_model_by_hand(tmp_path):
     assert full["pass_ms"] < rows["compile + fp8-attention + fp8-linear"]["pass_ms"]
 
 
+def test_verify_runs_the_video_under_a_fixed_schedule_cache_beside_its_prediction(tmp_path, monkeypatch):
+    """plan --cache taylorseer --verify runs the whole video under the cache with the baseline and with the full
+    recipe (profile-block --validate model --cache, through the library), each measured pass beside its row's
+    prediction with the graphs compiled during it; a video that fails is a note and a not_verified line."""
+    from dit_accel.commands import plan as plan_command
+
+    run = _report(tmp_path)
+    monkeypatch.setattr(plan_command, "_verify_run", lambda run, baseline, out: run)
+    monkeypatch.setattr(plan_command, "_runs_here", lambda name, baseline, skipped: True)
+    asked = []
+
+    def video(run, baseline, out, recipes, **more):
+        asked.append((recipes, more))
+        (recipe,) = recipes
+        if recipe == "cudnn":
+            folder = tmp_path / "video-cudnn"
+            folder.mkdir()
+            report = json.loads((_report(folder) / "report.json").read_text())
+            report["validation"] = {"video": {"cache": more["cache"].label, "pass_ms": 800.0, "graphs_compiled": 0,
+                                              "work_computed": 0.5}}
+            (folder / "run" / "report.json").write_text(json.dumps(report))
+            return folder / "run"
+        raise RuntimeError("compiled video failed\nsecond line")
+
+    monkeypatch.setattr(plan_command, "_profile_again", video)
+    result = _plan(run, "--cache", "taylorseer:interval=2:warmup=1", "--verify", "--gpu", "h200",
+                   "--out", tmp_path / "plan")
+    assert result.exit_code == 0, result.output
+    assert [(r, m["validate"], m["cache"].label) for r, m in asked] == [
+        (["cudnn"], "model", "cache=taylorseer:interval=2:warmup=1"),
+        (["fp8+fp8-linear+compile"], "model", "cache=taylorseer:interval=2:warmup=1")]
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert plan["verified_in"] == [str(run), str(tmp_path / "video-cudnn" / "run")]
+    assert plan["not_verified"] == ["the video under cache=taylorseer:interval=2:warmup=1 with "
+                                    "fp8+fp8-linear+compile: failed (RuntimeError: compiled video failed)"]
+    rows = {row["knobs"]: row for row in plan["knobs"]}
+    base = rows["baseline + cache=taylorseer:interval=2:warmup=1"]
+    assert base["measured"] == {"recipe": "cudnn, --validate model --cache taylorseer:interval=2:warmup=1",
+                                "run": str(tmp_path / "video-cudnn" / "run"), "pass_ms": 800.0,
+                                "graphs_compiled": 0, "work_computed": 0.5,
+                                "difference_pct": {"pass": round(100 * (base["pass_ms"] / 800.0 - 1), 1)}}
+    assert "measured" not in rows["compile + fp8-attention + fp8-linear + cache=taylorseer:interval=2:warmup=1"]
+    assert "--verify could not run the video under cache=taylorseer:interval=2:warmup=1 with fp8+fp8-linear+compile" \
+        in " ".join(result.output.split())
+
+
+def test_verify_runs_no_video_under_a_threshold_cache_and_says_why(tmp_path, monkeypatch):
+    from dit_accel.commands import plan as plan_command
+
+    run = _report(tmp_path)
+    monkeypatch.setattr(plan_command, "_verify_run", lambda run, baseline, out: run)
+    monkeypatch.setattr(plan_command, "_profile_again", lambda *a, **k: pytest.fail("no video runs"))
+    result = _plan(run, "--cache", "fbc", "--cache-skip", "0.3", "--verify", "--out", tmp_path / "plan")
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert plan["not_verified"] == ["cache=fbc: First Block Cache skips by a threshold: measure it with generate "
+                                    "--attn RECIPE+cache=fbc"]
+
+
 def test_a_threshold_cache_takes_the_fraction_given(tmp_path):
     run = _report(tmp_path)
     result = CliRunner().invoke(main, ["plan", str(run), "--cache", "mag", "--cache-skip", "0.4", "--gpu", "h100-sxm",

@@ -15,6 +15,7 @@ from dit_accel.cli import main
 from dit_accel.errors import UserError
 from dit_accel.loading.block import param_bytes, synthetic_block, synthetic_outside
 from dit_accel.patching.recipe import parse_recipe
+from dit_accel.planning.cached import taylorseer_computed_steps
 from dit_accel import headroom
 from dit_accel.profiling import memory
 from dit_accel.profiling.extrapolate import Validation
@@ -144,6 +145,49 @@ def test_profile_block_validate_model_end_to_end(tmp_path):
     text = " ".join(result.output.split())  # rich wraps the lines at the terminal's width
     assert "the whole transformer (50 blocks and the parts outside them, resident" in text
     assert "--validate model measures it in this session" in text
+
+
+@pytest.mark.slow
+def test_validate_model_with_a_cache_runs_the_whole_video_on_the_caches_schedule(tmp_path):
+    """--validate model --cache taylorseer: the whole transformer through every step of the video (H3: one pass a
+    step) under the cache, after a warm-up of its first cycle (step 0 computed, 1 predicted, 2 computed): each step
+    its attention modules' forwards as diffusers' schedule computes them, nothing compiled, a pass averaged over the
+    video as the measurement."""
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", "--seq-len", "32", "--runs", "1",
+                                       "--warmup", "0", "--steps", "5", "--validate", "model",
+                                       "--cache", "taylorseer:interval=2:warmup=1", "--out", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    v = json.loads((out / "report.json").read_text())["validation"]
+    video = v["video"]
+    hooked = video["hooked_modules"]
+    assert hooked == 50  # H3's one attention module a block
+    computed = [step < 1 or (step - 2) % 2 == 0 for step in range(5)]  # steps 0, 2 and 4
+    assert sum(computed) == taylorseer_computed_steps(5, 2, 1)
+    assert video["computed_per_step"] == [hooked if c else 0 for c in computed]
+    assert (video["steps"], video["passes_per_step"], video["warmup_steps"], video["graphs_compiled"]) == (5, 1, 3, 0)
+    assert video["work_computed"] == pytest.approx(3 / 5)
+    assert v["measured_ms"] == pytest.approx(video["pass_ms"]) == pytest.approx(1e3 * video["seconds"] / 5)
+    assert v["error_pct"] is None and v["ratio"] == pytest.approx(v["measured_ms"] / v["extrapolated_ms"])
+    text = " ".join(result.output.split())
+    assert "the whole video under cache=taylorseer:interval=2:warmup=1: 5 steps x 1 pass(es)" in text
+    assert "per step 50, 0, 50, 0, 50" in text and "graphs compiled during the timed video: 0" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cache", "taylorseer"], "--cache taylorseer runs the whole video in the --validate model pass: add "
+                                "--validate model"),
+    (["--validate", "model", "--cache", "pab"], "--cache pab: Pyramid Attention Broadcast skips by the pipeline's "
+                                                "timesteps"),
+    (["--validate", "model", "--cache", "fbc:0.1"], "--cache fbc: First Block Cache skips by a threshold"),
+    (["--validate", "model", "--cache", "taylorseer:every=2"], "cache=taylorseer:every=2: taylorseer has no "
+                                                               "parameter 'every'"),
+])
+def test_a_cache_the_video_cannot_run_is_one_line(tmp_path, args, message):
+    result = CliRunner().invoke(main, ["profile-block", "--device", "cpu", *FAST, *args, "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and result.output.startswith(f"error: {message}"), result.output
+    assert result.output.count("\n") == 1 and not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize("args, measured", [([], True), (["--outside-ms", "5"], False)])
