@@ -53,10 +53,12 @@ class SkipRatio(FiniteFloat):
               help="Predict a step cache, written as a recipe's cache= part, on the baseline and on the full recipe: "
                    "taylorseer[:interval][:warmup=V][:order=V] from its schedule (its computed steps counted as "
                    "diffusers runs them); fbc, mag and dbcache from the fraction of passes --cache-skip gives "
-                   "(default fbc with --cache-skip alone).")
+                   "(default fbc with --cache-skip alone); pab and faster from the fraction of their self-attention "
+                   "forwards it gives.")
 @click.option("--cache-skip", type=SkipRatio(0), default=None,
-              help="The fraction of the passes a threshold cache (fbc, mag, dbcache) skips (e.g. 0.4; a generate "
-                   "run with it says, per step).")
+              help="The fraction a cache whose skips the weights or the pipeline's timesteps decide skips: of the "
+                   "passes (fbc, mag, dbcache), of the self-attention forwards (pab, faster) (e.g. 0.4; a generate "
+                   "run with it says: passes per step, and the work computed).")
 @click.option("--verify", is_flag=True,
               help="Run every knob combination this GPU can run on the run's block and inputs (profile-block with "
                    "the run's options, into a profile-block_verify folder of its own; with --memory-budget also the "
@@ -450,7 +452,10 @@ def _cache_rows(baseline, cache, predicted, full, rates) -> list[dict]:
     model = {"passes": "a skipped pass runs the outside of the blocks" + (
         f" and the {kept} block(s) the cache always computes" if kept else ""),
              "attention": "a predicted step skips the attention modules (self and cross) of every block and writes "
-                          "their Taylor series' outputs (eager elementwise work); graph breaks not modelled"}
+                          "their Taylor series' outputs (eager elementwise work); graph breaks not modelled",
+             "self-attention": "a skipped forward of a self-attention module " + (
+                 "extrapolates its last two outputs (eager elementwise work)" if cache.spec.method == "faster"
+                 else "returns its last output") + "; graph breaks not modelled"}
     rows = []
     for knobs in (frozenset(), full):
         pass_ms = cached_pass_ms(baseline, cache, predicted[knobs], knobs, rates)

@@ -11,7 +11,11 @@ A cache is a recipe's `cache=` part (`patching.step_cache`) and saves one of two
     outputs it kept; the schedule is fixed by the step count, so the computed steps are counted exactly. A
     predicted module still writes its output from the kept factors, and a computed one updates them: elementwise
     passes over the module's output (`TAYLOR_BYTES`), eager (diffusers runs them outside torch.compile), at the
-    run's memory-bound rate.
+    run's memory-bound rate;
+  - the self-attention modules (Pyramid Attention Broadcast, FasterCache): inside a timestep range, all but every
+    `skip`-th forward of each returns its last output (PAB) or extrapolates from its last two (FasterCache: t +
+    (t - t2) w, `FASTER_BYTES`); which forwards fall in the range depends on the pipeline's timesteps, which a block
+    run lacks, so the fraction skipped is given (`--cache-skip`: 1 - the work computed a `generate` run reports).
 The attention modules' share of a predicted block: every attention part; of the GEMM parts, the share of the FLOPs
 (per precision) of the linears inside an attention module; of the activations' quantization, their inputs' share;
 of the memory-bound work, eager: the share the measured block's module ranges put inside its attention modules
@@ -19,15 +23,14 @@ of the memory-bound work, eager: the share the measured block's module ranges pu
 modelled from (`predict.fused_elements`: of the attention linears and calls over the block's). Not modelled: the
 graph breaks diffusers' cache hooks make in a compiled block (their schedule is decided outside the graph) and
 their host time.
-Pyramid Attention Broadcast and FasterCache skip by the pipeline's timesteps, which a block run does not know:
-they are not predicted here (measure them with `generate`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import UserError
-from ..patching.step_cache import CACHE_METHODS, CacheSpec
+from ..patching.step_cache import CACHE_METHODS, CacheSpec, parse_cache
 from .measured import Baseline, StackBaseline
 from .predict import BlockPrediction, Rates, fused_elements, linear_flops, memory_ms
 
@@ -38,12 +41,15 @@ ATTENTION_MEMORY_RANGES = ("qk-norm", "attention: elementwise (RoPE, masks)", "r
 # each order against the last (subtract: read 4, write 2; divide: read 2, write 2).
 TAYLOR_PREDICT_BYTES = (2, 10)  # fixed, per order (orders 0..max_order)
 TAYLOR_UPDATE_BYTES = 10  # per order above 0
+# FasterCache's extrapolated output, t + (t - t2) w: subtract (read 4, write 2), scale (read 2, write 2), add (read 4,
+# write 2), bf16.
+FASTER_BYTES = 16
 
 
 @dataclass(frozen=True)
 class CachePlan:
-    """A cache as the plan applies it: what a skip saves ("passes" or "attention"), the fraction of it skipped over
-    the video, and where that fraction comes from."""
+    """A cache as the plan applies it: what a skip saves ("passes", "attention" or "self-attention"), the fraction
+    of it skipped over the video, and where that fraction comes from."""
 
     spec: CacheSpec
     saves: str
@@ -72,12 +78,33 @@ def cache_plan(spec: CacheSpec, steps: int, cache_skip: float | None) -> CachePl
         return CachePlan(spec, "attention", 1 - computed / steps,
                          f"its schedule: {computed} of {steps} steps computed")
     if method.needs_timestep:
-        raise UserError(f"--cache {spec.label}: {method.title} skips by the pipeline's timesteps, which a block run "
-                        f"does not have; measure it with generate --attn RECIPE+{spec.label}")
+        if cache_skip is None:
+            raise UserError(f"--cache {spec.label}: {method.title} skips self-attention forwards by the pipeline's "
+                            f"timesteps, which a block run does not have: give the fraction it skips with "
+                            f"--cache-skip R (1 - the work computed that generate --attn RECIPE+{spec.label} reports)")
+        return CachePlan(spec, "self-attention", cache_skip, f"--cache-skip {cache_skip:g}")
     if cache_skip is None:
         raise UserError(f"--cache {spec.label}: {method.title} skips passes by a threshold, on the weights: give the "
                         f"fraction it skips with --cache-skip R (a generate run with it says, per step)")
     return CachePlan(spec, "passes", cache_skip, f"--cache-skip {cache_skip:g}")
+
+
+def cache_skip_measured(summary: dict[str, Any]) -> float | None:
+    """The `--cache-skip` a generate run measured, from its step cache's summary (`AppliedCache.summary`): of the
+    passes, for a cache that skips them (each skipped pass leaves its hooked blocks uncomputed but `kept_blocks`), or
+    of the self-attention forwards (PAB, FasterCache); None for TaylorSeer (plan counts its schedule), a calibration
+    run, or a summary without per-step counts."""
+    spec = parse_cache(summary["cache"].removeprefix("cache="))
+    method = CACHE_METHODS[spec.method]
+    steps, hooked = summary["per_step"], summary["hooked_modules"]
+    if method.name == "taylorseer" or spec.calibrate or not steps or not hooked:
+        return None
+    full = sum(step["full"] for step in steps)
+    uncomputed = full - sum(step["computed"] for step in steps)
+    if method.needs_timestep:
+        return uncomputed / full
+    skippable, passes = hooked - kept_blocks(spec), sum(step["passes"] for step in steps)
+    return uncomputed / skippable / passes if skippable > 0 and passes else None
 
 
 def kept_blocks(spec: CacheSpec) -> int:
@@ -87,8 +114,14 @@ def kept_blocks(spec: CacheSpec) -> int:
     return {"fbc": 1, "mag": 0}[spec.method]
 
 
-def _attention_modules(stack: StackBaseline) -> set[str]:
-    return {call["module"] for call in stack.attention_calls}
+def _calls(stack: StackBaseline, kinds: tuple[str, ...] | None) -> list[dict]:
+    """The block's attention calls of `kinds` ("self", "cross"; None: all)."""
+    return [call for call in stack.attention_calls if kinds is None or call["kind"] in kinds]
+
+
+def _output_elements(calls: list[dict]) -> int:
+    """The attention modules' output elements of `calls`: one per query row and channel."""
+    return sum(c["batch"] * c["q_len"] * c["heads"] * c["head_dim"] for c in calls)
 
 
 def _in_attention(linear: dict, modules: set[str]) -> bool:
@@ -99,11 +132,15 @@ def _share(part: float, whole: float) -> float:
     return part / whole if whole else 0.0
 
 
-def attention_module_ms(stack: StackBaseline, block: BlockPrediction, knobs: frozenset[str]) -> float:
-    """The time of `block` (`stack` under `knobs`) in its attention modules (what TaylorSeer hooks): see the module
-    docstring."""
-    modules = _attention_modules(stack)
+def attention_module_ms(stack: StackBaseline, block: BlockPrediction, knobs: frozenset[str],
+                        kinds: tuple[str, ...] | None = None) -> float:
+    """The time of `block` (`stack` under `knobs`) in its attention modules of `kinds` (None: all, what TaylorSeer
+    hooks; ("self",): what PAB and FasterCache hook): see the module docstring. The attention itself by the calls'
+    FLOP share, the eager memory-bound ranges by their output elements' share."""
+    calls = _calls(stack, kinds)
+    modules = {call["module"] for call in calls}
     inside = [lin for lin in stack.linears if _in_attention(lin, modules)]
+    attention_share = _share(sum(c["flops"] for c in calls), sum(c["flops"] for c in stack.attention_calls))
     fp8 = "fp8-linear" in knobs
 
     def flops_share(in_fp8: bool) -> float:
@@ -114,17 +151,17 @@ def attention_module_ms(stack: StackBaseline, block: BlockPrediction, knobs: fro
     input_share = _share(sum(lin["rows"] * lin["in_features"] for lin in quantized if lin in inside),
                          sum(lin["rows"] * lin["in_features"] for lin in quantized))
     if "compile" in knobs:  # the share of the elements the fused chains were modelled from (predict_block)
-        memory_share = _share(fused_elements(inside, stack.attention_calls),
-                              fused_elements(stack.linears, stack.attention_calls))
+        memory_share = _share(fused_elements(inside, calls), fused_elements(stack.linears, stack.attention_calls))
     else:
         memory_ms = sum(c["ms"] for c in stack.categories.values() if c.get("bytes_est") and c.get("ms"))
         memory_share = min(1.0, _share(sum(stack.modules_ms.get(name, 0.0) for name in ATTENTION_MEMORY_RANGES),
-                                       memory_ms))
+                                       memory_ms)) * _share(_output_elements(calls),
+                                                            _output_elements(stack.attention_calls))
     total = 0.0
     for part, ms in block.parts.items():
         bound = block.bound[part]
         if part.startswith("attention") or part == "mask check":
-            total += ms
+            total += ms * attention_share
         elif part.startswith("gemm"):
             total += ms * flops_share(bound == "fp8")
         elif part == "quantize":
@@ -137,7 +174,7 @@ def attention_module_ms(stack: StackBaseline, block: BlockPrediction, knobs: fro
 def taylor_ms(stack: StackBaseline, rates: Rates, skipped: float, max_order: int) -> float:
     """A block's TaylorSeer bookkeeping per pass, averaged over the video: predictions on the skipped share, factor
     updates on the computed share, over the attention modules' outputs (one element per query row and channel)."""
-    elements = sum(c["batch"] * c["q_len"] * c["heads"] * c["head_dim"] for c in stack.attention_calls)
+    elements = _output_elements(stack.attention_calls)
     fixed, per_order = TAYLOR_PREDICT_BYTES
     nbytes = elements * (skipped * (fixed + per_order * (max_order + 1))
                          + (1 - skipped) * TAYLOR_UPDATE_BYTES * max_order)
@@ -152,6 +189,12 @@ def cached_pass_ms(baseline: Baseline, plan: CachePlan, blocks: dict[str, BlockP
         first = baseline.stacks[0]
         kept = min(kept_blocks(plan.spec), first.num_blocks) * blocks[first.stack].ms
         return (1 - plan.skipped) * full + plan.skipped * (kept + baseline.outside_ms)
+    if plan.saves == "self-attention":  # PAB returns the kept output; FasterCache extrapolates it
+        extra = FASTER_BYTES if plan.spec.method == "faster" else 0
+        saved = sum(s.num_blocks * plan.skipped * (attention_module_ms(s, blocks[s.stack], knobs, ("self",))
+                                                   - memory_ms(_output_elements(_calls(s, ("self",))) * extra, rates))
+                    for s in baseline.stacks)
+        return full - saved
     saved = sum(s.num_blocks * (plan.skipped * attention_module_ms(s, blocks[s.stack], knobs)
                                 - taylor_ms(s, rates, plan.skipped, plan.spec.value("order")))
                 for s in baseline.stacks)

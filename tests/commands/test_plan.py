@@ -847,9 +847,28 @@ def test_a_threshold_cache_takes_the_fraction_given(tmp_path):
     assert rows["baseline + cache=dbcache:fn=2:bn=1"]["pass_ms"] == 0.6 * 1000 + 0.4 * 300
 
 
+def test_pab_and_faster_cache_skip_the_self_attention_modules_by_the_fraction_given(tmp_path):
+    """The block's one attention call is self-attention: PAB at --cache-skip 0.4 saves 40% of the attention module's
+    time in every block (as TaylorSeer's model counts it: its attention and the GEMM time of attn.to_q), FasterCache
+    the same less its extrapolation, 16 bytes an output element (1000 x 8 x 96) at 2000 GB/s."""
+    run = _report(tmp_path)
+    rows = {}
+    for method in ("pab", "faster"):
+        result = CliRunner().invoke(main, ["plan", str(run), "--cache", method, "--cache-skip", "0.4", "--gpu",
+                                           "h100-sxm", "--out", str(tmp_path / method)])
+        assert result.exit_code == 0, result.output
+        rows |= {row["knobs"]: row for row in json.loads((tmp_path / method / "plan.json").read_text())["knobs"]}
+    attention_ms = 50 + 30 * 1e10 / (1e10 + 200)
+    assert rows["baseline + cache=pab"]["pass_ms"] == round(1000 - 10 * 0.4 * attention_ms, 1)
+    assert "returns its last output" in rows["baseline + cache=pab"]["model"]
+    faster_ms = 1000 - 10 * 0.4 * (attention_ms - 768000 * 16 / 2000e6)
+    assert rows["baseline + cache=faster"]["pass_ms"] == round(faster_ms, 1)
+    assert "--cache-skip 0.4 (40% skipped)" in rows["baseline + cache=faster"]["model"]
+
+
 @pytest.mark.parametrize("text, skip, words", [
-    ("pab", None, "skips by the pipeline's timesteps"),
-    ("faster", 0.3, "skips by the pipeline's timesteps"),
+    ("pab", None, "skips self-attention forwards by the pipeline's timesteps, which a block run does not have: give "
+                  "the fraction it skips with --cache-skip R"),
     ("fbc", None, "give the fraction it skips with --cache-skip R"),
     ("taylorseer", 0.3, "leave out --cache-skip"),
 ])
@@ -859,6 +878,24 @@ def test_what_a_block_run_cannot_predict_is_one_line(tmp_path, text, skip, words
     result = CliRunner().invoke(main, ["plan", str(run), "--cache", text, *skip_option, "--out", str(tmp_path / "p")])
     assert result.exit_code == 2 and result.output.startswith("error: ") and words in result.output, result.output
     assert result.output.count("\n") == 1 and not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("cache, hooked, per_step, expected", [
+    # First Block Cache on 10 blocks, 2 passes a step: a skipped pass still computes the first block (9 of 10 left)
+    ("cache=fbc:0.1", 10, [(2, 20), (2, 11), (2, 2)], 3 / 6),
+    # cache-dit's DBCache (fn=1) on the tiny Wan's 2 blocks, as test_step_cache counts it: 8 of 12 passes skipped
+    ("cache=dbcache:0.5:fn=1:warmup=2", 2, [(2, 4), (2, 4), (2, 2), (2, 2), (2, 2), (2, 2)], 8 / 12),
+    ("cache=mag", 4, [(1, 4), (1, 0), (1, 4), (1, 0)], 2 / 4),  # MagCache skips whole passes
+    ("cache=pab", 30, [(2, 60), (2, 30), (2, 30)], 60 / 180),  # PAB: of the self-attention forwards
+    ("cache=taylorseer", 30, [(2, 60), (2, 0)], None),  # plan counts its schedule
+    ("cache=mag:calibrate", 4, [(1, 4), (1, 4)], None),  # a calibration skips nothing
+])
+def test_a_generate_runs_cache_summary_gives_the_skip_fraction_plan_takes(cache, hooked, per_step, expected):
+    from dit_accel.planning.cached import cache_skip_measured
+
+    summary = {"cache": cache, "hooked_modules": hooked,
+               "per_step": [{"passes": p, "computed": c, "full": p * hooked} for p, c in per_step]}
+    assert cache_skip_measured(summary) == (None if expected is None else pytest.approx(expected))
 
 
 def test_the_plan_of_a_cache_names_its_schedule():

@@ -24,6 +24,7 @@ from dit_accel.errors import UserError
 from dit_accel.patching import step_cache
 from dit_accel.patching.recipe import parse_recipe
 from dit_accel.patching.step_cache import CACHE_METHODS, apply_step_cache, block_metadata, parse_cache
+from dit_accel.planning.cached import cache_skip_measured
 
 CPU = torch.device("cpu")
 STEPS = 6
@@ -246,7 +247,9 @@ def test_generate_reports_what_the_cache_skipped_beside_the_uncached_run(tmp_pat
     cache = report["runs"][1]["attention_patch"]["step_cache"][0]
     assert cache["cache"] == "cache=fbc:0.5" and len(cache["per_step"]) == 4 and cache["work_computed"] < 1
     assert report["comparison"]["psnr_db_mean"] > 20  # the video against the uncached run's
-    assert "First Block Cache over 8 transformer passes" in " ".join(result.output.split())
+    text = " ".join(result.output.split())
+    assert "First Block Cache over 8 transformer passes" in text
+    assert f"to predict it: plan RUN --cache fbc:0.5 --cache-skip {cache_skip_measured(cache):.3f}" in text
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "video_native+cache-fbc-0.5.mp4",
                                                      "video_native.mp4"]
 
