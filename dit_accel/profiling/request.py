@@ -122,15 +122,19 @@ def stack_and_index(adapter, spec: str) -> tuple[tuple[str, ...], int]:
     return ((name,) if name else ()), int(index)
 
 
-def check_video_cache(cache: CacheSpec, validate_model: bool) -> None:
-    """What --cache needs: the --validate model pass, and a cache whose skips the step count alone decides (on
-    synthetic weights and inputs held fixed, a threshold decides nothing real) without a pipeline's timesteps."""
+def check_video_cache(cache: CacheSpec, validate_model: bool, offload: str) -> None:
+    """What --cache needs: the --validate model pass, resident, and a cache whose skips the step count alone
+    decides (on synthetic weights and inputs held fixed, a threshold decides nothing real) without a pipeline's
+    timesteps."""
     from ..patching.step_cache import CACHE_METHODS
 
     method = CACHE_METHODS[cache.method]
+    written = cache.label[len("cache="):]
     if not validate_model:
-        raise UserError(f"--cache {cache.label[len('cache='):]} runs the whole video in the --validate model pass: "
-                        f"add --validate model")
+        raise UserError(f"--cache {written} runs the whole video in the --validate model pass: add --validate model")
+    if offload != "resident":
+        raise UserError(f"--cache {written} runs the whole video with the blocks resident (its hooks and the "
+                        f"streaming's are not run together here); drop --offload {offload}")
     usable = ", ".join(m.name for m in CACHE_METHODS.values() if m.runs_on_a_model)
     if not method.fixed_schedule:
         raise UserError(f"--cache {method.name}: {method.title} skips by a threshold on what the weights compute, "
@@ -175,7 +179,7 @@ def profile_settings(request: ProfileRequest) -> ProfileSettings:
     stacks, block_index = stack_and_index(adapter, r.block)
     validate_model = validate_blocks == "model"
     if r.cache is not None:
-        check_video_cache(r.cache, validate_model)
+        check_video_cache(r.cache, validate_model, r.offload)
     if validate_model:
         validate_blocks = sum(count for _, count in adapter.stacks)
     elif validate_blocks and len(stacks or adapter.stacks) > 1:

@@ -190,6 +190,16 @@ def test_a_cache_the_video_cannot_run_is_one_line(tmp_path, args, message):
     assert result.output.count("\n") == 1 and not (tmp_path / "r").exists()
 
 
+def test_a_cached_video_runs_resident():
+    """(On a GPU: the CPU refuses --offload stream first.)"""
+    from dit_accel.patching.step_cache import parse_cache
+    from dit_accel.profiling.request import check_video_cache
+
+    with pytest.raises(UserError, match="--cache taylorseer runs the whole video with the blocks resident .* drop "
+                                        "--offload stream"):
+        check_video_cache(parse_cache("taylorseer"), True, "stream")
+
+
 @pytest.mark.parametrize("args, measured", [([], True), (["--outside-ms", "5"], False)])
 def test_validate_model_measures_outside_unless_it_is_stated(tmp_path, monkeypatch, args, measured):
     from dit_accel.profiling import session
