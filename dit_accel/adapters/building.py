@@ -10,6 +10,7 @@ the dtype diffusers gives a parameter loaded with `torch_dtype=dtype` (its `_kee
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from pathlib import Path
 from typing import Any, Iterator
@@ -39,23 +40,41 @@ def fp32_kept(key: str, dtype: torch.dtype, keep_in_fp32: tuple[str, ...]) -> to
     return torch.float32 if any(name in parts for name in keep_in_fp32) else dtype
 
 
+# torch.nn.init's in-place initializers: on a meta tensor each is a no-op that torch still runs through its Python
+# decompositions (half the time of building a transformer on meta), skipped inside `parameters_on_meta`.
+_INITIALIZERS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+                 "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+                 "sparse_")
+
+
 @contextlib.contextmanager
 def parameters_on_meta() -> Iterator[None]:
-    """Modules built inside get their parameters on the meta device (no memory, and their init runs
-    on meta) while their buffers are computed for real on the CPU: a model's computed buffers
-    (RoPE tables) survive, which `torch.device("meta")` would leave empty."""
+    """Modules built inside get their parameters on the meta device (no memory, and no init: it would only run on
+    meta) while their buffers are computed for real on the CPU: a model's computed buffers (RoPE tables) survive,
+    which `torch.device("meta")` would leave empty."""
     register = nn.Module.register_parameter
+    initializers = {name: getattr(nn.init, name) for name in _INITIALIZERS}
 
     def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         register(module, name, param)
         if param is not None:
             module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
 
+    def skipped_on_meta(initializer):
+        @functools.wraps(initializer)
+        def initialize(tensor, *args, **kwargs):
+            return tensor if tensor.is_meta else initializer(tensor, *args, **kwargs)
+        return initialize
+
     nn.Module.register_parameter = register_on_meta
+    for name, initializer in initializers.items():
+        setattr(nn.init, name, skipped_on_meta(initializer))
     try:
         yield
     finally:
         nn.Module.register_parameter = register
+        for name, initializer in initializers.items():
+            setattr(nn.init, name, initializer)
 
 
 @torch.no_grad()
