@@ -263,8 +263,8 @@ def _verify_cache(run: Path, verified, spec, verified_in: list[str], not_verifie
 
     method = CACHE_METHODS[spec.method]
     if not method.runs_on_a_model:
-        why = (f"{method.title} skips by {'the pipeline' if method.needs_timestep else 'a threshold'}: measure it "
-               f"with generate --attn RECIPE+{spec.label}")
+        by = "the pipeline's timesteps" if method.needs_timestep else "a threshold"
+        why = f"{method.title} skips by {by}: measure it with generate --attn RECIPE+{spec.label}"
         not_verified.append(f"{spec.label}: {why}")
         console.print(f"[yellow]note:[/yellow] --verify runs no video under {spec.label}: {why}")
         return

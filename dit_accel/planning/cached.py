@@ -1,6 +1,6 @@
 """What a step cache saves over a video, from the blocks the plan predicts (`plan --cache`).
 
-A cache is a recipe's `cache=` part (`patching.step_cache`) and saves one of two things:
+A cache is a recipe's `cache=` part (`patching.step_cache`) and saves one of three things:
   - whole passes (First Block Cache, MagCache, cache-dit's DBCache): a skipped pass runs the outside of the blocks
     and the blocks the cache always computes (`kept_blocks`: First Block Cache its first, the residual it compares;
     DBCache its first `fn` and last `bn`; MagCache none, it decides before the first block); which passes a

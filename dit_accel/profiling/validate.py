@@ -201,8 +201,7 @@ def validate_chain(adapter: BlockAdapter, first_block: torch.nn.Module, inputs: 
         patched.enter_context(compile_failures_as_user_errors(f"{recipe.label} on the --validate pass",
                                                               "put an eager recipe first"))
         if cache is not None:
-            video = time_cached_video(run_pass, applied, steps, passes_per_step, device=device,
-                                      on_peak_reset=lambda: _reset_peak(device) if cuda else None, progress=progress)
+            video = time_cached_video(run_pass, applied, steps, passes_per_step, device=device, progress=progress)
             measured_ms = video.pass_ms
         else:
             # The first streamed pass teaches diffusers the block order it prefetches in: warm up once more.
@@ -236,12 +235,12 @@ def _reset_peak(device: torch.device) -> None:
 
 
 def time_cached_video(run_pass: Callable[[], Any], cache: AppliedCache, steps: int, passes_per_step: int, *,
-                      device: torch.device, on_peak_reset: Callable[[], None],
-                      progress: SessionProgress = NO_PROGRESS) -> CachedVideo:
+                      device: torch.device, progress: SessionProgress = NO_PROGRESS) -> CachedVideo:
     """The whole video, `steps` x `passes_per_step` calls of `run_pass` under the step cache `cache` (a pipeline's
     denoising loop with the inputs held fixed: a fixed-schedule cache skips by the step count, not the values),
     timed once. First its warm-up: steps until a computed step has followed a skipped one (the cache's every path
-    run, and compiled), then the hooks' state reset, so the timed video starts at step 0 as a user's does."""
+    run, and compiled), then the hooks' state reset, so the timed video starts at step 0 as a user's does. On a GPU
+    the peak memory is reset before the timed video (its own, not the warm-up's compile)."""
     from diffusers.hooks import HookRegistry
 
     def step() -> None:
@@ -258,7 +257,8 @@ def time_cached_video(run_pass: Callable[[], Any], cache: AppliedCache, steps: i
             step()
     warmup_steps = len(cache.steps)
     HookRegistry.check_if_exists_or_initialize(cache.model).reset_stateful_hooks(recurse=True)
-    on_peak_reset()
+    if device.type == "cuda":
+        _reset_peak(device)
     graphs_before = dynamo_counts()[1]
     with progress.stage(f"validation: the whole video under {cache.spec.label}, {steps} steps x {passes_per_step} "
                         f"pass(es), timed", steps) as done:
