@@ -112,10 +112,7 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_te
                 stream_run = _verify_streaming(run, verified, recipe, memory_budget,
                                                DEFAULT_OUTPUT_ROOT / default_run_name("profile-block", "verify-stream"))
             except Exception as exc:  # noqa: BLE001 (the knobs' measurements stand; what failed is said)
-                # A UserError: e.g. the block and its profiling do not fit the budget. Anything else is a failure
-                # of the stack under this recipe (as diffusers' offloading of Allegro's FP8 weights once compiled
-                # was under torch 2.11, until 1e62459), named by its type and first line.
-                why = str(exc) if isinstance(exc, UserError) else f"failed ({type(exc).__name__}: {first_line(exc)})"
+                why = _why_it_failed(exc)
                 not_verified.append(f"the streamed pass with {recipe} under {memory_budget.text}: {why}")
                 console.print(f"[yellow]note:[/yellow] --verify could not stream the pass with {recipe}: {why}")
             else:
@@ -199,7 +196,7 @@ def _profile_again(run: Path, baseline, out: Path, recipes: list[str], **more) -
     request = (ProfileRequest.from_rerun(report["rerun"], **fields) if report.get("rerun")
                else ProfileRequest.from_rerun_options(_rerun_options(run, baseline), **fields))
     options = {"outside_mode": "outside"}  # the request's fields by the command's option names where they differ
-    shown = {"memory_budget": lambda v: v[0], "cache": lambda v: v.label[len("cache="):]}
+    shown = {"memory_budget": lambda v: v[0], "cache": lambda v: v.written}
     console.print(f"[dim]--verify: profile-block {' '.join(request.rerun_options(request.dtype))} "
                   f"--compare-attn {','.join(recipes)}"
                   + "".join(f" --{options.get(k, k).replace('_', '-')}={shown.get(k, str)(v)}"
@@ -252,6 +249,13 @@ def _runs_here(name: str, baseline, skipped: str) -> bool:
     return True
 
 
+def _why_it_failed(exc: BaseException) -> str:
+    """A --verify run that failed, for its note: a UserError's line (e.g. the block and its profiling do not fit the
+    budget), or anything else as a failure of the stack under the recipe (as diffusers' offloading of Allegro's FP8
+    weights once compiled was under torch 2.11, until 1e62459), named by its type and first line."""
+    return str(exc) if isinstance(exc, UserError) else f"failed ({type(exc).__name__}: {first_line(exc)})"
+
+
 def _verify_cache(run: Path, verified, spec, verified_in: list[str], not_verified: list[str]) -> None:
     """The whole video under the step cache `spec` with the baseline and with the full recipe (profile-block
     --validate model --cache), each into a profile-block_verify-cache folder, into `verified.cached_videos`; a cache
@@ -278,7 +282,7 @@ def _verify_cache(run: Path, verified, spec, verified_in: list[str], not_verifie
                                                                                              "verify-cache"),
                                        [recipe], validate="model", cache=spec)
         except Exception as exc:  # noqa: BLE001 (the knobs' measurements stand; what failed is said)
-            why = str(exc) if isinstance(exc, UserError) else f"failed ({type(exc).__name__}: {first_line(exc)})"
+            why = _why_it_failed(exc)
             not_verified.append(f"the video under {spec.label} with {recipe}: {why}")
             console.print(f"[yellow]note:[/yellow] --verify could not run the video under {spec.label} with "
                           f"{recipe}: {why}")
@@ -466,7 +470,7 @@ def _cache_rows(baseline, cache, predicted, full, rates) -> list[dict]:
         video = next((v for v in baseline.cached_videos
                       if v["cache"] == cache.label and knobs_of(v["recipe"]) == knobs), None)
         if video:
-            row["measured"] = {"recipe": f"{video['recipe']}, --validate model --cache {cache.label[len('cache='):]}",
+            row["measured"] = {"recipe": f"{video['recipe']}, --validate model --cache {cache.spec.written}",
                                "run": video["run"], "pass_ms": round(video["pass_ms"], 1),
                                "graphs_compiled": video["graphs_compiled"],
                                "work_computed": round(video["work_computed"], 4),

@@ -144,7 +144,7 @@ def check_recipes(recipes, device, dtype, adapter=None) -> None:
         if recipe.cache is not None and adapter is not None:
             raise UserError(f"{recipe.label}: +{recipe.cache.label} reuses work across the denoising steps of a whole "
                             f"pipeline; profile-block times one block of one pass, so run it with dit-accel generate "
-                            f"(and predict it with dit-accel plan RUN --cache {recipe.cache.label[len('cache='):]})")
+                            f"(and predict it with dit-accel plan RUN --cache {recipe.cache.written})")
         for option, on in (("rope", recipe.fused_rope), ("prologue", recipe.fused_prologue)):
             if on and adapter is not None and not adapter.fused_rope_supported:
                 raise UserError(f"{recipe.label}: +{option} serves MiniMax-H3's attention processor, which "

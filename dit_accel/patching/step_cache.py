@@ -154,6 +154,11 @@ class CacheSpec:
     @property
     def label(self) -> str:
         """'cache=fbc:0.12', 'cache=taylorseer:interval=3': as a recipe's label shows it."""
+        return "cache=" + self.written
+
+    @property
+    def written(self) -> str:
+        """'fbc:0.12', 'taylorseer:interval=3': what follows `cache=`, as `--cache` takes it."""
         method = CACHE_METHODS[self.method]
         parts = [self.method]
         for param in method.params:
@@ -163,7 +168,7 @@ class CacheSpec:
             parts.append(f"{value:g}" if param is method.params[0] and param.kind is float else f"{param.name}={value}")
         if self.calibrate:
             parts.append("calibrate")
-        return "cache=" + ":".join(parts)
+        return ":".join(parts)
 
     def value(self, name: str) -> Any:
         param = next(p for p in CACHE_METHODS[self.method].params if p.name == name)

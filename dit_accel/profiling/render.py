@@ -57,7 +57,8 @@ def _render_validation(console: Console, v: Validation) -> None:
         console.print(f"  validated: the cache's hooked modules computed {video.work_computed:.0%} of their forwards "
                       f"({video.hooked_modules} a pass; per step {', '.join(map(str, video.computed_per_step))}); "
                       f"after a warm-up of {video.warmup_steps} step(s), graphs compiled during the timed video: "
-                      f"{video.graphs_compiled} (plan RUN --cache {video.cache[len('cache='):]} predicts the pass)")
+                      f"{video.graphs_compiled} (plan RUN --cache {video.cache.removeprefix('cache=')} predicts the "
+                      f"pass)")
     else:
         console.print(f"  validated: {what}: measured {v.measured_ms:.1f} ms, extrapolated {v.extrapolated_ms:.1f} ms "
                       f"({parts}), ratio {v.ratio:.3f} ({v.error_pct:+.1f}%), peak memory {peak}")

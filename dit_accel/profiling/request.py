@@ -129,7 +129,7 @@ def check_video_cache(cache: CacheSpec, validate_model: bool, offload: str) -> N
     from ..patching.step_cache import CACHE_METHODS
 
     method = CACHE_METHODS[cache.method]
-    written = cache.label[len("cache="):]
+    written = cache.written
     if not validate_model:
         raise UserError(f"--cache {written} runs the whole video in the --validate model pass: add --validate model")
     if offload != "resident":
