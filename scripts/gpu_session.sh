@@ -168,7 +168,7 @@ if [[ " $steps " == *" caches "* ]]; then
       --preset "$preset" $video --outside measure ${block_recipes:+--compare-attn $block_recipes} --runs 5 \
       --warmup 2 --out "$c/block"
     # plan's TaylorSeer prediction beside the whole video run under it (transformer alone, every knob verified)
-    [[ -d $c/plan-taylorseer ]] || (cd "$c" && timed "caches-$family-plan" 400 python3 -m dit_accel plan block \
+    [[ -d $c/plan-taylorseer ]] || (cd "$c" && timed "caches-$family-plan" 560 python3 -m dit_accel plan block \
       --cache taylorseer --verify --out plan-taylorseer)
     for cache in none ${CACHE_METHODS:-taylorseer dbcache fbc pab faster mag:calibrate mag}; do
       for recipe in ${CACHE_RECIPES:-native fp8+fp8-linear+compile}; do  # both recipes of a method, then the next
