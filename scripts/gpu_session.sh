@@ -8,7 +8,8 @@
 #                                              (default: all)
 # Wheels carried in .whl/ (e.g. imageio-ffmpeg, which the GPU image lacks) are installed first.
 # Results go under $OUT (or ./gpu-results): one log per step and one archive, because the device
-# tool brings back at most 8 files.
+# tool brings back at most 8 files. CALL_BUDGET=SECONDS caps every step by the time left in the call, so the archive
+# is written before the device tool's own limit (a step with under 30 s left is skipped; a later call resumes).
 set -uo pipefail
 out=${OUT:-gpu-results}
 work=/tmp/dit-accel-gpu
@@ -23,6 +24,11 @@ step() {  # step NAME SECONDS COMMAND...: if NAME is asked for, `timed`
 timed() {  # timed NAME SECONDS COMMAND...: run with a time limit, log to $work/NAME.log, report the status
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
+  if [[ -n ${CALL_BUDGET:-} ]]; then
+    local left=$((CALL_BUDGET - SECONDS))
+    if ((left < 30)); then echo "step $name: skipped, $left s left in the call" | tee -a "$work/steps.txt"; return 0; fi
+    ((limit > left)) && limit=$left
+  fi
   timeout "$limit" "$@" >"$work/$name.log" 2>&1
   echo "step $name: exit $? in $((SECONDS - t0)) s" | tee -a "$work/steps.txt"
 }
@@ -151,7 +157,8 @@ fi
 # the transformer outside its blocks, for `plan --cache` ($work/caches/FAMILY/block; plan --cache taylorseer --verify
 # beside it runs the whole video under TaylorSeer on the transformer alone). The pipeline folder is kept
 # between calls on a warm machine; dbcache (cache-dit, the peer) needs its wheel in .whl/. CACHE_FAMILIES (wan,
-# cogvideox), CACHE_RECIPES, CACHE_METHODS and CACHE_BLOCK_RECIPES (empty: the eager block alone) choose a part.
+# cogvideox), CACHE_RECIPES, CACHE_METHODS, CACHE_BLOCK_RECIPES (empty: the eager block alone) and CACHE_VERIFY=0
+# (no plan --verify) choose a part.
 if [[ " $steps " == *" caches "* ]]; then
   for family in ${CACHE_FAMILIES:-wan}; do
     case $family in  # the preset and a short video at the pipeline's own size
@@ -167,9 +174,6 @@ if [[ " $steps " == *" caches "* ]]; then
     [[ -d $c/block ]] || timed "caches-$family-block" 400 python3 -m dit_accel profile-block --model "$family" \
       --preset "$preset" $video --outside measure ${block_recipes:+--compare-attn $block_recipes} --runs 5 \
       --warmup 2 --out "$c/block"
-    # plan's TaylorSeer prediction beside the whole video run under it (transformer alone, every knob verified)
-    [[ -d $c/plan-taylorseer ]] || (cd "$c" && timed "caches-$family-plan" 560 python3 -m dit_accel plan block \
-      --cache taylorseer --verify --out plan-taylorseer)
     for cache in none ${CACHE_METHODS:-taylorseer dbcache fbc pab faster mag:calibrate mag}; do
       for recipe in ${CACHE_RECIPES:-native fp8+fp8-linear+compile}; do  # both recipes of a method, then the next
         name=$recipe; [[ $cache == none ]] || name=$recipe+cache=$cache
@@ -177,6 +181,9 @@ if [[ " $steps " == *" caches "* ]]; then
           --pipeline "$c/pipeline" $video --attn "$name" --out "$c/$name"
       done
     done
+    # last: plan's TaylorSeer prediction beside the whole video run under it (transformer alone, every knob verified)
+    [[ ${CACHE_VERIFY:-1} == 0 || -d $c/plan-taylorseer ]] || (cd "$c" && timed "caches-$family-plan" 560 python3 -m dit_accel plan block \
+      --cache taylorseer --verify --out plan-taylorseer)
   done
 fi
 # SageAttention2 beside ours and FA3 FP8 on the q/k/v an H3 block feeds its attention (part 4 of the GPU bundle).
