@@ -263,7 +263,7 @@ def _verify_cache(run: Path, verified, spec, verified_in: list[str], not_verifie
     from ..patching.step_cache import CACHE_METHODS
     from ..planning.knobs import recipe_of
     from ..planning.measured import cached_videos
-    from ..planning.predict import knob_sets
+    from ..planning.predict import ALL_KNOBS
 
     method = CACHE_METHODS[spec.method]
     if not method.runs_on_a_model:
@@ -272,8 +272,7 @@ def _verify_cache(run: Path, verified, spec, verified_in: list[str], not_verifie
         not_verified.append(f"{spec.label}: {why}")
         console.print(f"[yellow]note:[/yellow] --verify runs no video under {spec.label}: {why}")
         return
-    full = max(knob_sets(), key=len)
-    for knobs in (frozenset(), full):
+    for knobs in (frozenset(), ALL_KNOBS):
         recipe = recipe_of(knobs, verified.attention_backend)
         if not _runs_here(recipe, verified, f"--verify runs no video under {spec.label} with {recipe}"):
             continue
@@ -314,7 +313,7 @@ def build_plan(baseline, rates, routing, here, targets, memory_budget, host_link
     saying which, `crossover.for_run`); cache: a `planning.cached.CachePlan` to predict, or None."""
     from ..planning.gpus import datasheets
     from ..planning.knobs import KNOB_NAMES
-    from ..planning.predict import (ASSUMPTIONS, FP8_ATTENTION_ESTIMATE, GIB, KNOB_MODELS, fits, knob_sets,
+    from ..planning.predict import (ALL_KNOBS, ASSUMPTIONS, FP8_ATTENTION_ESTIMATE, GIB, KNOB_MODELS, fits, knob_sets,
                                     on_other_gpu, predict_block, pass_ms_of, resident_bytes, streamed_bytes,
                                     streamed_pass_ms, thin_evidence, video_seconds)
 
@@ -343,14 +342,13 @@ def build_plan(baseline, rates, routing, here, targets, memory_budget, host_link
                                                   for s, ms in m.block_ms.items() if s in blocks}}
         knobs_rows.append(row)
         sets[knobs] = ({stack: block.ms for stack, block in blocks.items()}, pass_ms)
-    full = max(sets, key=len)
-    knobs_rows += _scaling_rows(baseline, here, rates, sets, full, memory_budget, host_link_gbps, gpus, link_gbps)
+    knobs_rows += _scaling_rows(baseline, here, rates, sets, memory_budget, host_link_gbps, gpus, link_gbps)
     if cache is not None:
-        knobs_rows += _cache_rows(baseline, cache, predicted, full, rates)
+        knobs_rows += _cache_rows(baseline, cache, predicted, rates)
 
     gpu_rows = []
     for target in targets:
-        for knobs in (frozenset(), full):
+        for knobs in (frozenset(), ALL_KNOBS):
             blocks = predicted[knobs]
             row = {"gpu": target.key, "name": target.name, "knobs": knobs_label(knobs),
                    "basis": "datasheet-scaled from this run"}
@@ -445,12 +443,12 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], pass_ms:
     return row
 
 
-def _cache_rows(baseline, cache, predicted, full, rates) -> list[dict]:
+def _cache_rows(baseline, cache, predicted, rates) -> list[dict]:
     """The step cache `cache` (`planning.cached.CachePlan`) on the baseline and on the full recipe. predicted: knob
     set -> its blocks (`BlockPrediction` by stack)."""
     from ..planning.cached import cached_pass_ms, kept_blocks
     from ..planning.knobs import knobs_of
-    from ..planning.predict import video_seconds
+    from ..planning.predict import ALL_KNOBS, video_seconds
 
     kept = kept_blocks(cache.spec) if cache.saves == "passes" else 0
     model = {"passes": "a skipped pass runs the outside of the blocks" + (
@@ -461,7 +459,7 @@ def _cache_rows(baseline, cache, predicted, full, rates) -> list[dict]:
                  "extrapolates its last two outputs (eager elementwise work)" if cache.spec.method == "faster"
                  else "returns its last output") + "; graph breaks not modelled"}
     rows = []
-    for knobs in (frozenset(), full):
+    for knobs in (frozenset(), ALL_KNOBS):
         pass_ms = cached_pass_ms(baseline, cache, predicted[knobs], knobs, rates)
         row = {"knobs": f"{knobs_label(knobs)} + {cache.label}", "gpu": baseline.device_name,
                "pass_ms": round(pass_ms, 1), "video_s": round(video_seconds(baseline, pass_ms), 1),
@@ -479,14 +477,13 @@ def _cache_rows(baseline, cache, predicted, full, rates) -> list[dict]:
     return rows
 
 
-def _scaling_rows(baseline, here, rates, sets, full, memory_budget, host_link_gbps, gpus, link_gbps) -> list[dict]:
+def _scaling_rows(baseline, here, rates, sets, memory_budget, host_link_gbps, gpus, link_gbps) -> list[dict]:
     """Streaming of the baseline, of our FP8 attention alone and of the full recipe (what --verify streams too);
-    context parallelism on top of the full recipe. sets: knob set -> (block ms by stack, pass ms); full: the full
-    recipe's knob set."""
-    from ..planning.predict import context_parallel_pass_ms, streamed_knob_sets, video_seconds
+    context parallelism on top of the full recipe. sets: knob set -> (block ms by stack, pass ms)."""
+    from ..planning.predict import ALL_KNOBS, context_parallel_pass_ms, streamed_knob_sets, video_seconds
 
-    block_ms, _ = sets[full]
-    name = knobs_label(full)
+    block_ms, _ = sets[ALL_KNOBS]
+    name = knobs_label(ALL_KNOBS)
     rows = []
     if memory_budget is not None:
         link = host_link_gbps or rates.host_link_there(here)  # the flag, else what was measured, else the datasheet

@@ -316,6 +316,9 @@ class Prediction:
         return " + ".join(k for k in KNOB_NAMES if k in self.knobs) or "baseline"
 
 
+ALL_KNOBS = frozenset(KNOB_NAMES)  # the full recipe
+
+
 def knob_sets() -> list[frozenset[str]]:
     """Every combination of the knobs, the baseline first, then by how many knobs."""
     return [frozenset(c) for n in range(len(KNOB_NAMES) + 1) for c in itertools.combinations(KNOB_NAMES, n)]
@@ -324,7 +327,7 @@ def knob_sets() -> list[frozenset[str]]:
 def streamed_knob_sets() -> tuple[frozenset[str], ...]:
     """The knob sets the plan predicts streaming for (and `plan --verify` streams): the baseline, our FP8 attention
     alone, and every knob (the full recipe)."""
-    return frozenset(), frozenset({"fp8-attention"}), frozenset(KNOB_NAMES)
+    return frozenset(), frozenset({"fp8-attention"}), ALL_KNOBS
 
 
 def block_bytes(stack: StackBaseline, knobs: frozenset[str]) -> int:
