@@ -176,6 +176,35 @@ def test_a_compiled_model_under_a_cache_does_not_recompile_from_step_to_step(tex
     assert applied.summary()["work_computed"] < 1
 
 
+def test_the_timestep_is_read_off_the_device_once_a_timestep():
+    """PAB's and FasterCache's hooks get the pipeline's timestep as a number, read once per timestep tensor (not
+    once per hooked forward: each read of a GPU tensor is a sync); anything else goes through as it is."""
+    timestep = torch.tensor(500.0)
+    current = [timestep]
+    read = step_cache.timestep_on_host(lambda: current[0])
+    assert read() == 500.0 and isinstance(read(), float)
+    timestep.fill_(10.0)  # the same tensor: its number was already read
+    assert read() == 500.0
+    current[0] = torch.tensor(400.0)
+    assert read() == 400.0
+    for other in (300, torch.tensor([1.0, 2.0])):
+        current[0] = other
+        assert read() is other
+
+
+@pytest.mark.slow
+def test_a_compiled_pipeline_under_pab_does_not_recompile_per_step(tmp_path, tiny_wan):
+    """The timestep's memo stays out of dynamo's trace: traced, it recompiled the compiled blocks at every step."""
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--attn", "native+compile+cache=pab",
+                                       "--steps", "6", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    import json
+
+    run = json.loads((out / "report.json").read_text())["runs"][0]
+    assert run["attention_patch"]["step_cache"][0]["work_computed"] < 1 and run["graphs_compiled"] == 0
+
+
 def test_mag_cache_calibrates_then_skips_with_its_ratios():
     _, model, kwargs = _tiny("wan")
     timestep = [999]
