@@ -157,12 +157,20 @@ def _cache_line(attention: str, cache: dict, graphs_compiled: int) -> str:
     steps = cache["per_step"]
     skipped = [i + 1 for i, step in enumerate(steps) if step["computed"] < step["full"]]
     shown = ", ".join(map(str, skipped[:12])) + (f" and {len(skipped) - 12} more" if len(skipped) > 12 else "")
+    from ..patching.step_cache import CACHE_METHODS, parse_cache
     from ..planning.cached import cache_skip_measured
 
     work, skip = cache["work_computed"], cache_skip_measured(cache)
+    spec = parse_cache(cache["cache"].removeprefix("cache="))
+    method = CACHE_METHODS[spec.method]
+    why_none = ""
+    if steps and not skipped and not method.fixed_schedule and not spec.calibrate:
+        threshold = method.params[0]
+        why_none = (f" (it skips where what it compares changed by less than its {threshold.name}, "
+                    f"{spec.value(threshold.name):g}: a larger one skips more; judge the video with --compare)")
     return (f"{attention}: {cache['method']} over {cache['passes']} transformer passes, "
             f"{'all' if work is None else f'{work:.0%} of'} the work it hooks ({cache['hooked_modules']} modules a "
-            f"pass) computed" + (f"; steps with work skipped: {shown or 'none'}" if steps else "")
+            f"pass) computed" + (f"; steps with work skipped: {shown or 'none'}{why_none}" if steps else "")
             + (f"; torch.compile made {graphs_compiled} graph(s) during the run" if "+compile" in attention
                or "+max-autotune" in attention or graphs_compiled else "")
             + (f"; to predict it: plan RUN --cache {cache['cache'].removeprefix('cache=')} --cache-skip {skip:.3f}"

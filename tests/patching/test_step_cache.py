@@ -283,6 +283,21 @@ def test_generate_reports_what_the_cache_skipped_beside_the_uncached_run(tmp_pat
                                                      "video_native.mp4"]
 
 
+@pytest.mark.parametrize("cache, hint", [("fbc", "changed by less than its threshold, 0.05"),
+                                         ("dbcache:0.2", "changed by less than its threshold, 0.2"),
+                                         ("mag:calibrate", None), ("taylorseer", None)])
+def test_a_threshold_cache_that_skipped_nothing_says_which_parameter_decides(cache, hint):
+    """A threshold cache that skipped nothing names its threshold and what raising it does; a calibration and a
+    fixed schedule (which skip nothing only by their schedule) do not."""
+    from dit_accel.commands.generate import _cache_line
+
+    ran = {"cache": f"cache={cache}", "method": "m", "passes": 8, "work_computed": 1.0, "hooked_modules": 3,
+           "per_step": [{"passes": 2, "computed": 6, "full": 6}] * 4}
+    line = _cache_line(f"native+cache={cache}", ran, 0)
+    assert "steps with work skipped: none" in line
+    assert (hint in line) if hint else "(it skips where" not in line
+
+
 # --- the peer: cache-dit's DBCache, on a whole pipeline -------------------------------------------------------------
 
 def _wan_video(pipe, **kwargs):
