@@ -182,8 +182,8 @@ if [[ " $steps " == *" caches "* ]]; then
       done
     done
     # last: plan's TaylorSeer prediction beside the whole video run under it (transformer alone, every knob verified)
-    [[ ${CACHE_VERIFY:-1} == 0 || -d $c/plan-taylorseer ]] || (cd "$c" && timed "caches-$family-plan" 560 python3 -m dit_accel plan block \
-      --cache taylorseer --verify --out plan-taylorseer)
+    [[ ${CACHE_VERIFY:-1} == 0 || -d $c/plan-taylorseer ]] || (cd "$c" && timed "caches-$family-plan" 560 \
+      python3 -m dit_accel plan block --cache taylorseer --verify --out plan-taylorseer)
   done
 fi
 # SageAttention2 beside ours and FA3 FP8 on the q/k/v an H3 block feeds its attention (part 4 of the GPU bundle).

@@ -173,7 +173,7 @@ def _cache_line(attention: str, cache: dict, graphs_compiled: int) -> str:
             f"pass) computed" + (f"; steps with work skipped: {shown or 'none'}{why_none}" if steps else "")
             + (f"; torch.compile made {graphs_compiled} graph(s) during the run" if "+compile" in attention
                or "+max-autotune" in attention or graphs_compiled else "")
-            + (f"; to predict it: plan RUN --cache {cache['cache'].removeprefix('cache=')} --cache-skip {skip:.3f}"
+            + (f"; to predict it: plan RUN --cache {spec.written} --cache-skip {skip:.3f}"
                if skip is not None else ""))
 
 
