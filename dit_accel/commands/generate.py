@@ -163,14 +163,21 @@ def _cache_line(attention: str, cache: dict, graphs_compiled: int) -> str:
     work, skip = cache["work_computed"], cache_skip_measured(cache)
     spec = parse_cache(cache["cache"].removeprefix("cache="))
     method = CACHE_METHODS[spec.method]
-    why_none = ""
-    if steps and not skipped and not method.fixed_schedule and not spec.calibrate:
+    why_none = measured = ""
+    if not method.fixed_schedule and not spec.calibrate:
         threshold = method.params[0]
-        why_none = (f" (it skips where what it compares changed by less than its {threshold.name}, "
-                    f"{spec.value(threshold.name):g}: a larger one skips more; judge the video with --compare)")
+        against = f"its {threshold.name}, {spec.value(threshold.name):g}"
+        changes = cache.get("changes")
+        ran = (f"the changes it measured ran {changes['min']:.3f} to {changes['max']:.3f}, median "
+               f"{changes['median']:.3f}" if changes else "")
+        if steps and not skipped:
+            why_none = (f" (it skips where what it compares changed by less than {against}"
+                        f"{'; ' + ran if ran else ''}: a larger one skips more; judge the video with --compare)")
+        elif ran:
+            measured = f"; {ran}, against {against}"
     return (f"{attention}: {cache['method']} over {cache['passes']} transformer passes, "
             f"{'all' if work is None else f'{work:.0%} of'} the work it hooks ({cache['hooked_modules']} modules a "
-            f"pass) computed" + (f"; steps with work skipped: {shown or 'none'}{why_none}" if steps else "")
+            f"pass) computed" + (f"; steps with work skipped: {shown or 'none'}{why_none}" if steps else "") + measured
             + (f"; torch.compile made {graphs_compiled} graph(s) during the run" if "+compile" in attention
                or "+max-autotune" in attention or graphs_compiled else "")
             + (f"; to predict it: plan RUN --cache {spec.written} --cache-skip {skip:.3f}"

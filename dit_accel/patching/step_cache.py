@@ -34,6 +34,7 @@ import hashlib
 import inspect
 import json
 import logging
+import statistics
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -391,6 +392,7 @@ class AppliedCache:
     counts: CallCounts
     steps: list[dict[str, int]] = field(default_factory=list)
     calibration: list[float] | None = None
+    changes: Callable[[], list[float]] | None = None  # a threshold cache's: what each of its comparisons measured
     _seen: tuple[int, int] = (0, 0)
     _context: _ContextHook | None = None
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
@@ -407,16 +409,26 @@ class AppliedCache:
     def summary(self) -> dict[str, Any]:
         """The cache, what it hooked, and what ran: passes, and the share of the hooked modules' work computed (1.0:
         the cache skipped nothing), over the run (read from the counters: one sync) and per step where steps were
-        recorded; MagCache's calibrated ratios."""
+        recorded; MagCache's calibrated ratios; a threshold cache's measured changes, their spread (`changes`)."""
         passes, computed = self.counts.declined["pass"], self.counts.declined["computed"]
         return {"cache": self.spec.label, "method": CACHE_METHODS[self.spec.method].title,
                 "hooked_modules": self.hooked, "passes": passes,
                 "work_computed": round(computed / (passes * self.hooked), 4) if passes and self.hooked else None,
-                "per_step": list(self.steps), "calibration": self.calibration}
+                "per_step": list(self.steps), "calibration": self.calibration,
+                "changes": _spread(self.changes()) if self.changes is not None else None}
 
     def undo(self) -> None:
         while self._undo:
             self._undo.pop()()
+
+
+def _spread(values: list[float]) -> dict[str, Any] | None:
+    """How many comparisons, and the least, median and largest change they measured (None: none compared)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return {"compared": len(ordered), "min": round(ordered[0], 4), "median": round(statistics.median(ordered), 4),
+            "max": round(ordered[-1], 4)}
 
 
 def _hook_names(method: CacheMethod) -> list[str]:
@@ -540,6 +552,8 @@ def apply_step_cache(model: nn.Module, spec: CacheSpec, *, what: str, steps: int
         _count_under(applied, model, hooked)
         enable()
         applied._undo.append(disable)
+        if method.name == "fbc":
+            applied.changes = _watch_first_block(model, names[0])
         applied._context = _ContextHook(_state_managers(model), passes_per_step)
         root.register_hook(applied._context, CONTEXT_HOOK)
         applied._undo.append(lambda: root.remove_hook(CONTEXT_HOOK, recurse=False))
@@ -550,6 +564,38 @@ def apply_step_cache(model: nn.Module, spec: CacheSpec, *, what: str, steps: int
         applied.undo()
         raise
     return applied
+
+
+def _watch_first_block(model: nn.Module, leader_hook: str) -> Callable[[], list[float]]:
+    """First Block Cache's comparisons, kept: each the first block's residual's mean absolute change from the last pass
+    it computed, relative to that pass's (diffusers' formula, computed again beside its hook, which keeps only its
+    verdict). Kept on the device; the returned reader brings them to the host (one sync). The hook, and this with
+    it, goes when the cache is taken off."""
+    import torch
+
+    hook = next(m._diffusers_hook.get_hook(leader_hook) for m in model.modules()
+                if hasattr(m, "_diffusers_hook") and m._diffusers_hook.get_hook(leader_hook) is not None)
+    decide, measured = hook._should_compute_remaining_blocks, []
+
+    @torch.compiler.disable  # as diffusers' own decision is: outside any compiled graph
+    def compare(residual):
+        last = hook.state_manager.get_state().head_block_residual
+        if last is not None:
+            measured.append(((residual - last).abs().mean() / last.abs().mean()).detach().float())
+        return decide(residual)
+
+    hook._should_compute_remaining_blocks = compare
+    return lambda: torch.stack(measured).tolist() if measured else []
+
+
+def _cache_dit_changes(cache_dit, pipeline: Any) -> list[float]:
+    """DBCache's comparisons, what each measured (cache-dit's own summary of the last call: its residual diffs at the
+    steps after its warm-up, a guided pipeline's separate passes too)."""
+    for stats in cache_dit.summary(pipeline, logging=False):
+        values = [*stats.residual_diffs.values(), *stats.cfg_residual_diffs.values()]
+        if values:
+            return [float(x) for v in values for x in (v if isinstance(v, list) else [v])]
+    return []
 
 
 def _cache_dit(spec: CacheSpec):
@@ -595,6 +641,9 @@ def _apply_cache_dit(pipeline: Any, model: nn.Module, spec: CacheSpec, *, what: 
         if model is getattr(pipeline, "transformer", model):  # cache-dit caches all of a pipeline's transformers
             cache_dit.enable_cache(pipeline, cache_config=make_config(spec, model, steps=steps, timestep=None))
             applied._undo.append(lambda: cache_dit.disable_cache(pipeline))
+            kept: list[list[float]] = []  # read as the cache comes off, before cache-dit drops its record
+            applied._undo.append(lambda: kept.append(_cache_dit_changes(cache_dit, pipeline)))
+            applied.changes = lambda: kept[0] if kept else _cache_dit_changes(cache_dit, pipeline)
         # after cache-dit, which keeps the forward it replaces as a bound method, and off again before it
         _count_under(applied, model, [block for _, stack in cached_stacks(model) for block in stack])
     except UserError:

@@ -119,6 +119,29 @@ def test_the_pipelines_contexts_keep_guided_passes_apart():
     assert [s["computed"] for s in applied.steps] == [2 * BLOCKS, 2, 2] and applied.steps[0]["passes"] == 2
 
 
+def test_first_block_cache_keeps_what_each_comparison_measured():
+    """First Block Cache's comparisons are kept: one a pass after the first, each the change from the last computed
+    pass, and a pass skipped exactly where its change was under the threshold; the summary gives their spread."""
+    _, model, kwargs = _tiny("wan")
+    hidden = kwargs["hidden_states"]
+    noise = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(1))
+    applied = apply_step_cache(model, parse_cache("fbc:0.1"), what="wan", steps=STEPS)
+    try:
+        with torch.no_grad():
+            for size in (0, 0.02, 0.04, 0.5, 0.52, 0.1):  # small moves, a jump, small, a jump from the last computed
+                with model.cache_context("cond"):
+                    model(**{**kwargs, "hidden_states": hidden + size * noise})
+                applied.step_done()
+        changes, summary = applied.changes(), applied.summary()
+    finally:
+        applied.undo()
+    computed = [s["computed"] == BLOCKS for s in applied.steps]
+    assert computed == [True, False, False, True, False, True]  # both verdicts met
+    assert computed[1:] == [change > 0.1 for change in changes]
+    assert summary["changes"] == {"compared": 5, "min": round(min(changes), 4),
+                                  "median": round(sorted(changes)[2], 4), "max": round(max(changes), 4)}
+
+
 def test_block_metadata_is_read_from_each_blocks_forward():
     from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoTransformerBlock
     from diffusers.models.transformers.transformer_ltx2 import LTX2VideoTransformerBlock
@@ -298,6 +321,22 @@ def test_a_threshold_cache_that_skipped_nothing_says_which_parameter_decides(cac
     assert (hint in line) if hint else "(it skips where" not in line
 
 
+def test_a_threshold_caches_line_sets_the_changes_it_measured_against_its_threshold():
+    from dit_accel.commands.generate import _cache_line
+
+    changes = {"compared": 6, "min": 0.0612, "median": 0.0956, "max": 0.1389}
+    none_skipped = [{"passes": 2, "computed": 6, "full": 6}] * 4
+    ran = {"cache": "cache=fbc", "method": "m", "passes": 8, "work_computed": 1.0, "hooked_modules": 3,
+           "per_step": none_skipped, "changes": changes}
+    assert ("less than its threshold, 0.05; the changes it measured ran 0.061 to 0.139, median 0.096: a larger one "
+            "skips more") in _cache_line("native+cache=fbc", ran, 0)
+    skipped = {**ran, "cache": "cache=fbc:0.1", "work_computed": 0.5,
+               "per_step": [{"passes": 2, "computed": 2, "full": 6}] * 4}
+    line = _cache_line("native+cache=fbc:0.1", skipped, 0)
+    assert "; the changes it measured ran 0.061 to 0.139, median 0.096, against its threshold, 0.1;" in line
+    assert "(it skips where" not in line
+
+
 # --- the peer: cache-dit's DBCache, on a whole pipeline -------------------------------------------------------------
 
 def _wan_video(pipe, **kwargs):
@@ -321,6 +360,8 @@ def test_cache_dit_dbcache_counts_what_it_skipped_and_comes_off_bit_identical(ti
     summary = applied.summary()["step_cache"][0]
     assert summary["method"] == "cache-dit DBCache" and summary["hooked_modules"] == 2  # the tiny Wan's blocks
     assert [s["computed"] for s in summary["per_step"]] == [4, 4, 2, 2, 2, 2]  # 2 passes a step (the guidance)
+    # each pass after the warm-up compared (cache-dit's own record), every change under the threshold it skipped at
+    assert summary["changes"]["compared"] == 8 and summary["changes"]["max"] < 0.5
     assert np.array_equal(_wan_video(pipe), before)
 
 
