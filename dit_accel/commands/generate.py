@@ -141,11 +141,16 @@ def _needs_mag_ratios(attention: Recipe) -> bool:
     return attention.cache is not None and attention.cache.method == "mag" and not attention.cache.calibrate
 
 
-def check_mag_ratios(attention: Recipe, folder: Path) -> None:
-    """A UserError before the pipeline loads when `+cache=mag` has no ratios measured for this pipeline yet."""
+def _calibrates_mag(attention: Recipe) -> bool:
+    return attention.cache is not None and attention.cache.method == "mag" and attention.cache.calibrate
+
+
+def check_mag_ratios(attention: Recipe, folder: Path, *, calibrated_before: bool = False) -> None:
+    """A UserError before the pipeline loads when `+cache=mag` has no ratios measured for this pipeline yet, nor
+    does an earlier run of the same call measure them (`calibrated_before`)."""
     from ..patching.step_cache import load_mag_ratios
 
-    if _needs_mag_ratios(attention) and load_mag_ratios(folder) is None:
+    if _needs_mag_ratios(attention) and not calibrated_before and load_mag_ratios(folder) is None:
         calibrate = attention.label.replace(attention.cache.label, attention.cache.label + ":calibrate")
         raise UserError(f"{attention.label}: MagCache needs this pipeline's ratios, measured once; run --attn "
                         f"{calibrate} first (it skips nothing and keeps them)")
@@ -204,17 +209,32 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
     return table
 
 
+def _comparisons_table(comparisons: list[dict]) -> Table:
+    """Each --attn against the reference, a row each: the speed-ups and the video's PSNR/SSIM (per frame in
+    report.json)."""
+    table = Table(title=f"each attention against {comparisons[0]['reference']}, same seed (one run each)")
+    for name in ("attention", "median step", "all steps", "whole call", "PSNR dB mean", "SSIM mean", "SSIM min"):
+        table.add_column(name, justify="left" if name == "attention" else "right")
+    for c in comparisons:
+        table.add_row(c["candidate"], *(f"{c[k]:.2f}x" for k in ("median_step_speedup", "denoise_speedup",
+                                                                 "total_speedup")),
+                      "inf" if math.isinf(c["psnr_db_mean"]) else f"{c['psnr_db_mean']:.2f}",
+                      f"{c['ssim_mean']:.4f}", f"{c['ssim_min']:.4f}")
+    return table
+
+
 @click.command("generate")
 @click.option("--pipeline", "pipeline_dir", type=click.Path(path_type=Path), required=True,
               help="Local diffusers pipeline folder (model_index.json, or modular_model_index.json for "
                    "MiniMax-H3); never fetched from a hub.")
-@click.option("--attn", type=RecipeParam(), default=None,
+@click.option("--attn", type=RecipeParam(many=True), default=None,
               help=f"Attention: {ATTENTION_HELP}. bf16/native leave the pipeline's own attention alone; fp8 is our "
-                   "FP8 kernel (sm_89+ GPUs). Default native (the pipeline's own attention, in its dtype), or fp8 "
-                   "with --compare.")
+                   "FP8 kernel (sm_89+ GPUs). Several, separated by commas, run one after another on the same "
+                   "pipeline, seed and prompt (e.g. one recipe with each step cache). Default native (the "
+                   "pipeline's own attention, in its dtype), or fp8 with --compare.")
 @click.option("--compare", type=RecipeParam(), default=None,
               help="Also run the same seed with this attention first (e.g. bf16); report per-frame PSNR/SSIM of "
-                   "--attn against it and the speed-up.")
+                   "each --attn against it and the speed-ups.")
 @linear_option()
 @compile_option()
 @click.option("--prompt", default=DEFAULT_PROMPT, show_default=True)
@@ -261,11 +281,14 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
     from ..pipelines.running import AttentionUnavailable, Request
     from ..pipelines.video_io import mp4_writer
 
-    attention = (attn or parse_recipe("fp8" if compare else "native")).with_options(
-        fp8_linear=linear == "fp8", compile_mode=compile_mode)  # the reference (--compare) runs as named
-    if compare and attention.label == compare.label:
-        raise UserError(f"--compare {compare.label} compares another attention against {compare.label}; "
-                        f"pass --attn fp8")
+    candidates = [choice.with_options(fp8_linear=linear == "fp8", compile_mode=compile_mode)
+                  for choice in attn or [parse_recipe("fp8" if compare else "native")]]  # --compare runs as named
+    labels = [choice.label for choice in candidates]
+    if compare and compare.label in labels:
+        raise UserError(f"--compare {compare.label} compares other attentions against {compare.label}; "
+                        f"leave it out of --attn (e.g. --attn fp8)")
+    if len(set(labels)) < len(labels):
+        raise UserError(f"--attn names {next(x for x in labels if labels.count(x) > 1)} twice; name each once")
     folder = inspect_pipeline_folder(pipeline_dir)
     mp4_writer()  # the video is written after every run: refuse now, not after the runs
     suggested = read_run_defaults(pipeline_dir)
@@ -291,22 +314,23 @@ def generate(pipeline_dir, attn, compare, linear, compile_mode, prompt, frames, 
         device = group.device if group else pick_device(device_name)
         if group and not group.is_main:
             console.quiet = True  # rank 0 speaks and writes for all
-        order = (compare, attention) if compare else (attention,)  # the reference first
+        order = (compare, *candidates) if compare else tuple(candidates)  # the reference first
         for choice in order:
             try:
                 check_attention(choice, device)
             except AttentionUnavailable as exc:
                 raise UserError(_unavailable_line(exc, as_reference=choice is compare,
-                                                  defaulted=attn is None and choice is attention)) from exc
+                                                  defaulted=attn is None and choice is not compare)) from exc
         check_offload(offload, device)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         check_video_fits(request, len(order))
-        for choice in order:  # FP8 linears, MagCache's ratios: refused before the pipeline loads
+        for i, choice in enumerate(order):  # FP8 linears, MagCache's ratios: refused before the pipeline loads
             reason = choice.fp8_linear and fp8_linear_unavailable_reason(device, dtype)
             if reason:
                 raise UserError(f"{choice.label}: {reason}")
-            check_mag_ratios(choice, folder.path)
-        settings = GenerateSettings(folder, request, device, dtype, order, warmup, offload, group, skip_crossover)
+            check_mag_ratios(choice, folder.path, calibrated_before=any(_calibrates_mag(c) for c in order[:i]))
+        settings = GenerateSettings(folder, request, device, dtype, order, warmup, offload, group, skip_crossover,
+                                    reference=compare is not None)
         with (staged if group is None or group.is_main else _scratch_dir()) as run_dir:
             report = _generate(settings, run_dir)
         finished = True
@@ -397,6 +421,7 @@ def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
     from ..loading.offload import host_to_device_gbps
     from ..pipelines.pipeline_folder import load_pipeline, streamed_bytes
     from ..pipelines.parallel import apply_ulysses
+    from ..patching.apply import drop_compiled
     from ..pipelines.generate_report import build_header, build_report, compare_runs, streaming_figures, write_outputs
     from ..report_io import write_json
 
@@ -412,7 +437,11 @@ def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
         pipe = load_pipeline(s.folder, device=s.device, dtype=s.dtype, offload=s.offload)
         if s.group:
             apply_ulysses(pipe, s.group.degree)
-    runs = [_run(pipe, s.request, s.device, choice, s.warmup, s.folder.path) for choice in s.attention]
+    runs = []
+    for i, choice in enumerate(s.attention):
+        if i and s.attention[i - 1].compile_mode is not None:
+            drop_compiled(pipe)  # each recipe compiles as it would in a process of its own
+        runs.append(_run(pipe, s.request, s.device, choice, s.warmup, s.folder.path))
     files, videos = write_outputs(run_dir, runs)
     streaming = None
     if s.offload == "stream":
@@ -430,13 +459,15 @@ def _generate(settings: GenerateSettings, run_dir: Path) -> dict:
             console.print(f"note: {note}")
         for cache in patch.get("step_cache", ()):
             console.print(_cache_line(run.attention, cache, run.graphs_compiled))
-    comparison = None
-    if len(runs) == 2:
-        comparison = compare_runs(*runs)
+    comparisons = [compare_runs(runs[0], run) for run in runs[1:]] if s.reference else []
+    if len(comparisons) == 1:
+        comparison = comparisons[0]
         console.print(_quality_table(comparison, comparison["reference"], comparison["candidate"]))
         console.print(f"speed-up of {comparison['candidate']} over {comparison['reference']} (one run each): median "
                       f"step {comparison['median_step_speedup']:.2f}x, all steps {comparison['denoise_speedup']:.2f}x, "
                       f"whole call {comparison['total_speedup']:.2f}x")
-    report = build_report(s, header, runs, videos, files, streaming, comparison, crossover)
+    elif comparisons:
+        console.print(_comparisons_table(comparisons))
+    report = build_report(s, header, runs, videos, files, streaming, comparisons, crossover)
     write_json(run_dir / "report.json", report)
     return report

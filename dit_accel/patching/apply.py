@@ -238,6 +238,17 @@ def _compiled(fn, mode: str):
     return torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)(torch.compile(fn, mode=mode))
 
 
+def drop_compiled(target: Any) -> None:
+    """What an earlier `keep_compiled` left compiled on `target` (a model or a pipeline) taken off, dynamo's caches
+    with it: the next recipe compiles afresh, as in a process of its own (generate runs several recipes in one;
+    kept, each would recompile the same frames under new guards, toward dynamo's recompile limit)."""
+    from ..loading.offload import own_forwards
+
+    modules = [m for model in denoisers(target) for m in (model if isinstance(model, nn.ModuleList) else [model])]
+    _uncompile([m for m in modules if m._compiled_call_impl is not None],
+               [forward for m in modules for forward in own_forwards(m) if forward.compiled])
+
+
 def _uncompile(modules: list[nn.Module], own: list) -> None:
     """Back to the eager modules and forwards; dynamo's caches hold the compiled graphs (and with them the weights):
     dropped."""

@@ -34,6 +34,7 @@ class GenerateSettings:
     offload: str
     group: UlyssesGroup | None  # --ulysses: the process group, else None
     skip_crossover: bool = False  # --skip-crossover: route by the conservative rule where the GPU has no data
+    reference: bool = False  # the first run is --compare's, which the others are compared against
 
 
 def file_tag(label: str) -> str:
@@ -98,9 +99,9 @@ def build_header(settings: GenerateSettings, runs: list[RunResult], streaming: d
 
 def build_report(settings: GenerateSettings, header: dict[str, str], runs: list[RunResult],
                  videos: list[dict[str, Any]], files: list[str], streaming: dict | None,
-                 comparison: dict | None, crossover: dict | None = None) -> dict[str, Any]:
-    """report.json's content. crossover: what routed our kernel's calls by shape (`MeasuredHere.as_dict`), None
-    where no run routes."""
+                 comparisons: list[dict], crossover: dict | None = None) -> dict[str, Any]:
+    """report.json's content. comparisons: each run against the reference (`compare_runs`; none without --compare);
+    crossover: what routed our kernel's calls by shape (`MeasuredHere.as_dict`), None where no run routes."""
     folder = settings.folder
     return {"dit_accel_version": __version__, "command": command_line(),
             "provenance": provenance(seed=settings.request.seed, device=settings.device),
@@ -111,4 +112,4 @@ def build_report(settings: GenerateSettings, header: dict[str, str], runs: list[
             "request": settings.request.as_dict(), "warmup": settings.warmup, "offload": settings.offload,
             "streaming": streaming, "ulysses_degree": settings.group.degree if settings.group else 1,
             "runs": [run.as_dict() for run in runs], "outputs": videos,
-            "comparison": comparison, "crossover": crossover, "files": [*files, "report.json"]}
+            "comparisons": comparisons, "crossover": crossover, "files": [*files, "report.json"]}

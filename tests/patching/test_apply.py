@@ -6,7 +6,7 @@ import pytest
 import torch
 from testing import small_block, tiny_h3_transformer
 
-from dit_accel.patching.apply import apply_recipe
+from dit_accel.patching.apply import apply_recipe, drop_compiled
 from dit_accel.patching.recipe import parse_recipe
 
 
@@ -79,7 +79,12 @@ def test_compile_is_undone_unless_kept():
     assert model._compiled_call_impl is compiled is not None
     with apply_recipe(model, parse_recipe("native+max-autotune")):  # an already compiled model is not recompiled
         assert model._compiled_call_impl is compiled
-    model._compiled_call_impl = None
+    drop_compiled(_Pipeline(model, torch.nn.Linear(4, 4)))  # what generate does between recipes: compiled afresh
+    assert model._compiled_call_impl is None
+    with apply_recipe(model, parse_recipe("native+max-autotune"), keep_compiled=True):
+        assert model._compiled_call_impl is not None and model._compiled_call_impl is not compiled
+    drop_compiled(model)
+    assert model._compiled_call_impl is None
 
 
 class _Pipeline:

@@ -288,6 +288,38 @@ def test_the_commands_refuse_a_cache_where_it_cannot_work(tmp_path, tiny_wan):
     assert result.exit_code == 2 and "cache=mag:calibrate first" in result.output and not (tmp_path / "c").exists()
 
 
+def test_generate_runs_several_caches_against_one_reference_in_one_call(tmp_path, tiny_wan, monkeypatch):
+    """Several --attn, one call: each run in order after the reference, each compared against it (a table, and
+    report.json's comparisons); MagCache's calibration earlier in the list serves its cached run after it."""
+    import json
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the ratios it keeps stay with this test
+
+    out = tmp_path / "run"
+    recipes = ["native+cache=mag:calibrate", "native+cache=mag", "native+cache=fbc:0.5"]
+    result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--attn", ",".join(recipes),
+                                       "--compare", "native", "--steps", "4", "--no-warmup", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert [run["attention"] for run in report["runs"]] == ["native", *recipes]
+    assert [(c["reference"], c["candidate"]) for c in report["comparisons"]] == [("native", r) for r in recipes]
+    assert report["runs"][2]["attention_patch"]["step_cache"][0]["calibration"] is None  # read, not measured
+    assert report["runs"][1]["attention_patch"]["step_cache"][0]["calibration"]  # measured, then kept
+    calibration = report["comparisons"][0]  # skips nothing: the reference's video, bit for bit
+    assert calibration["identical_frames"] == len(calibration["psnr_db_per_frame"]) > 0
+    assert len([f for f in report["files"] if f.endswith(".mp4")]) == 4
+    assert "each attention against native" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--attn", "native,native+cache=fbc,native"], "--attn names native twice; name each once"),
+    (["--attn", "native+cache=fbc,native", "--compare", "native"], "leave it out of --attn"),
+])
+def test_generate_refuses_a_recipe_named_twice(tmp_path, tiny_wan, args, message):
+    result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), *args, "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and message in result.output and not (tmp_path / "r").exists()
+
+
 def test_generate_reports_what_the_cache_skipped_beside_the_uncached_run(tmp_path, tiny_wan):
     out = tmp_path / "run"
     result = CliRunner().invoke(main, ["generate", "--pipeline", str(tiny_wan), "--attn", "native+cache=fbc:0.5",
@@ -298,7 +330,7 @@ def test_generate_reports_what_the_cache_skipped_beside_the_uncached_run(tmp_pat
     report = json.loads((out / "report.json").read_text())
     cache = report["runs"][1]["attention_patch"]["step_cache"][0]
     assert cache["cache"] == "cache=fbc:0.5" and len(cache["per_step"]) == 4 and cache["work_computed"] < 1
-    assert report["comparison"]["psnr_db_mean"] > 20  # the video against the uncached run's
+    assert report["comparisons"][0]["psnr_db_mean"] > 20  # the video against the uncached run's
     text = " ".join(result.output.split())
     assert "First Block Cache over 8 transformer passes" in text
     assert f"to predict it: plan RUN --cache fbc:0.5 --cache-skip {cache_skip_measured(cache):.3f}" in text

@@ -42,7 +42,7 @@ def test_generate_writes_a_playable_video_and_a_report(tiny_wan, tmp_path):
     assert stages["text_encoding_ms"] > 0 and stages["vae_decode_ms"] > 0
     assert all(ms > 0 for ms in stages["step_ms"])
     assert stages["denoise_ms"] + stages["text_encoding_ms"] + stages["vae_decode_ms"] <= stages["total_ms"]
-    assert report["request"]["seed"] == 3 and report["comparison"] is None
+    assert report["request"]["seed"] == 3 and report["comparisons"] == []
     # the pipeline's own attention in its dtype (fp32 on the CPU): named native, not bf16
     assert report["runs"][0]["attention"] == "native" and "native attention, ms" in result.output
     assert report["outputs"][0]["frames"] == WAN_DEFAULTS["frames"]
@@ -73,7 +73,7 @@ def test_compare_reports_quality_and_speedup(tiny_wan, tmp_path, monkeypatch, fa
     report, patch = compare_with_fake_fp8(tiny_wan, out, monkeypatch)
     # Every attention call of the fp8 run (and none of the bf16 run: no warm-up) reached the fake.
     assert patch["served_calls"] > 0 and len(fake_backend.calls) == patch["served_calls"]
-    comparison = report["comparison"]
+    comparison = report["comparisons"][0]
     assert len(comparison["psnr_db_per_frame"]) == len(comparison["ssim_per_frame"]) == WAN_DEFAULTS["frames"]
     assert comparison["ssim_min"] > 0.9
     assert comparison["psnr_db_min"] is None or comparison["psnr_db_min"] > 30  # None: identical (inf)
@@ -268,7 +268,7 @@ def test_make_tiny_pipeline_refuses_a_transformer_it_cannot_take_in_one_line(tmp
 def test_generate_on_the_gpu_in_bf16_and_fp8(tiny_wan, tmp_path, monkeypatch):
     """On an sm_89+ GPU: the tiny pipeline in bf16 against fp8 attention (the real kernel)."""
     report, fp8_run = compare_with_the_fp8_kernel(tiny_wan, tmp_path / "run", monkeypatch)
-    assert report["comparison"]["ssim_mean"] > 0.5
+    assert report["comparisons"][0]["ssim_mean"] > 0.5
     # Every attention call went to the FP8 kernel (the tiny pipeline's head dim, 64, is one it takes).
     assert fp8_run["attention_patch"]["served_calls"] > 0
     assert fp8_run["attention_patch"]["fallback_calls"] == {}

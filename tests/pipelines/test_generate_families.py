@@ -93,7 +93,7 @@ def test_compare_routes_every_attention_call(tiny_folders, tmp_path, monkeypatch
     report, patch = compare_with_fake_fp8(folder, out, monkeypatch)
     assert patch["served_calls"] == d["steps"] * facts.passes_per_step * facts.attention_calls_per_pass
     assert len(fake_backend.calls) == patch["served_calls"]
-    comparison = report["comparison"]
+    comparison = report["comparisons"][0]
     assert len(comparison["psnr_db_per_frame"]) == d["frames"]
     assert comparison["ssim_min"] > 0.9  # the fake computes what native attention computes
     for name in ("video_bf16.mp4", "video_fp8.mp4"):

@@ -93,8 +93,8 @@ def test_compare_sends_every_h3_attention_call_to_the_patched_backend(tiny_h3, t
     attention call of the fp8 run (blocks and text refiner, every step) reaches the backend, none falls back."""
     report, patch = compare_with_fake_fp8(tiny_h3, tmp_path / "run", monkeypatch)
     assert patch["served_calls"] == len(fake_backend.calls) == ATTENTION_CALLS_PER_STEP * H3_DEFAULTS["steps"]
-    assert len(report["comparison"]["psnr_db_per_frame"]) == H3_DEFAULTS["frames"]
-    assert report["comparison"]["ssim_min"] > 0.9
+    assert len(report["comparisons"][0]["psnr_db_per_frame"]) == H3_DEFAULTS["frames"]
+    assert report["comparisons"][0]["ssim_min"] > 0.9
     assert report["files"] == ["video_bf16.mp4", "audio_bf16.wav", "video_fp8.mp4", "audio_fp8.wav", "report.json"]
 
 
@@ -159,4 +159,4 @@ def test_generate_h3_on_the_gpu_in_bf16_and_fp8(tiny_h3, tmp_path, monkeypatch):
     # Head dim 64 is one the kernel takes: no call falls back.
     assert fp8_run["attention_patch"]["served_calls"] == ATTENTION_CALLS_PER_STEP * H3_DEFAULTS["steps"]
     assert fp8_run["attention_patch"]["fallback_calls"] == {}
-    assert report["comparison"]["ssim_mean"] > 0.5
+    assert report["comparisons"][0]["ssim_mean"] > 0.5
