@@ -151,14 +151,15 @@ if [[ " $steps " == *" routing "* ]]; then
   cp "$XDG_CACHE_HOME"/dit-accel/crossover/*.json "$work/routing/crossover-measured.json" 2>/dev/null
 fi
 # Step caches on a real-size transformer in its pipeline (make-tiny-pipeline --transformer: random weights of
-# realistic scale, tiny text encoder and VAE) over the pipeline's own 50 steps: each cache method with diffusers'
-# default attention and with our full recipe, beside the same recipe without a cache (each report.json has the
-# passes the cache skipped and the graphs compiled during the run), and the block profiled at the same video, with
-# the transformer outside its blocks, for `plan --cache` ($work/caches/FAMILY/block; plan --cache taylorseer --verify
-# beside it runs the whole video under TaylorSeer on the transformer alone). The pipeline folder is kept
-# between calls on a warm machine; dbcache (cache-dit, the peer) needs its wheel in .whl/. CACHE_FAMILIES (wan,
-# cogvideox), CACHE_RECIPES, CACHE_METHODS, CACHE_BLOCK_RECIPES (empty: the eager block alone) and CACHE_VERIFY=0
-# (no plan --verify) choose a part.
+# realistic scale, tiny text encoder and VAE) over the pipeline's own 50 steps: per recipe (diffusers' default
+# attention, our full recipe) and group of caches, one generate call that runs the recipe without a cache, then
+# with each cache of the group, each compared against it (report.json: each run's skipped passes, the changes a
+# threshold cache measured, the graphs compiled during its timed call; the speed-ups and PSNR/SSIM). The block is
+# profiled at the same video, with the transformer outside its blocks, for `plan --cache` ($work/caches/FAMILY/block;
+# plan --cache taylorseer --verify beside it runs the whole video under TaylorSeer on the transformer alone). The
+# pipeline folder is kept between calls on a warm machine; dbcache (cache-dit, the peer) needs its wheel in .whl/.
+# CACHE_FAMILIES (wan, cogvideox), CACHE_RECIPES, CACHE_GROUPS (groups separated by spaces, caches within one by
+# commas), CACHE_BLOCK_RECIPES (empty: the eager block alone) and CACHE_VERIFY=0 (no plan --verify) choose a part.
 if [[ " $steps " == *" caches "* ]]; then
   for family in ${CACHE_FAMILIES:-wan}; do
     case $family in  # the preset and a short video at the pipeline's own size
@@ -174,11 +175,12 @@ if [[ " $steps " == *" caches "* ]]; then
     [[ -d $c/block ]] || timed "caches-$family-block" 400 python3 -m dit_accel profile-block --model "$family" \
       --preset "$preset" $video --outside measure ${block_recipes:+--compare-attn $block_recipes} --runs 5 \
       --warmup 2 --out "$c/block"
-    for cache in none ${CACHE_METHODS:-taylorseer dbcache fbc pab faster mag:calibrate mag}; do
-      for recipe in ${CACHE_RECIPES:-native fp8+fp8-linear+compile}; do  # both recipes of a method, then the next
-        name=$recipe; [[ $cache == none ]] || name=$recipe+cache=$cache
-        [[ -f $c/$name/report.json ]] || timed "caches-$family-$name" 300 python3 -m dit_accel generate \
-          --pipeline "$c/pipeline" $video --attn "$name" --out "$c/$name"
+    for recipe in ${CACHE_RECIPES:-fp8+fp8-linear+compile native}; do
+      for group in ${CACHE_GROUPS:-taylorseer,pab,faster fbc:0.2,dbcache:0.2 mag:calibrate,mag}; do
+        name=$recipe--${group//,/-}
+        [[ -f $c/$name/report.json ]] || timed "caches-$family-$name" 400 python3 -m dit_accel generate \
+          --pipeline "$c/pipeline" $video --compare "$recipe" --attn "$recipe+cache=${group//,/,$recipe+cache=}" \
+          --out "$c/$name"
       done
     done
     # last: plan's TaylorSeer prediction beside the whole video run under it (transformer alone, every knob verified)
