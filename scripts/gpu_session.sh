@@ -183,7 +183,12 @@ if [[ " $steps " == *" caches "* ]]; then
           --out "$c/$name"
       done
     done
-    # last: plan's TaylorSeer prediction beside the whole video run under it (transformer alone, every knob verified)
+    # plan's prediction of every run above beside what it measured (no GPU work), then, last, its TaylorSeer
+    # prediction beside the whole video run under it (transformer alone, every knob verified)
+    runs=$(for d in "$c"/*--*/; do [[ -f $d/report.json ]] && printf -- '--cache-run %q ' "${d%/}"; done)
+    [[ -z $runs || ! -d $c/block ]] || timed "caches-$family-plan-runs" 120 bash -c \
+      "rm -rf '$c/plan-cache-runs' && python3 -m dit_accel plan '$c/block' $runs --gpu h100-sxm,h200 --out '$c/plan-cache-runs'"
+
     [[ ${CACHE_VERIFY:-1} == 0 || -d $c/plan-taylorseer ]] || (cd "$c" && timed "caches-$family-plan" 560 \
       python3 -m dit_accel plan block --cache taylorseer --verify --out plan-taylorseer)
   done

@@ -59,6 +59,10 @@ class SkipRatio(FiniteFloat):
               help="The fraction a cache whose skips the weights or the pipeline's timesteps decide skips: of the "
                    "passes (fbc, mag, dbcache), of the self-attention forwards (pab, faster) (e.g. 0.4; a generate "
                    "run with it says: passes per step, and the work computed).")
+@click.option("--cache-run", "cache_runs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              help="A dit-accel generate run of the block's video and steps on this GPU (repeatable): each of its "
+                   "runs predicted, a cached one from its cache and the skip fraction it measured, from its "
+                   "recipe's knobs, beside the transformer's time a pass that run measured.")
 @click.option("--verify", is_flag=True,
               help="Run every knob combination this GPU can run on the run's block and inputs (profile-block with "
                    "the run's options, into a profile-block_verify folder of its own; with --memory-budget also the "
@@ -72,17 +76,18 @@ class SkipRatio(FiniteFloat):
                    "figure with the error: how far the other-GPU rows' model carries.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for plan.json and plan.csv (default: outputs/plan_<run>_<time>).")
-def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_text, cache_skip, verify,
+def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_text, cache_skip, cache_runs, verify,
          check_evidence, out_dir):
     """Predict what each knob and each other GPU would give, from one profile-block run."""
     from ..attention.crossover import for_run
     from ..patching.step_cache import parse_cache
     from ..planning.cached import cache_plan
     from ..planning.gpus import datasheets, gpu_named, gpu_of_device
-    from ..planning.measured import read_baseline, streamed_passes
+    from ..planning.measured import generate_runs, read_baseline, streamed_passes
     from ..planning.predict import Rates
 
     baseline = read_baseline(run)
+    generated = [found for folder in cache_runs for found in generate_runs(folder, baseline)]
     cache = None
     if cache_text is not None or cache_skip is not None:
         cache = cache_plan(parse_cache(cache_text or "fbc"), baseline.steps, cache_skip)
@@ -124,7 +129,7 @@ def plan(run, gpu_keys, memory_budget, host_link_gbps, gpus, link_gbps, cache_te
     rates = Rates.of(baseline)
     crossover, crossover_note = for_run(rates_from, baseline.device_name)
     plan_data = build_plan(baseline, rates, (crossover, crossover_note), here, targets, memory_budget, host_link_gbps,
-                           gpus, link_gbps, cache)
+                           gpus, link_gbps, cache, generated)
     plan_data["verified_in"], plan_data["not_verified"] = verified_in, not_verified
     from ..planning.evidence import check, evidence_note
 
@@ -308,9 +313,10 @@ def _verify_streaming(run: Path, baseline, recipe: str, budget, out: Path) -> Pa
 
 
 def build_plan(baseline, rates, routing, here, targets, memory_budget, host_link_gbps, gpus, link_gbps,
-               cache=None) -> dict[str, Any]:
+               cache=None, generated=()) -> dict[str, Any]:
     """The plan's content. routing: (the crossover data our kernel's rates come from, None without any; the line
-    saying which, `crossover.for_run`); cache: a `planning.cached.CachePlan` to predict, or None."""
+    saying which, `crossover.for_run`); cache: a `planning.cached.CachePlan` to predict, or None; generated: the
+    runs of generate runs to predict beside what they measured (`measured.generate_runs`)."""
     from ..planning.gpus import datasheets
     from ..planning.knobs import KNOB_NAMES
     from ..planning.predict import (ALL_KNOBS, ASSUMPTIONS, FP8_ATTENTION_ESTIMATE, GIB, KNOB_MODELS, fits, knob_sets,
@@ -345,6 +351,7 @@ def build_plan(baseline, rates, routing, here, targets, memory_budget, host_link
     knobs_rows += _scaling_rows(baseline, here, rates, sets, memory_budget, host_link_gbps, gpus, link_gbps)
     if cache is not None:
         knobs_rows += _cache_rows(baseline, cache, predicted, rates)
+    knobs_rows += _generated_rows(baseline, generated, predicted, rates)
 
     gpu_rows = []
     for target in targets:
@@ -446,9 +453,65 @@ def _stream_row(baseline, knobs: frozenset, block_ms: dict[str, float], pass_ms:
 def _cache_rows(baseline, cache, predicted, rates) -> list[dict]:
     """The step cache `cache` (`planning.cached.CachePlan`) on the baseline and on the full recipe. predicted: knob
     set -> its blocks (`BlockPrediction` by stack)."""
-    from ..planning.cached import cached_pass_ms, kept_blocks
     from ..planning.knobs import knobs_of
-    from ..planning.predict import ALL_KNOBS, video_seconds
+    from ..planning.predict import ALL_KNOBS
+
+    rows = []
+    for knobs in (frozenset(), ALL_KNOBS):
+        row = _cache_row(baseline, cache, knobs, predicted[knobs], rates)
+        video = next((v for v in baseline.cached_videos
+                      if v["cache"] == cache.label and knobs_of(v["recipe"]) == knobs), None)
+        if video:
+            row["measured"] = _measured_pass(row["pass_ms"], video, f"{video['recipe']}, --validate model --cache "
+                                                                     f"{cache.spec.written}")
+            row["measured"]["work_computed"] = round(video["work_computed"], 4)
+        rows.append(row)
+    return rows
+
+
+def _generated_rows(baseline, generated, predicted, rates) -> list[dict]:
+    """Each generate run's prediction (`measured.generate_runs`) beside what it measured: a cached run from its
+    cache and the skip fraction it measured (TaylorSeer from its schedule), an uncached one the recipe's pass; a
+    recipe plan has no knob set for (say fp8+rope) gets a row saying so."""
+    from ..patching.step_cache import parse_cache
+    from ..planning.cached import cache_plan, cache_skip_measured
+    from ..planning.knobs import knobs_of
+    from ..planning.predict import pass_ms_of, video_seconds
+
+    rows = []
+    for found in generated:
+        knobs, summary = knobs_of(found["recipe"]), found["cache"]
+        what = f"{found['label']}, generate"
+        if knobs not in predicted:
+            rows.append({"knobs": found["label"], "gpu": baseline.device_name, "basis": "not predicted",
+                         "model": f"{found['recipe']} is no knob set plan predicts", "measured":
+                         {"recipe": what, "run": found["run"], "pass_ms": round(found["pass_ms"], 1)}})
+            continue
+        if summary is None:
+            pass_ms = pass_ms_of(baseline, {stack: block.ms for stack, block in predicted[knobs].items()})
+            row = {"knobs": f"{knobs_label(knobs)} (whole video)", "gpu": baseline.device_name,
+                   "pass_ms": round(pass_ms, 1), "video_s": round(video_seconds(baseline, pass_ms), 1),
+                   "basis": "predicted from this run", "model": "the block's pass, no cache"}
+        else:
+            spec = parse_cache(summary["cache"].removeprefix("cache="))
+            cache = cache_plan(spec, baseline.steps, cache_skip_measured(summary))
+            row = _cache_row(baseline, cache, knobs, predicted[knobs], rates)
+        row["measured"] = _measured_pass(row["pass_ms"], found, what)
+        rows.append(row)
+    return rows
+
+
+def _measured_pass(predicted_ms: float, measured: dict, recipe: str) -> dict:
+    """A row's measured pass (averaged over a whole video) and the prediction's difference from it."""
+    return {"recipe": recipe, "run": measured["run"], "pass_ms": round(measured["pass_ms"], 1),
+            "graphs_compiled": measured["graphs_compiled"],
+            "difference_pct": {"pass": round(100 * (predicted_ms / measured["pass_ms"] - 1), 1)}}
+
+
+def _cache_row(baseline, cache, knobs, blocks, rates) -> dict:
+    """The row of the step cache `cache` on the knob set `knobs`, from its predicted `blocks` (by stack)."""
+    from ..planning.cached import cached_pass_ms, kept_blocks
+    from ..planning.predict import video_seconds
 
     kept = kept_blocks(cache.spec) if cache.saves == "passes" else 0
     model = {"passes": "a skipped pass runs the outside of the blocks" + (
@@ -458,23 +521,11 @@ def _cache_rows(baseline, cache, predicted, rates) -> list[dict]:
              "self-attention": "a skipped forward of a self-attention module " + (
                  "extrapolates its last two outputs (eager elementwise work)" if cache.spec.method == "faster"
                  else "returns its last output") + "; graph breaks not modelled"}
-    rows = []
-    for knobs in (frozenset(), ALL_KNOBS):
-        pass_ms = cached_pass_ms(baseline, cache, predicted[knobs], knobs, rates)
-        row = {"knobs": f"{knobs_label(knobs)} + {cache.label}", "gpu": baseline.device_name,
-               "pass_ms": round(pass_ms, 1), "video_s": round(video_seconds(baseline, pass_ms), 1),
-               "basis": "predicted from this run",
-               "model": f"{cache.source} ({cache.skipped:.0%} skipped); {model[cache.saves]}"}
-        video = next((v for v in baseline.cached_videos
-                      if v["cache"] == cache.label and knobs_of(v["recipe"]) == knobs), None)
-        if video:
-            row["measured"] = {"recipe": f"{video['recipe']}, --validate model --cache {cache.spec.written}",
-                               "run": video["run"], "pass_ms": round(video["pass_ms"], 1),
-                               "graphs_compiled": video["graphs_compiled"],
-                               "work_computed": round(video["work_computed"], 4),
-                               "difference_pct": {"pass": round(100 * (pass_ms / video["pass_ms"] - 1), 1)}}
-        rows.append(row)
-    return rows
+    pass_ms = cached_pass_ms(baseline, cache, blocks, knobs, rates)
+    return {"knobs": f"{knobs_label(knobs)} + {cache.label}", "gpu": baseline.device_name,
+            "pass_ms": round(pass_ms, 1), "video_s": round(video_seconds(baseline, pass_ms), 1),
+            "basis": "predicted from this run",
+            "model": f"{cache.source} ({cache.skipped:.0%} skipped); {model[cache.saves]}"}
 
 
 def _scaling_rows(baseline, here, rates, sets, memory_budget, host_link_gbps, gpus, link_gbps) -> list[dict]:

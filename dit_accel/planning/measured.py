@@ -142,3 +142,42 @@ def read_baseline(folder: Path) -> Baseline:
                                           these[0].get("attention_rel_err"), output.get("rel_l2"),
                                           attention.get("tflops")))
     return baseline
+
+
+def generate_runs(folder: Path, baseline: Baseline) -> list[dict[str, Any]]:
+    """The runs of the generate run in `folder` as plan sets them beside its predictions, each: its label, recipe,
+    step cache summary (None uncached), the transformer's time a pass averaged over the video, the graphs compiled
+    during it. One UserError line when `folder` is not a generate run on the block's GPU, video and steps."""
+    import json
+
+    try:
+        report = json.loads((folder / "report.json").read_text())
+        runs, request = report["runs"], report["request"]
+        stages = [run["stages"]["transformer_ms_per_step"] for run in runs]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"{folder} is not a dit-accel generate run folder (a report.json with its runs' stage "
+                        f"times); give one, e.g. outputs/generate_...") from None
+    device = (report.get("device") or {}).get("name")
+    if device != baseline.device_name:
+        raise UserError(f"{folder} ran on {device or 'no GPU'} and the block on {baseline.device_name}: compare runs "
+                        f"of one GPU")
+    options = dict(o.removeprefix("--").partition("=")[::2] for o in baseline.rerun_options or ())
+    block = tuple(int(options[k]) if options.get(k, "").isdigit() else None for k in ("frames", "height", "width"))
+    video = (request.get("frames"), request.get("height"), request.get("width"))
+    if video != block or request.get("steps") != baseline.steps:
+        raise UserError(f"{folder} ran {_video(video)} over {request.get('steps')} steps and the block was profiled "
+                        f"for {_video(block)} over {baseline.steps}: profile the block at the generate run's video "
+                        f"(profile-block --frames F --height H --width W --steps N)")
+    found = []
+    for run, per_step in zip(runs, stages):
+        cache = ((run.get("attention_patch") or {}).get("step_cache") or [None])[0]
+        passes = cache["passes"] if cache else request["steps"] * baseline.passes
+        found.append({"label": run["attention"], "recipe": run["attention"].split("+cache=")[0], "cache": cache,
+                      "pass_ms": sum(per_step) / passes, "graphs_compiled": run.get("graphs_compiled"),
+                      "run": str(folder)})
+    return found
+
+
+def _video(video: tuple) -> str:
+    frames, height, width = video
+    return "the pipeline's own video" if None in video else f"{frames} frames of {height}x{width}"

@@ -901,3 +901,62 @@ def test_a_generate_runs_cache_summary_gives_the_skip_fraction_plan_takes(cache,
 def test_the_plan_of_a_cache_names_its_schedule():
     plan = cache_plan(parse_cache("taylorseer"), 50, None)  # diffusers' defaults: interval 5, warmup 3
     assert plan.saves == "attention" and plan.skipped == pytest.approx(1 - 13 / 50)
+
+
+# --- plan --cache-run: a generate run's passes, cached or not, beside their predictions ---------------------------
+
+def _generate_run(tmp_path, runs, *, frames=17, device="NVIDIA H200"):
+    """A generate run folder of 50 steps at `frames` x 480x832: each run (label, transformer ms a step, step cache
+    summary or None)."""
+    report = {"device": {"name": device}, "request": {"frames": frames, "height": 480, "width": 832, "steps": 50},
+              "runs": [{"attention": label, "stages": {"transformer_ms_per_step": [step_ms] * 50},
+                        "graphs_compiled": 0, "attention_patch": {"step_cache": [cache]} if cache else {}}
+                       for label, step_ms, cache in runs]}
+    folder = tmp_path / "generate"
+    folder.mkdir()
+    (folder / "report.json").write_text(json.dumps(report))
+    return folder
+
+
+def _block_of_the_video(tmp_path):
+    run = _report(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    report["rerun_options"] = ["--model=wan", "--frames=17", "--height=480", "--width=832"]
+    (run / "report.json").write_text(json.dumps(report))
+    return run
+
+
+def test_a_generate_runs_passes_are_set_beside_their_predictions(tmp_path):
+    """Each run of a generate run predicted: uncached from the recipe's pass, First Block Cache from the skip it
+    measured (half its passes: 25 steps of the 50 ran the first block alone), a recipe with no knob set said."""
+    fbc = {"cache": "cache=fbc:0.2", "method": "First Block Cache", "hooked_modules": 10, "passes": 100,
+           "work_computed": 0.55, "per_step": [{"passes": 2, "computed": 20 if i % 2 else 2, "full": 20}
+                                               for i in range(50)]}
+    folder = _generate_run(tmp_path, [("cudnn", 2000.0, None), ("cudnn+cache=fbc:0.2", 1200.0, fbc),
+                                      ("fa4", 1800.0, None)])
+    result = _plan(_block_of_the_video(tmp_path), "--cache-run", folder, "--gpu", "h200", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    rows = {row["knobs"]: row for row in json.loads((tmp_path / "p" / "plan.json").read_text())["knobs"]}
+    uncached = rows["baseline (whole video)"]
+    assert uncached["pass_ms"] == 1000.0 and uncached["measured"]["pass_ms"] == 1000.0  # 2000 ms a step, 2 passes
+    assert uncached["measured"]["difference_pct"] == {"pass": 0.0}
+    cached = rows["baseline + cache=fbc:0.2"]
+    # half the passes skipped, each running the first block (100 ms) and the outside (0): 0.5 x 1000 + 0.5 x 100
+    assert cached["pass_ms"] == 550.0 and "--cache-skip 0.5 (50% skipped)" in cached["model"]
+    assert cached["measured"] == {"recipe": "cudnn+cache=fbc:0.2, generate", "run": str(folder), "pass_ms": 600.0,
+                                  "graphs_compiled": 0, "difference_pct": {"pass": -8.3}}
+    assert rows["fa4"]["basis"] == "not predicted" and rows["fa4"]["measured"]["pass_ms"] == 900.0
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"frames": 21}, "ran 21 frames of 480x832 over 50 steps and the block was profiled for 17 frames of 480x832"),
+    ({"device": "NVIDIA H100 80GB HBM3"}, "ran on NVIDIA H100 80GB HBM3 and the block on NVIDIA H200"),
+])
+def test_a_generate_run_of_another_video_or_gpu_is_refused(tmp_path, change, message):
+    folder = _generate_run(tmp_path, [("cudnn", 2000.0, None)], **change)
+    result = _plan(_block_of_the_video(tmp_path), "--cache-run", folder, "--out", tmp_path / "p")
+    assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1
+    assert not (tmp_path / "p").exists()
+    (tmp_path / "again").mkdir()
+    result = _plan(_block_of_the_video(tmp_path / "again"), "--cache-run", tmp_path, "--out", tmp_path / "p")
+    assert result.exit_code == 2 and "is not a dit-accel generate run folder" in result.output
