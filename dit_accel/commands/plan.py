@@ -482,10 +482,15 @@ def _generated_rows(baseline, generated, predicted, rates) -> list[dict]:
     for found in generated:
         knobs, summary = knobs_of(found["recipe"]), found["cache"]
         what = f"{found['label']}, generate"
-        if knobs not in predicted:
+        spec = summary and parse_cache(summary["cache"].removeprefix("cache="))
+        skip = summary and (0.0 if spec.calibrate else cache_skip_measured(summary))  # a calibration skips nothing
+        why = (f"{found['recipe']} is no knob set plan predicts" if knobs not in predicted else
+               "its report has no per-step counts of what the cache ran" if summary and skip is None
+               and spec.method != "taylorseer" else None)
+        if why:
             rows.append({"knobs": found["label"], "gpu": baseline.device_name, "basis": "not predicted",
-                         "model": f"{found['recipe']} is no knob set plan predicts", "measured":
-                         {"recipe": what, "run": found["run"], "pass_ms": round(found["pass_ms"], 1)}})
+                         "model": why, "measured": {"recipe": what, "run": found["run"],
+                                                    "pass_ms": round(found["pass_ms"], 1)}})
             continue
         if summary is None:
             pass_ms = pass_ms_of(baseline, {stack: block.ms for stack, block in predicted[knobs].items()})
@@ -493,9 +498,7 @@ def _generated_rows(baseline, generated, predicted, rates) -> list[dict]:
                    "pass_ms": round(pass_ms, 1), "video_s": round(video_seconds(baseline, pass_ms), 1),
                    "basis": "predicted from this run", "model": "the block's pass, no cache"}
         else:
-            spec = parse_cache(summary["cache"].removeprefix("cache="))
-            cache = cache_plan(spec, baseline.steps, cache_skip_measured(summary))
-            row = _cache_row(baseline, cache, knobs, predicted[knobs], rates)
+            row = _cache_row(baseline, cache_plan(spec, baseline.steps, skip), knobs, predicted[knobs], rates)
         row["measured"] = _measured_pass(row["pass_ms"], found, what)
         rows.append(row)
     return rows

@@ -928,12 +928,15 @@ def _block_of_the_video(tmp_path):
 
 def test_a_generate_runs_passes_are_set_beside_their_predictions(tmp_path):
     """Each run of a generate run predicted: uncached from the recipe's pass, First Block Cache from the skip it
-    measured (half its passes: 25 steps of the 50 ran the first block alone), a recipe with no knob set said."""
+    measured (half its passes: 25 steps of the 50 ran the first block alone), MagCache's calibration as skipping
+    nothing, a recipe with no knob set said."""
     fbc = {"cache": "cache=fbc:0.2", "method": "First Block Cache", "hooked_modules": 10, "passes": 100,
            "work_computed": 0.55, "per_step": [{"passes": 2, "computed": 20 if i % 2 else 2, "full": 20}
                                                for i in range(50)]}
+    calibration = {**fbc, "cache": "cache=mag:calibrate", "method": "MagCache", "work_computed": 1.0,
+                   "per_step": [{"passes": 2, "computed": 20, "full": 20}] * 50}
     folder = _generate_run(tmp_path, [("cudnn", 2000.0, None), ("cudnn+cache=fbc:0.2", 1200.0, fbc),
-                                      ("fa4", 1800.0, None)])
+                                      ("cudnn+cache=mag:calibrate", 2100.0, calibration), ("fa4", 1800.0, None)])
     result = _plan(_block_of_the_video(tmp_path), "--cache-run", folder, "--gpu", "h200", "--out", tmp_path / "p")
     assert result.exit_code == 0, result.output
     rows = {row["knobs"]: row for row in json.loads((tmp_path / "p" / "plan.json").read_text())["knobs"]}
@@ -945,6 +948,8 @@ def test_a_generate_runs_passes_are_set_beside_their_predictions(tmp_path):
     assert cached["pass_ms"] == 550.0 and "--cache-skip 0.5 (50% skipped)" in cached["model"]
     assert cached["measured"] == {"recipe": "cudnn+cache=fbc:0.2, generate", "run": str(folder), "pass_ms": 600.0,
                                   "graphs_compiled": 0, "difference_pct": {"pass": -8.3}}
+    assert rows["baseline + cache=mag:calibrate"]["pass_ms"] == 1000.0  # a calibration skips nothing
+    assert rows["baseline + cache=mag:calibrate"]["measured"]["difference_pct"] == {"pass": -4.8}
     assert rows["fa4"]["basis"] == "not predicted" and rows["fa4"]["measured"]["pass_ms"] == 900.0
 
 
