@@ -472,7 +472,7 @@ def _cache_rows(baseline, cache, predicted, rates) -> list[dict]:
 def _generated_rows(baseline, generated, predicted, rates) -> list[dict]:
     """Each generate run's prediction (`measured.generate_runs`) beside what it measured: a cached run from its
     cache and the skip fraction it measured (TaylorSeer from its schedule), an uncached one the recipe's pass; a
-    recipe plan has no knob set for (say fp8+rope) gets a row saying so."""
+    recipe plan has no knob set for (say fa4) gets a row saying so."""
     from ..patching.step_cache import parse_cache
     from ..planning.cached import cache_plan, cache_skip_measured
     from ..planning.knobs import knobs_of

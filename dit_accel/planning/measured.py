@@ -153,10 +153,13 @@ def generate_runs(folder: Path, baseline: Baseline) -> list[dict[str, Any]]:
     try:
         report = json.loads((folder / "report.json").read_text())
         runs, request = report["runs"], report["request"]
-        stages = [run["stages"]["transformer_ms_per_step"] for run in runs]
+        timed = [(run["attention"], run["stages"]["transformer_ms_per_step"]) for run in runs]
     except (OSError, ValueError, KeyError, TypeError):
         raise UserError(f"{folder} is not a dit-accel generate run folder (a report.json with its runs' stage "
                         f"times); give one, e.g. outputs/generate_...") from None
+    untimed = next((label for label, per_step in timed if not per_step or sum(per_step) <= 0), None)
+    if untimed is not None:
+        raise UserError(f"{folder}'s {untimed} run has no transformer time per step; run generate again")
     device = (report.get("device") or {}).get("name")
     if device != baseline.device_name:
         raise UserError(f"{folder} ran on {device or 'no GPU'} and the block on {baseline.device_name}: compare runs "
@@ -169,7 +172,7 @@ def generate_runs(folder: Path, baseline: Baseline) -> list[dict[str, Any]]:
                         f"for {_video(block)} over {baseline.steps}: profile the block at the generate run's video "
                         f"(profile-block --frames F --height H --width W --steps N)")
     found = []
-    for run, per_step in zip(runs, stages):
+    for run, (_, per_step) in zip(runs, timed):
         cache = ((run.get("attention_patch") or {}).get("step_cache") or [None])[0]
         passes = cache["passes"] if cache else request["steps"] * baseline.passes
         found.append({"label": run["attention"], "recipe": run["attention"].split("+cache=")[0], "cache": cache,

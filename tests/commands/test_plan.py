@@ -965,3 +965,9 @@ def test_a_generate_run_of_another_video_or_gpu_is_refused(tmp_path, change, mes
     (tmp_path / "again").mkdir()
     result = _plan(_block_of_the_video(tmp_path / "again"), "--cache-run", tmp_path, "--out", tmp_path / "p")
     assert result.exit_code == 2 and "is not a dit-accel generate run folder" in result.output
+
+
+def test_a_generate_run_without_transformer_times_is_refused(tmp_path):
+    folder = _generate_run(tmp_path, [("cudnn", 0.0, None)])
+    result = _plan(_block_of_the_video(tmp_path), "--cache-run", folder, "--out", tmp_path / "p")
+    assert result.exit_code == 2 and "'s cudnn run has no transformer time per step" in result.output
