@@ -196,17 +196,21 @@ def _quality_table(quality: dict, reference: str, attention: str) -> Table:
     table.add_column("SSIM", justify="right")
     psnr, ssim = quality["psnr_db_per_frame"], quality["ssim_per_frame"]
     for i in range(min(len(psnr), MAX_FRAMES_LISTED)):
-        table.add_row(str(i), "inf" if math.isinf(psnr[i]) else f"{psnr[i]:.2f}", f"{ssim[i]:.4f}")
+        table.add_row(str(i), _decibels(psnr[i]), f"{ssim[i]:.4f}")
     if len(psnr) > MAX_FRAMES_LISTED:
         table.add_row("...", f"({len(psnr) - MAX_FRAMES_LISTED} more in report.json)", "")
     mean, identical = quality["psnr_db_mean"], quality["identical_frames"]
-    mean_psnr = "inf" if math.isinf(mean) else f"{mean:.2f}"
+    mean_psnr = _decibels(mean)
     if identical and not math.isinf(mean):
         mean_psnr += f" ({identical} identical, not counted)"
     table.add_row("mean", mean_psnr, f"{quality['ssim_mean']:.4f}")
-    table.add_row("min", "inf" if math.isinf(quality["psnr_db_min"]) else f"{quality['psnr_db_min']:.2f}",
+    table.add_row("min", _decibels(quality["psnr_db_min"]),
                   f"{quality['ssim_min']:.4f}")
     return table
+
+
+def _decibels(psnr: float) -> str:
+    return "inf" if math.isinf(psnr) else f"{psnr:.2f}"
 
 
 def _comparisons_table(comparisons: list[dict]) -> Table:
@@ -218,7 +222,7 @@ def _comparisons_table(comparisons: list[dict]) -> Table:
     for c in comparisons:
         table.add_row(c["candidate"], *(f"{c[k]:.2f}x" for k in ("median_step_speedup", "denoise_speedup",
                                                                  "total_speedup")),
-                      "inf" if math.isinf(c["psnr_db_mean"]) else f"{c['psnr_db_mean']:.2f}",
+                      _decibels(c["psnr_db_mean"]),
                       f"{c['ssim_mean']:.4f}", f"{c['ssim_min']:.4f}")
     return table
 

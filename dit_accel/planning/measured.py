@@ -164,8 +164,10 @@ def generate_runs(folder: Path, baseline: Baseline) -> list[dict[str, Any]]:
     if device != baseline.device_name:
         raise UserError(f"{folder} ran on {device or 'no GPU'} and the block on {baseline.device_name}: compare runs "
                         f"of one GPU")
-    options = dict(o.removeprefix("--").partition("=")[::2] for o in baseline.rerun_options or ())
-    block = tuple(int(options[k]) if options.get(k, "").isdigit() else None for k in ("frames", "height", "width"))
+    from ..profiling.request import ProfileRequest
+
+    profiled = ProfileRequest.from_rerun_options(baseline.rerun_options or [], recipes=())
+    block = (profiled.frames, profiled.height, profiled.width)
     video = (request.get("frames"), request.get("height"), request.get("width"))
     if video != block or request.get("steps") != baseline.steps:
         raise UserError(f"{folder} ran {_video(video)} over {request.get('steps')} steps and the block was profiled "
